@@ -1,0 +1,43 @@
+# Two commands do all set-up: `make demo` and `make test`. Both create .venv and install the project.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test test-fast lint bench install check-java clean
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "error: Java 17 is required (Spark runs on the JVM) and 'java' is not on PATH."; \
+	  echo "       Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless"; \
+	  echo "       macOS: brew install openjdk@17; or set JAVA_HOME to a JDK 17."; \
+	  exit 1; }
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: check-java $(STAMP)
+
+demo: install
+	$(PY) examples/orders_demo.py
+
+test: install
+	$(PY) -m ruff check cdc sinks udfs tests examples benchmarks
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow"
+
+lint: install
+	$(PY) -m ruff check cdc sinks udfs tests examples benchmarks
+	$(PY) -m mypy
+
+bench: install
+	$(PY) benchmarks/source_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -1,0 +1,40 @@
+"""cdc-tunnel: change-data-capture ingestion for Apache Spark.
+
+    import cdc
+    cdc.register(spark)
+    changes = spark.readStream.format("cdc").option("backend", "local").option("path", p).load()
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from cdc.backend import Backend, ChannelInfo, PlannedRange, RangeReader, open_backend, register_backend
+from cdc.errors import CdcError, DataLossError, OptionError
+from cdc.model import ChangeSchema, Op
+
+__version__ = "0.1.0"
+__all__ = [
+    "Backend",
+    "CdcError",
+    "ChangeSchema",
+    "ChannelInfo",
+    "DataLossError",
+    "Op",
+    "OptionError",
+    "PlannedRange",
+    "RangeReader",
+    "open_backend",
+    "register",
+    "register_backend",
+]
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+
+def register(spark: Any) -> None:
+    """Register the ``cdc`` data source (and the change-record UDFs, where installed) with ``spark``."""
+    from cdc.source import CdcDataSource
+
+    spark.dataSource.register(CdcDataSource)

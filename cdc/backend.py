@@ -1,0 +1,171 @@
+"""The backend contract: what every change-log backend (local, Pulsar, Tablestore) provides.
+
+A change log is a set of **channels** (partitions). Each channel is an ordered sequence of records
+addressed by **positions**: JSON-safe values that the backend defines (an integer index, a message id, a
+tunnel token plus a count). A position names the gap *before* a record: a range ``[start, end)`` holds
+the records from ``start`` up to, not including, ``end``. Channels have a **lineage**: when a channel
+splits or merges, it is *finished* (no record will ever follow its final position) and its children name
+it among their ``parents``. The source never delivers a child's record before every record of its parents.
+
+Rules every backend keeps (the shared contract suite in ``tests/contract`` checks them):
+
+1. ``read(channel, start, end)`` of the same range always yields the same records, in position order,
+   however often and from whichever process it is called: a batch's content is fixed by its offsets.
+2. ``plan(channel, start, max_records, until)`` never plans past what exists now, nor past ``until``,
+   nor more than ``max_records`` records; it reports how many records the range holds and whether its
+   end is the channel's final end (``finished``).
+3. A ``start`` the backend no longer holds raises :class:`~cdc.errors.DataLossError`.
+4. ``acknowledge`` is best effort: it may lose a race or fail; correctness never depends on it.
+5. Driver-side objects may hold connections; the :class:`RangeReader` from :meth:`Backend.reader`
+   is pickled to executors and must open its own connections there.
+
+Example (the local backend)::
+
+    backend = open_backend("local", {"path": "/data/orders-log"})
+    for ch in backend.list_channels():
+        start = backend.earliest(ch.id)
+        planned = backend.plan(ch.id, start, max_records=1000)
+        for batch in backend.reader().read(ch.id, start, planned.end):
+            ...  # pyarrow.RecordBatch with backend.schema()
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from cdc.errors import OptionError
+from cdc.options import BackendOptions
+
+Position = Any
+"""A JSON-safe value (int, str, list or dict of those) that addresses a gap between records."""
+
+
+@dataclass(frozen=True)
+class ChannelInfo:
+    """A channel as the backend sees it now."""
+
+    id: str
+    parents: tuple[str, ...] = ()
+    finished: bool = False
+    """No record will ever be added past the channel's final position (closed by a split or merge)."""
+
+
+@dataclass(frozen=True)
+class PlannedRange:
+    """The outcome of planning one channel's range."""
+
+    end: Position
+    records: int
+    finished: bool = False
+    """``end`` is the channel's final end: the channel is exhausted for good."""
+
+
+class RangeReader(ABC):
+    """Reads planned ranges on executors. Picklable; opens its own connections lazily."""
+
+    @abstractmethod
+    def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
+        """Yield the records of ``[start, end)`` of ``channel``, in order, as Arrow batches."""
+
+
+class Backend(ABC):
+    """A change log made of channels. Lives on the driver; one instance per query run."""
+
+    name: ClassVar[str]
+    options_model: ClassVar[type[BackendOptions]]
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+
+    @abstractmethod
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of the records this backend yields (Spark-compatible)."""
+
+    @abstractmethod
+    def list_channels(self) -> Sequence[ChannelInfo]:
+        """Every channel that exists now, finished ones included while the backend still knows them."""
+
+    @abstractmethod
+    def earliest(self, channel: str) -> Position:
+        """The first position the backend still holds."""
+
+    @abstractmethod
+    def latest(self, channel: str) -> Position:
+        """The position after the last record that exists now (the final end of a finished channel)."""
+
+    @abstractmethod
+    def plan(
+        self, channel: str, start: Position, max_records: int | None = None, until: Position | None = None
+    ) -> PlannedRange:
+        """Plan ``[start, end)``: at most ``max_records`` records, never past ``until`` or the head."""
+
+    @abstractmethod
+    def reader(self) -> RangeReader:
+        """A picklable reader for executors."""
+
+    def parse_position(self, channel: str, value: Any) -> Position:
+        """Validate a user-given position (from ``startingOffsets`` JSON); backends override."""
+        return value
+
+    def acknowledge(self, positions: Mapping[str, Position]) -> None:  # noqa: B027 - optional hook
+        """Best effort: tell the backend the query has durably processed up to these positions."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release driver-side resources."""
+
+
+# Backends are imported lazily so that, say, the local backend works without pulsar-client's C++ core.
+BACKENDS: dict[str, str] = {
+    "local": "cdc.backends.local:LocalBackend",
+    "pulsar": "cdc.backends.pulsar:PulsarBackend",
+    "tablestore": "cdc.backends.tablestore:TablestoreBackend",
+}
+
+
+@dataclass
+class _Registry:
+    extra: dict[str, type[Backend]] = field(default_factory=dict)
+
+
+_registry = _Registry()
+
+
+def register_backend(cls: type[Backend]) -> None:
+    """Make a third-party backend available under ``cls.name``."""
+    _registry.extra[cls.name] = cls
+
+
+def available_backends() -> list[str]:
+    return sorted(set(BACKENDS) | set(_registry.extra))
+
+
+def backend_class(name: str) -> type[Backend]:
+    key = name.strip().lower()
+    if key in _registry.extra:
+        return _registry.extra[key]
+    target = BACKENDS.get(key)
+    if target is None:
+        raise OptionError(
+            f"option 'backend': unknown backend {name!r}; accepted values: {', '.join(available_backends())}",
+            "backend",
+        )
+    module, _, attr = target.partition(":")
+    try:
+        cls: type[Backend] = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise OptionError(f"backend {key!r} is not available in this installation: {exc}", "backend") from exc
+    return cls
+
+
+def open_backend(name: str, raw_options: Mapping[str, Any]) -> Backend:
+    """Open a backend from raw (string) options, outside Spark."""
+    from cdc.options import parse
+
+    cls = backend_class(name)
+    return cls(parse(cls.options_model, raw_options, what=f"backend {name!r}"))

@@ -1,0 +1,72 @@
+"""``backend=local``: the on-disk change log of :mod:`cdc.backends.local.log`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
+from cdc.backends.local.log import LocalLog
+from cdc.backends.local.options import LocalOptions
+from cdc.errors import DataLossError, PositionError
+
+
+class LocalRangeReader(RangeReader):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
+        return LocalLog(self.path).read(channel, int(start), int(end))
+
+
+class LocalBackend(Backend):
+    name = "local"
+    options_model = LocalOptions
+    options: LocalOptions
+
+    def __init__(self, options: LocalOptions) -> None:
+        super().__init__(options)
+        self.log = LocalLog(options.path)
+
+    def schema(self) -> pa.Schema:
+        return self.log.arrow_schema
+
+    def list_channels(self) -> Sequence[ChannelInfo]:
+        return [c.info() for c in self.log.channels()]
+
+    def earliest(self, channel: str) -> Position:
+        return self.log.channel(channel).earliest
+
+    def latest(self, channel: str) -> Position:
+        return self.log.channel(channel).head
+
+    def parse_position(self, channel: str, value: Any) -> Position:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PositionError(f"channel {channel!r}: a local position is a record index >= 0, got {value!r}")
+        head = self.log.channel(channel).head
+        if value > head:
+            raise PositionError(f"channel {channel!r}: position {value} is past the head {head}")
+        return value
+
+    def plan(
+        self, channel: str, start: Position, max_records: int | None = None, until: Position | None = None
+    ) -> PlannedRange:
+        st = self.log.channel(channel)
+        begin = int(start)
+        if begin < st.earliest:
+            raise DataLossError(
+                f"channel {channel!r}: position {begin} is no longer held (earliest is {st.earliest})", channel
+            )
+        if begin > st.head:
+            raise PositionError(f"channel {channel!r}: position {begin} is past the head {st.head}")
+        end = st.head
+        if until is not None:
+            end = min(end, max(begin, int(until)))
+        if max_records is not None:
+            end = min(end, begin + max_records)
+        return PlannedRange(end, end - begin, st.closed_at is not None and end == st.closed_at)
+
+    def reader(self) -> RangeReader:
+        return LocalRangeReader(str(self.log.path))

@@ -1,0 +1,149 @@
+"""The change model: one schema for every change record, whatever the backend.
+
+A change record is one row-level change of a keyed table. Its columns, in this order:
+
+========== ============================ ===================================================================
+column     type                         meaning
+========== ============================ ===================================================================
+``_op``    string, not null             ``insert``, ``update``, ``delete``, or ``snapshot`` (a row read
+                                        from a full export; see the full-plus-incremental hand-off)
+``_seq``   long, not null               orders the records of a channel totally; a child channel's
+                                        records have larger sequences than its parents', so per key the
+                                        sequence is the order of the changes
+``_commit_ts`` timestamp (UTC), not null when the change was committed at the source
+``_channel`` string, not null           the channel (partition) the record was read from
+``_position`` long, not null            the record's position in its channel (0-based, gap-free in the
+                                        local log; backend-defined elsewhere)
+key columns the table's types, not null the row's primary key (one or more columns)
+other columns the table's types, nullable the row's values after the change; null for a delete
+========== ============================ ===================================================================
+
+The Arrow schema (:func:`ChangeSchema.arrow`) and the Spark schema (:func:`ChangeSchema.spark`) agree
+exactly: ``pyspark``'s ``to_arrow_schema(spark())`` equals ``arrow()``, which is what a Python data source
+must yield.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+
+
+class Op(StrEnum):
+    """The kinds of change."""
+
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"
+    SNAPSHOT = "snapshot"
+
+
+OP = "_op"
+SEQ = "_seq"
+COMMIT_TS = "_commit_ts"
+CHANNEL = "_channel"
+POSITION = "_position"
+
+METADATA_FIELDS: tuple[pa.Field, ...] = (
+    pa.field(OP, pa.string(), nullable=False),
+    pa.field(SEQ, pa.int64(), nullable=False),
+    pa.field(COMMIT_TS, pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field(CHANNEL, pa.string(), nullable=False),
+    pa.field(POSITION, pa.int64(), nullable=False),
+)
+METADATA_COLUMNS: tuple[str, ...] = tuple(f.name for f in METADATA_FIELDS)
+
+# Arrow types that map one-to-one onto Spark SQL types (so the two schemas can agree exactly).
+_SUPPORTED = (
+    pa.types.is_boolean,
+    pa.types.is_int8,
+    pa.types.is_int16,
+    pa.types.is_int32,
+    pa.types.is_int64,
+    pa.types.is_float32,
+    pa.types.is_float64,
+    pa.types.is_string,
+    pa.types.is_binary,
+    pa.types.is_date32,
+    pa.types.is_decimal128,
+)
+
+
+def _check_type(name: str, t: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(t):
+        if t.tz is None:
+            raise ValueError(f"column {name!r}: naive timestamps are not supported; use a UTC timestamp")
+        return pa.timestamp("us", tz="UTC")
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if any(check(t) for check in _SUPPORTED):
+        return t
+    raise ValueError(f"column {name!r}: type {t} is not supported by the change model")
+
+
+@dataclass(frozen=True)
+class ChangeSchema:
+    """The schema of a keyed table's change records: metadata columns, then the table's columns."""
+
+    table: pa.Schema
+    keys: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ValueError("a change schema needs at least one key column")
+        names = self.table.names
+        for k in self.keys:
+            if k not in names:
+                raise ValueError(f"key column {k!r} is not a column of the table ({', '.join(names)})")
+        clash = set(names) & set(METADATA_COLUMNS)
+        if clash:
+            raise ValueError(f"table columns {sorted(clash)} collide with the change model's metadata columns")
+        fields = []
+        for f in self.table:
+            fields.append(pa.field(f.name, _check_type(f.name, f.type), nullable=f.name not in self.keys))
+        object.__setattr__(self, "table", pa.schema(fields))
+
+    @classmethod
+    def of(cls, table: pa.Schema | Sequence[tuple[str, pa.DataType]], keys: Sequence[str]) -> ChangeSchema:
+        schema = table if isinstance(table, pa.Schema) else pa.schema(list(table))
+        return cls(schema, tuple(keys))
+
+    def arrow(self) -> pa.Schema:
+        """The Arrow schema of change records, as a Python data source must yield them."""
+        return pa.schema(list(METADATA_FIELDS) + list(self.table))
+
+    def spark(self) -> Any:
+        """The Spark ``StructType`` that matches :meth:`arrow` exactly."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return from_arrow_schema(self.arrow())
+
+    @property
+    def value_columns(self) -> tuple[str, ...]:
+        return tuple(n for n in self.table.names if n not in self.keys)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"keys": list(self.keys), "schema": schema_to_json(self.table)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChangeSchema:
+        return cls(schema_from_json(data["schema"]), tuple(data["keys"]))
+
+
+def schema_to_json(schema: pa.Schema) -> str:
+    """Serialise an Arrow schema to a string that survives JSON files (base64 of Arrow IPC)."""
+    import base64
+
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def schema_from_json(text: str) -> pa.Schema:
+    import base64
+
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))

@@ -1,0 +1,148 @@
+"""Options arrive from Spark as strings with lower-cased keys; they are parsed once into frozen models.
+
+Each backend declares its options as a pydantic model (``BackendOptions`` subclass) whose field aliases are
+the user-facing option names (``service.url``, ``maxRecordsPerTrigger``). :func:`parse` matches keys
+case-insensitively, and turns every problem into an :class:`~cdc.errors.OptionError` that names the option
+and what it accepts. Secret fields are ``SecretStr``: they never show in reprs, logs or errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, ValidationError
+
+from cdc.errors import OptionError
+
+__all__ = [
+    "BackendOptions",
+    "Field",
+    "SecretStr",
+    "SourceOptions",
+    "accepted_options",
+    "parse",
+    "split_and_parse",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False, str_strip_whitespace=True)
+
+
+class BackendOptions(_Model):
+    """Base of every backend's options model."""
+
+
+class SourceOptions(_Model):
+    """Options of the ``cdc`` source itself, whatever the backend."""
+
+    backend: str = Field("local", alias="backend", description="Which backend reads the change log.")
+    starting_offsets: str = Field(
+        "earliest",
+        alias="startingOffsets",
+        description="`earliest`, `latest`, or JSON `{channel: position | \"earliest\" | \"latest\"}`; "
+        "channels not named start at earliest.",
+    )
+    ending_offsets: str = Field(
+        "latest",
+        alias="endingOffsets",
+        description="Batch reads only: `latest` or JSON `{channel: position}`.",
+    )
+    max_records_per_trigger: PositiveInt | None = Field(
+        None, alias="maxRecordsPerTrigger", description="Most records a micro-batch takes (all channels)."
+    )
+    max_records_per_channel: PositiveInt | None = Field(
+        None, alias="maxRecordsPerChannel", description="Most records a micro-batch takes from one channel."
+    )
+    fail_on_data_loss: bool = Field(
+        True,
+        alias="failOnDataLoss",
+        description="Fail the query when a needed position is no longer held; when false, log and skip ahead.",
+    )
+
+
+def accepted_options(model: type[BaseModel]) -> dict[str, str]:
+    """Lower-cased option name -> field name."""
+    out = {}
+    for name, info in model.model_fields.items():
+        alias = info.alias or name
+        out[alias.lower()] = name
+    return out
+
+
+def _alias(model: type[BaseModel], field: str) -> str:
+    info = model.model_fields.get(field)
+    return (info.alias or field) if info else field
+
+
+def _describe(model: type[BaseModel], err: Mapping[str, Any]) -> str:
+    loc = err.get("loc") or ("?",)
+    field = str(loc[0])
+    alias = _alias(model, field)
+    info = model.model_fields.get(field)
+    secret = info is not None and info.annotation in (SecretStr, SecretStr | None)
+    msg = str(err.get("msg", "invalid value"))
+    if err.get("type") == "missing":
+        return f"option {alias!r} is required"
+    if err.get("type", "").startswith("bool"):
+        msg += "; accepted values: true, false"
+    got = "" if secret else f" (got {err.get('input')!r})"
+    return f"option {alias!r}: {msg}{got}"
+
+
+def parse(model: type[M], raw: Mapping[str, Any], *, what: str) -> M:
+    """Parse ``raw`` (case-insensitive keys) into ``model``; raise OptionError naming the option."""
+    names = accepted_options(model)
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        field = names.get(key.lower())
+        if field is None:
+            accepted = ", ".join(sorted(_alias(model, f) for f in names.values()))
+            raise OptionError(f"unknown option {key!r} for {what}; accepted options: {accepted}", key)
+        values[_alias(model, field)] = value
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = errors[0]
+        option = _alias(model, str((first.get("loc") or ("?",))[0]))
+        text = "; ".join(_describe(model, e) for e in errors)
+        raise OptionError(f"invalid options for {what}: {text}", option) from None
+
+
+def split_and_parse(
+    raw: Mapping[str, Any], backend_model: type[M], backend_name: str
+) -> tuple[SourceOptions, M]:
+    """Split raw options into the source's own and the backend's, and parse both.
+
+    An option that neither model knows is reported with both sets of accepted names.
+    """
+    core_names = accepted_options(SourceOptions)
+    backend_names = accepted_options(backend_model)
+    core_raw: dict[str, Any] = {}
+    backend_raw: dict[str, Any] = {}
+    for key, value in raw.items():
+        k = key.lower()
+        if k in core_names:
+            core_raw[key] = value
+        elif k in backend_names:
+            backend_raw[key] = value
+        else:
+            accepted = sorted(
+                [_alias(SourceOptions, f) for f in core_names.values()]
+                + [_alias(backend_model, f) for f in backend_names.values()]
+            )
+            raise OptionError(
+                f"unknown option {key!r} for backend {backend_name!r}; accepted options: {', '.join(accepted)}",
+                key,
+            )
+    return (
+        parse(SourceOptions, core_raw, what="the cdc source"),
+        parse(backend_model, backend_raw, what=f"backend {backend_name!r}"),
+    )
+
+
+StartSpec = Literal["earliest", "latest"]

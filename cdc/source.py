@@ -1,0 +1,203 @@
+"""The Spark face of cdc-tunnel: the ``cdc`` Python data source (streaming and batch reads).
+
+The driver-side reader plans batches with :class:`~cdc.planner.Planner` and keeps every channel's
+position in the offsets Spark writes to its own offset log; executors read one channel range per input
+partition through the backend's picklable :class:`~cdc.backend.RangeReader`, yielding Arrow batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from cdc.backend import Backend, Position, RangeReader, backend_class
+from cdc.errors import OptionError
+from cdc.options import BackendOptions, SourceOptions, split_and_parse
+from cdc.planner import Offset, Planner, describe, positions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ChannelPartition(InputPartition):  # type: ignore[misc]
+    """One channel range of one batch; pickled to an executor."""
+
+    channel: str
+    start: Position
+    end: Position
+    reader: RangeReader
+
+    def __init__(self, channel: str, start: Position, end: Position, reader: RangeReader) -> None:
+        super().__init__(channel)
+        self.channel, self.start, self.end, self.reader = channel, start, end, reader
+
+
+def _conform(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Yield batches with exactly ``schema`` (Spark rejects any difference, nullability aside)."""
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        if batch.schema.equals(schema):
+            yield batch
+        else:
+            yield pa.RecordBatch.from_arrays(
+                [batch.column(i).cast(f.type) for i, f in enumerate(schema)], schema=schema
+            )
+
+
+class _Config:
+    """Parsed options shared by the stream and batch readers. Picklable; holds no connections."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        name = str(raw.get("backend", "local"))
+        self.backend_cls: type[Backend] = backend_class(name)
+        self.source: SourceOptions
+        self.backend_options: BackendOptions
+        self.source, self.backend_options = split_and_parse(raw, self.backend_cls.options_model, name)
+
+    def open(self) -> Backend:
+        return self.backend_cls(self.backend_options)
+
+
+class _ReaderBase:
+    def __init__(self, config: _Config, schema: StructType) -> None:
+        self._config = config
+        self._arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self._backend: Backend | None = None
+        self._planner: Planner | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_backend"] = None  # driver-side connections never travel to executors
+        state["_planner"] = None
+        return state
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = self._config.open()
+        return self._backend
+
+    @property
+    def planner(self) -> Planner:
+        if self._planner is None:
+            self._planner = Planner(
+                self.backend,
+                fail_on_data_loss=self._config.source.fail_on_data_loss,
+                max_records_per_channel=self._config.source.max_records_per_channel,
+            )
+        return self._planner
+
+    def _partitions(self, start: Offset, end: Offset) -> list[ChannelPartition]:
+        ranges = Planner.ranges(start, end)
+        log.debug("batch ranges: %s", describe(ranges))
+        reader = self.backend.reader()
+        return [ChannelPartition(r.channel, r.start, r.end, reader) for r in ranges]
+
+    def read(self, partition: ChannelPartition) -> Iterator[pa.RecordBatch]:
+        return _conform(partition.reader.read(partition.channel, partition.start, partition.end), self._arrow_schema)
+
+
+class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """Micro-batch reader: offsets are every channel's position; see :mod:`cdc.planner`."""
+
+    def __init__(self, config: _Config, schema: StructType) -> None:
+        super().__init__(config, schema)
+        self._target: dict[str, Position] | None = None
+
+    def initialOffset(self) -> Offset:
+        offset = self.planner.initial(self._config.source.starting_offsets)
+        log.info("starting from %s", positions(offset))
+        return offset
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self._config.source.max_records_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return self.planner.next(start, max_rows, self._target)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.planner.until("latest")
+        log.info("Trigger.AvailableNow target: %s", self._target)
+
+    def reportLatestOffset(self) -> Offset | None:
+        backend = self.backend
+        return {"channels": {c.id: {"pos": backend.latest(c.id)} for c in backend.list_channels()}}
+
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+        return self._partitions(start, end)
+
+    def commit(self, end: Offset) -> None:
+        try:
+            self.backend.acknowledge(positions(end))
+        except Exception as exc:  # acknowledgement is best effort; correctness never depends on it
+            log.warning("acknowledging committed positions failed (will retry on the next commit): %s", exc)
+
+    def stop(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+
+
+class CdcBatchReader(_ReaderBase, DataSourceReader):  # type: ignore[misc]
+    """Batch reader: a bounded stream from ``startingOffsets`` to ``endingOffsets``, all channels at once."""
+
+    def partitions(self) -> Sequence[InputPartition]:
+        source = self._config.source
+        if source.ending_offsets.strip().lower() == "earliest":
+            raise OptionError("option 'endingOffsets': accepted values are latest or a JSON object", "endingOffsets")
+        if source.starting_offsets.strip().lower() == "latest":
+            raise OptionError(
+                "option 'startingOffsets': 'latest' is not allowed for batch reads; accepted values: earliest, JSON",
+                "startingOffsets",
+            )
+        start = self.planner.initial(source.starting_offsets)
+        end = self.planner.next(start, None, self.planner.until(source.ending_offsets), respect_lineage=False)
+        return self._partitions(start, end)
+
+
+class CdcDataSource(DataSource):  # type: ignore[misc]
+    """``spark.readStream.format("cdc")`` / ``spark.read.format("cdc")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "cdc"
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        super().__init__(options)
+        self._config = _Config(options)
+        self._schema: StructType | None = None
+
+    def schema(self) -> StructType:
+        if self._schema is None:
+            backend = self._config.open()
+            try:
+                self._schema = from_arrow_schema(backend.schema())
+            finally:
+                backend.close()
+        return self._schema
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return CdcStreamReader(self._config, schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return CdcBatchReader(self._config, schema)

@@ -1,0 +1,184 @@
+"""The backend contract suite. A backend's test module subclasses :class:`BackendContract` and provides a
+``harness`` fixture (a :class:`cdc.testing.Harness`); every test here then runs against that backend."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+from cdc.backend import Backend
+from cdc.errors import PositionError
+from cdc.planner import Planner
+from cdc.testing import Harness
+
+
+def read_range(backend: Backend, channel: str, start: object, end: object) -> pa.Table:
+    reader = pickle.loads(pickle.dumps(backend.reader()))  # as an executor would get it
+    return pa.Table.from_batches(list(reader.read(channel, start, end)), schema=backend.schema())
+
+
+def drain(backend: Backend, offset: dict[str, object] | None = None, limit: int | None = None) -> Iterator[pa.Table]:
+    """Run the planner to exhaustion, yielding each batch's records."""
+    planner = Planner(backend)
+    start = offset or planner.initial("earliest")
+    for _ in range(10_000):
+        end = planner.next(start, limit)
+        if end == start:
+            return
+        ranges = planner.ranges(start, end)
+        yield pa.concat_tables([read_range(backend, r.channel, r.start, r.end) for r in ranges]) if ranges else (
+            backend.schema().empty_table()
+        )
+        start = end
+    raise AssertionError("the planner never reached the end")
+
+
+class BackendContract:
+    """Tests every backend must pass."""
+
+    # ------------------------------------------------------------------ schema
+    def test_schema_round_trips_through_spark_exactly(self, harness: Harness) -> None:
+        schema = harness.backend().schema()
+        spark_schema = from_arrow_schema(schema)
+        assert to_arrow_schema(spark_schema, timezone="UTC").remove_metadata() == schema.remove_metadata()
+
+    def test_has_channels(self, harness: Harness) -> None:
+        channels = harness.backend().list_channels()
+        assert channels
+        assert len({c.id for c in channels}) == len(channels)
+
+    # ------------------------------------------------------------------ planning and reading
+    def test_plan_counts_match_reads_and_respect_limit(self, harness: Harness) -> None:
+        harness.append(50)
+        backend = harness.backend()
+        total = 0
+        for ch in backend.list_channels():
+            start = backend.earliest(ch.id)
+            planned = backend.plan(ch.id, start, max_records=7)
+            assert planned.records <= 7
+            assert read_range(backend, ch.id, start, planned.end).num_rows == planned.records
+            full = backend.plan(ch.id, start)
+            total += full.records
+            assert read_range(backend, ch.id, start, full.end).num_rows == full.records
+        assert total == 50
+
+    def test_same_range_reads_same_records(self, harness: Harness) -> None:
+        harness.append(40)
+        backend = harness.backend()
+        for ch in backend.list_channels():
+            start = backend.earliest(ch.id)
+            planned = backend.plan(ch.id, start, max_records=25)
+            first = read_range(backend, ch.id, start, planned.end)
+            harness.append(10)  # later appends never change a planned range
+            again = read_range(harness.backend(), ch.id, start, planned.end)
+            assert first.equals(again)
+
+    def test_adjacent_ranges_concatenate_to_the_whole(self, harness: Harness) -> None:
+        harness.append(60)
+        backend = harness.backend()
+        for ch in backend.list_channels():
+            start = backend.earliest(ch.id)
+            whole = read_range(backend, ch.id, start, backend.plan(ch.id, start).end)
+            pieces, pos = [], start
+            while True:
+                p = backend.plan(ch.id, pos, max_records=4)
+                if p.records == 0:
+                    break
+                pieces.append(read_range(backend, ch.id, pos, p.end))
+                pos = p.end
+            joined = pa.concat_tables(pieces) if pieces else whole.schema.empty_table()
+            assert joined.equals(whole)
+
+    def test_plan_respects_until(self, harness: Harness) -> None:
+        harness.append(30)
+        backend = harness.backend()
+        for ch in backend.list_channels():
+            start = backend.earliest(ch.id)
+            mid = backend.plan(ch.id, start, max_records=3).end
+            harness.append(10)
+            p = backend.plan(ch.id, start, until=mid)
+            assert p.end == mid
+            assert p.records == read_range(backend, ch.id, start, mid).num_rows
+
+    def test_latest_has_nothing_to_read(self, harness: Harness) -> None:
+        harness.append(10)
+        backend = harness.backend()
+        for ch in backend.list_channels():
+            latest = backend.latest(ch.id)
+            p = backend.plan(ch.id, latest)
+            assert p.records == 0 and p.end == latest
+
+    def test_empty_log_is_not_an_error(self, harness: Harness) -> None:
+        backend = harness.backend()
+        for ch in backend.list_channels():
+            p = backend.plan(ch.id, backend.earliest(ch.id))
+            assert p.records == 0
+            assert read_range(backend, ch.id, backend.earliest(ch.id), p.end).num_rows == 0
+
+    def test_bad_position_is_rejected(self, harness: Harness) -> None:
+        backend = harness.backend()
+        ch = backend.list_channels()[0]
+        with pytest.raises((PositionError, ValueError)):
+            backend.parse_position(ch.id, {"not": "a position"})
+
+    def test_acknowledge_is_harmless(self, harness: Harness) -> None:
+        harness.append(10)
+        backend = harness.backend()
+        positions = {ch.id: backend.latest(ch.id) for ch in backend.list_channels()}
+        backend.acknowledge(positions)
+        backend.acknowledge(positions)  # twice: idempotent
+        assert sum(t.num_rows for t in drain(harness.backend())) == 10  # nothing lost to an ack
+
+    # ------------------------------------------------------------------ the planner over this backend
+    def test_planner_delivers_everything_once(self, harness: Harness) -> None:
+        harness.append(37)
+        batches = list(drain(harness.backend(), limit=5))
+        assert all(b.num_rows <= 5 for b in batches)
+        assert sum(b.num_rows for b in batches) == 37
+
+    def test_new_records_arrive_in_later_batches(self, harness: Harness) -> None:
+        backend = harness.backend()
+        planner = Planner(backend)
+        start = planner.initial("latest")
+        harness.append(12)
+        end = planner.next(start)
+        rows = sum(read_range(backend, r.channel, r.start, r.end).num_rows for r in planner.ranges(start, end))
+        assert rows == 12
+
+    # ------------------------------------------------------------------ lineage
+    def test_split_finishes_parent_and_children_follow(self, harness: Harness) -> None:
+        if not harness.supports_split:
+            pytest.skip("this backend's channels do not split")
+        harness.append(20)
+        backend = harness.backend()
+        parent = backend.list_channels()[0].id
+        children = harness.split(parent)
+        harness.append(20)
+        backend = harness.backend()
+        infos = {c.id: c for c in backend.list_channels()}
+        assert infos[parent].finished
+        for c in children:
+            assert parent in infos[c].parents
+        final = backend.plan(parent, backend.earliest(parent))
+        assert final.finished
+        assert sum(b.num_rows for b in drain(backend, limit=6)) == 40
+
+    def test_merge_finishes_parents(self, harness: Harness) -> None:
+        if not harness.supports_merge:
+            pytest.skip("this backend's channels do not merge")
+        backend = harness.backend()
+        open_ids = [c.id for c in backend.list_channels() if not c.finished]
+        if len(open_ids) < 2:
+            open_ids = list(harness.split(open_ids[0]))
+        harness.append(15)
+        child = harness.merge(open_ids[:2])
+        harness.append(15)
+        backend = harness.backend()
+        infos = {c.id: c for c in backend.list_channels()}
+        assert set(open_ids[:2]) <= set(infos[child].parents)
+        assert all(infos[p].finished for p in open_ids[:2])
+        assert sum(b.num_rows for b in drain(backend, limit=4)) == 30
