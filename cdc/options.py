@@ -8,6 +8,7 @@ and what it accepts. Secret fields are ``SecretStr``: they never show in reprs, 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
@@ -64,6 +65,14 @@ class SourceOptions(_Model):
     )
 
 
+def _unknown(key: str, what: str, accepted: list[str]) -> OptionError:
+    close = difflib.get_close_matches(key.lower(), [a.lower() for a in accepted], n=1, cutoff=0.75)
+    hint = ""
+    if close:
+        hint = " (did you mean " + repr(next(a for a in accepted if a.lower() == close[0])) + "?)"
+    return OptionError(f"unknown option {key!r} for {what}{hint}; accepted options: {', '.join(sorted(accepted))}", key)
+
+
 def accepted_options(model: type[BaseModel]) -> dict[str, str]:
     """Lower-cased option name -> field name."""
     out = {}
@@ -100,8 +109,7 @@ def parse(model: type[M], raw: Mapping[str, Any], *, what: str) -> M:
     for key, value in raw.items():
         field = names.get(key.lower())
         if field is None:
-            accepted = ", ".join(sorted(_alias(model, f) for f in names.values()))
-            raise OptionError(f"unknown option {key!r} for {what}; accepted options: {accepted}", key)
+            raise _unknown(key, what, [_alias(model, f) for f in names.values()])
         values[_alias(model, field)] = value
     try:
         return model.model_validate(values)
@@ -131,14 +139,10 @@ def split_and_parse(
         elif k in backend_names:
             backend_raw[key] = value
         else:
-            accepted = sorted(
-                [_alias(SourceOptions, f) for f in core_names.values()]
-                + [_alias(backend_model, f) for f in backend_names.values()]
-            )
-            raise OptionError(
-                f"unknown option {key!r} for backend {backend_name!r}; accepted options: {', '.join(accepted)}",
-                key,
-            )
+            accepted = [_alias(SourceOptions, f) for f in core_names.values()] + [
+                _alias(backend_model, f) for f in backend_names.values()
+            ]
+            raise _unknown(key, f"backend {backend_name!r}", accepted)
     return (
         parse(SourceOptions, core_raw, what="the cdc source"),
         parse(backend_model, backend_raw, what=f"backend {backend_name!r}"),

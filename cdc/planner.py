@@ -10,6 +10,11 @@ batch that first reads a channel (a newly discovered channel, or a jump forward 
 ``failOnDataLoss=false``): it is where that batch's range starts, so a replay never has to ask the backend
 where a channel began. A batch's ranges are therefore a pure function of its (start, end) offsets.
 
+The first batch is special: Spark does not store a query's initial offset, and after a crash it asks the
+source again, which for ``latest`` (or after retention moved ``earliest``) gives a different answer. So
+:meth:`Planner.initial` marks its offset ``"initial": true`` and the first batch's end offset carries
+``from`` for every channel: batch 0 replays exactly too.
+
 Lineage rule: a channel takes part in a batch only when every parent is ``done`` in the batch's *start*
 offset, i.e. has been completely delivered by an earlier batch. A parent the backend has forgotten and the
 offset never saw is taken as finished (there is nothing left to deliver from it).
@@ -102,7 +107,7 @@ class Planner:
                     out[ch.id]["done"] = True
             else:
                 out[ch.id] = {"pos": self.backend.parse_position(ch.id, where)}
-        return {"channels": out}
+        return {"channels": out, "initial": True}
 
     def until(self, spec: str) -> dict[str, Position]:
         """Per-channel upper bounds from ``endingOffsets`` (batch) or a frozen AvailableNow target."""
@@ -208,6 +213,10 @@ class Planner:
             e["pos"] = positions[cid]
             if finished.get(cid):
                 e["done"] = True
+        first_batch = bool(start.get("initial"))
+        unchanged = entries == {cid: {k: v for k, v in e.items() if k != "from"} for cid, e in start_entries.items()}
+        if unchanged:
+            return start  # nothing to read and nothing learned: Spark runs no batch
         out: dict[str, dict[str, Any]] = {}
         for cid, e in entries.items():
             is_new = e.pop("new", False)
@@ -215,6 +224,10 @@ class Planner:
             if cid in begin and (skipped or (is_new and begin[cid] != e["pos"])):
                 e["from"] = begin[cid]
             out[cid] = e
+        if first_batch:
+            for cid, e in out.items():
+                if cid in start_entries:
+                    e.setdefault("from", start_entries[cid]["pos"])
         return {"channels": out}
 
     @staticmethod

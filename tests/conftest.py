@@ -28,6 +28,7 @@ def spark_builder(app: str = "cdc-tunnel-tests") -> Any:
         SparkSession.builder.master("local[2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.bindAddress", "127.0.0.1")

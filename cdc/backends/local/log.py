@@ -366,7 +366,9 @@ class LocalLog:
             return self.channel(channel).earliest
 
     def open_channels(self) -> list[str]:
-        return [c.id for c in self.channels() if c.closed_at is None]
+        """Open channels in key-hash order, so neighbours in the list can be merged."""
+        states = [c for c in self.channels() if c.closed_at is None]
+        return [c.id for c in sorted(states, key=lambda c: c.hash_range[0])]
 
     def read_all(self) -> pa.Table:
         """Every record of every channel (for tests and demos)."""

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from cdc.errors import DataLossError, OptionError
+from cdc.model import ChangeSchema
+from cdc.options import BackendOptions, Field, SecretStr, parse
+from cdc.source import _Config
+
+
+def test_change_schema_arrow_and_spark_agree_exactly() -> None:
+    cs = ChangeSchema.of(
+        [
+            ("id", pa.int64()),
+            ("region", pa.string()),
+            ("amount", pa.float64()),
+            ("qty", pa.int32()),
+            ("paid", pa.bool_()),
+            ("at", pa.timestamp("ms", tz="Asia/Shanghai")),
+            ("price", pa.decimal128(12, 2)),
+            ("day", pa.date32()),
+            ("blob", pa.large_binary()),
+        ],
+        ["id", "region"],
+    )
+    assert to_arrow_schema(cs.spark(), timezone="UTC") == cs.arrow()
+    assert cs.arrow().field("id").nullable is False
+    assert cs.arrow().field("amount").nullable is True
+    assert cs.arrow().field("at").type == pa.timestamp("us", tz="UTC")
+    assert ChangeSchema.from_json(cs.to_json()) == cs
+
+
+@pytest.mark.parametrize(
+    ("table", "keys", "message"),
+    [
+        ([("id", pa.int64())], [], "at least one key"),
+        ([("id", pa.int64())], ["nope"], "not a column"),
+        ([("_seq", pa.int64())], ["_seq"], "collide"),
+        ([("id", pa.int64()), ("t", pa.timestamp("us"))], ["id"], "naive timestamps"),
+        ([("id", pa.int64()), ("l", pa.list_(pa.int64()))], ["id"], "not supported"),
+    ],
+)
+def test_change_schema_rejects(table: list, keys: list, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ChangeSchema.of(table, keys)
+
+
+def test_unknown_option_names_it_and_lists_accepted() -> None:
+    with pytest.raises(OptionError) as e:
+        _Config({"path": "/x", "maxRecordsPerTriger": "3"})
+    assert "'maxRecordsPerTriger'" in str(e.value) and "maxRecordsPerTrigger" in str(e.value)
+    assert e.value.option == "maxRecordsPerTriger"
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"path": "/x", "maxRecordsPerTrigger": "-3"}, "'maxRecordsPerTrigger'"),
+        ({"path": "/x", "maxrecordspertrigger": "many"}, "'maxRecordsPerTrigger'"),
+        ({"path": "/x", "failOnDataLoss": "maybe"}, "accepted values: true, false"),
+        ({"backend": "kafka"}, "accepted values: local, pulsar, tablestore"),
+        ({}, "option 'path' is required"),
+    ],
+)
+def test_invalid_options(raw: dict, fragment: str) -> None:
+    with pytest.raises(OptionError, match=fragment):
+        _Config(raw)
+
+
+def test_options_are_case_insensitive() -> None:
+    cfg = _Config({"PATH": "/x", "maxrecordspertrigger": "7", "FAILONDATALOSS": "false"})
+    assert cfg.source.max_records_per_trigger == 7
+    assert cfg.source.fail_on_data_loss is False
+
+
+class _WithSecret(BackendOptions):
+    key: SecretStr = Field(alias="access.key.secret")
+    n: int = Field(1, alias="n")
+
+
+def test_secrets_never_show() -> None:
+    opts = parse(_WithSecret, {"access.key.secret": "hunter2"}, what="test")
+    assert "hunter2" not in repr(opts) and "hunter2" not in str(opts)
+    with pytest.raises(OptionError) as e:
+        parse(_WithSecret, {"access.key.secret": "hunter2", "n": "x"}, what="test")
+    assert "hunter2" not in str(e.value)
+
+
+def test_errors_pickle() -> None:
+    for err in (OptionError("bad", "opt"), DataLossError("gone", "c0")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err)

@@ -1,0 +1,173 @@
+"""The planner's rules, one by one, on the local backend (no Spark)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from cdc.backends.local import LocalBackend, LocalLog, LocalOptions
+from cdc.errors import DataLossError, OptionError
+from cdc.planner import Planner, positions
+
+
+def make(tmp_path: Path, channels: int = 2) -> tuple[LocalLog, Planner]:
+    log = LocalLog.create(tmp_path / "log", [("k", pa.int64()), ("v", pa.string())], ["k"], channels=channels)
+    return log, planner_for(log)
+
+
+def planner_for(log: LocalLog, **kw: object) -> Planner:
+    return Planner(LocalBackend(LocalOptions.model_validate({"path": str(log.path)})), **kw)  # type: ignore[arg-type]
+
+
+def rows(n: int, start: int = 0) -> list[dict[str, object]]:
+    return [{"k": i, "v": str(i)} for i in range(start, start + n)]
+
+
+def total(planner: Planner, start: dict, end: dict) -> int:
+    return sum(r.end - r.start for r in planner.ranges(start, end))
+
+
+def test_nothing_new_returns_start_unchanged(tmp_path: Path) -> None:
+    log, planner = make(tmp_path)
+    start = planner.initial("earliest")
+    assert planner.next(start) is start
+    log.append(rows(3))
+    end = planner.next(start)
+    assert planner.next(end) == end
+
+
+def test_limit_is_shared_across_channels_and_leftover_goes_to_the_rest(tmp_path: Path) -> None:
+    log, planner = make(tmp_path)
+    log.append(rows(2), channel="c0")
+    log.append(rows(50, 100), channel="c1")
+    start = planner.initial("earliest")
+    end = planner.next(start, max_records=20)
+    assert positions(end) == {"c0": 2, "c1": 18}
+    assert total(planner, start, end) == 20
+
+
+def test_per_channel_cap(tmp_path: Path) -> None:
+    log, _ = make(tmp_path)
+    planner = planner_for(log, max_records_per_channel=5)
+    log.append(rows(40))
+    start = planner.initial("earliest")
+    end = planner.next(start)
+    assert all(v <= 5 for v in positions(end).values())
+    end2 = planner.next(start, max_records=100)
+    assert all(v <= 5 for v in positions(end2).values())
+
+
+def test_child_waits_until_parent_done_in_an_earlier_batch(tmp_path: Path) -> None:
+    log, planner = make(tmp_path, channels=1)
+    log.append(rows(10))
+    start = planner.initial("earliest")
+    a, b = log.split("c0")
+    log.append(rows(10, 10))
+    end1 = planner.next(start)
+    assert {r.channel for r in planner.ranges(start, end1)} == {"c0"}
+    assert end1["channels"]["c0"]["done"] is True
+    end2 = planner.next(end1)
+    assert {r.channel for r in planner.ranges(end1, end2)} <= {a, b}
+    assert total(planner, end1, end2) == 10
+
+
+def test_merge_child_waits_for_every_parent(tmp_path: Path) -> None:
+    log, planner = make(tmp_path, channels=2)
+    log.append(rows(4), channel="c0")
+    log.append(rows(30, 100), channel="c1")
+    child = log.merge(["c0", "c1"])
+    log.append(rows(5, 200))
+    start = planner.initial("earliest")
+    end1 = planner.next(start, max_records=10)  # c0 finishes, c1 does not
+    assert end1["channels"]["c0"].get("done") and not end1["channels"]["c1"].get("done")
+    end2 = planner.next(end1, max_records=10)
+    assert child not in {r.channel for r in planner.ranges(end1, end2)}
+    cur = end2
+    seen_child = False
+    for _ in range(10):
+        nxt = planner.next(cur, max_records=10)
+        if nxt == cur:
+            break
+        chans = {r.channel for r in planner.ranges(cur, nxt)}
+        if child in chans:
+            assert cur["channels"]["c1"].get("done"), "child read before its parent was done"
+            seen_child = True
+        cur = nxt
+    assert seen_child
+
+
+def test_first_batch_replays_exactly_even_if_latest_moved(tmp_path: Path) -> None:
+    """Spark re-asks initialOffset when it replays batch 0; the range must not move."""
+    log, planner = make(tmp_path, channels=1)
+    log.append(rows(5))
+    start = planner.initial("latest")
+    log.append(rows(3, 5))
+    end = planner.next(start)
+    original = planner.ranges(start, end)
+    log.append(rows(4, 8))  # the driver crashes; more data arrives; Spark asks again
+    replay_start = planner_for(log).initial("latest")
+    assert replay_start != start
+    assert planner.ranges(replay_start, end) == original
+    assert sum(r.end - r.start for r in original) == 3
+
+
+def test_new_channels_are_registered_in_the_offset_before_they_are_read(tmp_path: Path) -> None:
+    log, planner = make(tmp_path, channels=1)
+    start = planner.initial("earliest")
+    log.append(rows(2))
+    s1 = planner.next(start)
+    kids = log.split("c0")
+    s2 = planner.next(s1)  # c0 done; children registered at their earliest position
+    assert s2["channels"]["c0"]["done"] is True
+    assert all(s2["channels"][k] == {"pos": 0} for k in kids)
+    log.append(rows(6, 50))
+    s3 = planner.next(s2)
+    ranges = planner.ranges(s2, s3)
+    assert {r.channel for r in ranges} <= set(kids) and all(r.start == 0 for r in ranges)
+    assert sum(r.end - r.start for r in ranges) == 6
+    assert json.loads(json.dumps(s3)) == s3  # JSON-safe
+
+
+def test_data_loss_fails_by_default_and_skips_when_allowed(tmp_path: Path) -> None:
+    log, planner = make(tmp_path, channels=1)
+    for i in range(4):
+        log.append(rows(5, i * 5))
+    start = planner.initial("earliest")
+    log.truncate("c0", 10)
+    with pytest.raises(DataLossError, match="no longer held"):
+        planner.next(start)
+    lenient = planner_for(log, fail_on_data_loss=False)
+    end = lenient.next(start)
+    (r,) = lenient.ranges(start, end)
+    assert (r.start, r.end) == (10, 20)
+
+
+def test_starting_offsets_json_and_errors(tmp_path: Path) -> None:
+    log, planner = make(tmp_path)
+    log.append(rows(10), channel="c0")
+    start = planner.initial('{"c0": 4}')
+    assert positions(start) == {"c0": 4, "c1": 0}
+    assert positions(planner.initial('{"c0": "latest"}'))["c0"] == 10
+    with pytest.raises(OptionError, match="unknown channels"):
+        planner.initial('{"nope": 1}')
+    with pytest.raises(OptionError, match="startingOffsets"):
+        planner.initial("newest")
+    with pytest.raises(Exception, match="past the head"):
+        planner.initial('{"c0": 99}')
+
+
+def test_until_bounds_the_batch(tmp_path: Path) -> None:
+    log, planner = make(tmp_path, channels=1)
+    log.append(rows(10))
+    start = planner.initial("earliest")
+    target = planner.until("latest")
+    log.append(rows(10, 10))
+    end = planner.next(start, None, target)
+    assert positions(end) == {"c0": 10}
+    kids = log.split("c0")
+    log.append(rows(5, 100))
+    end2 = planner.next(end, None, target)
+    assert not set(kids) & set(end2["channels"])  # channels born after the target are not read

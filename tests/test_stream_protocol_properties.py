@@ -1,0 +1,214 @@
+"""Exactly-once, per-key order and lineage, proved over random histories.
+
+A hypothesis state machine drives the ``cdc`` stream reader through Spark's own call protocol
+(``initialOffset``, ``latestOffset(start, ReadMaxRows)``, ``partitions``, ``read`` on a pickled copy,
+``commit``), with the offset log and commit log of Spark's checkpoint modelled as lists. A *crash* throws
+the driver-side reader away at a random point, between writing a batch's offset and committing its
+output; the restarted reader then replays that batch from the logged offsets, exactly as Spark does
+(Spark re-asks ``initialOffset`` when batch 0 is replayed). Meanwhile random appends, splits and merges
+change the local log. Invariants, checked after every batch and at the end:
+
+* no record is lost and none is delivered twice (the final drain delivers everything appended);
+* a replayed batch yields exactly the records of its first attempt;
+* per key, sequences increase in delivery order;
+* no record of a child channel is delivered before every record of each of its parents, in an
+  earlier batch;
+* a batch never exceeds ``maxRecordsPerTrigger``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from cdc.backends.local import LocalLog
+from cdc.source import CdcStreamReader, _Config
+
+KEYS = 12
+
+
+class StreamProtocol(RuleBasedStateMachine):
+    @initialize(channels=st.integers(1, 3), starting=st.sampled_from(["earliest", "latest"]))
+    def setup(self, channels: int, starting: str) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="cdc-prop-"))
+        self.log = LocalLog.create(self.dir / "log", [("k", pa.int64()), ("v", pa.int64())], ["k"], channels=channels)
+        self.options = {"backend": "local", "path": str(self.log.path), "startingOffsets": starting}
+        self.schema = from_arrow_schema(self.log.arrow_schema)
+        self.reader = self._new_reader()
+        self.offsets: list[dict[str, Any]] = []  # Spark's offset log: end offset of batch i
+        self.committed = 0  # Spark's commit log: batches 0..committed-1 are done
+        self.attempts: dict[int, list[tuple[Any, ...]]] = {}  # first attempt of each batch
+        self.delivered: list[tuple[int, dict[str, Any]]] = []  # (batch id, record) of committed batches
+        self.appended: dict[tuple[str, int], dict[str, Any]] = {}
+        self.skipped_before_start: set[tuple[str, int]] = set()
+        self.initial: dict[str, Any] | None = None
+        self.limit_used: dict[int, int | None] = {}
+        self.next_v = 0
+        if starting == "latest":
+            self.log.append([{"k": 0, "v": -1}])  # exists before the query starts: never delivered
+        self.starting = starting
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _new_reader(self) -> CdcStreamReader:
+        return CdcStreamReader(_Config(self.options), self.schema)
+
+    # ------------------------------------------------------------------ the world changes
+    @rule(keys=st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=8), op=st.sampled_from(["insert", "update", "delete"]))
+    def append(self, keys: list[int], op: str) -> None:
+        rows = []
+        for k in keys:
+            rows.append({"k": k, "v": self.next_v, "_op": op})
+            self.next_v += 1
+        self.log.append(rows)
+
+    @rule(data=st.data())
+    def split(self, data: st.DataObject) -> None:
+        open_ids = self.log.open_channels()
+        if len(open_ids) >= 6:
+            return
+        self.log.split(data.draw(st.sampled_from(open_ids)))
+
+    @rule(data=st.data())
+    def merge(self, data: st.DataObject) -> None:
+        states = sorted((c for c in self.log.channels() if c.closed_at is None), key=lambda c: c.hash_range[0])
+        if len(states) < 2:
+            return
+        i = data.draw(st.integers(0, len(states) - 2))
+        self.log.merge([states[i].id, states[i + 1].id])
+
+    @rule()
+    def crash(self) -> None:
+        """The driver dies: a new process starts from Spark's checkpoint."""
+        self.reader = self._new_reader()
+        self.initial = None
+
+    # ------------------------------------------------------------------ Spark runs a batch
+    def _read_batch(self, start: dict[str, Any], end: dict[str, Any]) -> list[tuple[Any, ...]]:
+        parts = self.reader.partitions(start, end)
+        rows: list[tuple[Any, ...]] = []
+        for part in parts:
+            executor_copy = pickle.loads(pickle.dumps(self.reader))
+            part = pickle.loads(pickle.dumps(part))
+            for batch in executor_copy.read(part):
+                assert batch.schema.equals(self.log.arrow_schema)
+                t = pa.Table.from_batches([batch])
+                for r in t.to_pylist():
+                    rows.append((r["_channel"], r["_position"], r["_seq"], r["k"], r["v"], r["_op"]))
+        return rows
+
+    def _start_of(self, batch_id: int) -> dict[str, Any]:
+        if batch_id == 0:
+            # Spark keeps no record of the initial offset: it asks the (possibly new) reader again.
+            return self.reader.initialOffset()
+        return self.offsets[batch_id - 1]
+
+    @rule(limit=st.one_of(st.none(), st.integers(1, 15)), crash_before_commit=st.booleans())
+    def run_batch(self, limit: int | None, crash_before_commit: bool) -> None:
+        self._run_batch(limit, crash_before_commit)
+
+    def _run_batch(self, limit: int | None, crash_before_commit: bool) -> bool:
+        batch_id = self.committed
+        if batch_id < len(self.offsets):  # replay the logged, uncommitted batch
+            start, end = self._start_of(batch_id), self.offsets[batch_id]
+        else:
+            if batch_id == 0:
+                if self.initial is None:  # this driver run asks for its initial offset once
+                    self.initial = self.reader.initialOffset()
+                    if self.starting == "latest":  # what exists now is before the query's start
+                        self.skipped_before_start = {
+                            (c.id, p) for c in self.log.channels() for p in range(c.head)
+                        }
+                start = self.initial
+            else:
+                start = self.offsets[-1]
+            read_limit = ReadMaxRows(limit) if limit else ReadAllAvailable()
+            end = self.reader.latestOffset(start, read_limit)
+            if end == start:
+                return False
+            self.offsets.append(end)
+            self.limit_used[batch_id] = limit
+        rows = self._read_batch(start, end)
+        if batch_id in self.attempts:
+            assert rows == self.attempts[batch_id], f"batch {batch_id} replayed differently"
+        else:
+            self.attempts[batch_id] = rows
+            lim = self.limit_used.get(batch_id)
+            if lim is not None:
+                assert len(rows) <= lim, f"batch {batch_id} has {len(rows)} rows over the limit {lim}"
+        if crash_before_commit:
+            self.crash()
+            return True
+        for r in rows:
+            self.delivered.append((batch_id, {"ch": r[0], "pos": r[1], "seq": r[2], "k": r[3], "v": r[4]}))
+        self.committed += 1
+        self.reader.commit(end)
+        self._check_batch(batch_id)
+        return True
+
+    # ------------------------------------------------------------------ invariants
+    def _check_batch(self, batch_id: int) -> None:
+        batch_of: dict[tuple[str, int], int] = {}
+        for b, r in self.delivered:
+            ident = (r["ch"], r["pos"])
+            assert ident not in batch_of, f"record {ident} delivered twice"
+            batch_of[ident] = b
+        # lineage: every parent record precedes, in an earlier batch, any child record of this batch
+        channels = {c.id: c for c in self.log.channels()}
+        for b, r in self.delivered:
+            if b != batch_id:
+                continue
+            for parent in channels[r["ch"]].parents:
+                pst = channels[parent]
+                for pos in range(pst.earliest, pst.head):
+                    if (parent, pos) in self.skipped_before_start:
+                        continue
+                    pb = batch_of.get((parent, pos))
+                    assert pb is not None and pb < batch_id, (
+                        f"child {r['ch']} delivered in batch {batch_id} before parent {parent} record {pos}"
+                    )
+
+    @invariant()
+    def per_key_order(self) -> None:
+        if not hasattr(self, "delivered"):
+            return
+        last: dict[int, int] = defaultdict(lambda: -1)
+        for _b, r in sorted(self.delivered, key=lambda x: (x[0], x[1]["seq"])):
+            assert r["seq"] > last[r["k"]]
+            last[r["k"]] = r["seq"]
+        # within each batch, a key's records come from one channel and in position order
+        seen: dict[tuple[int, int], str] = {}
+        for b, r in self.delivered:
+            ch = seen.setdefault((b, r["k"]), r["ch"])
+            assert ch == r["ch"], f"key {r['k']} read from two channels in batch {b}"
+
+    @precondition(lambda self: hasattr(self, "log"))
+    @rule()
+    def drain_and_check_everything_delivered_once(self) -> None:
+        for _ in range(200):
+            if not self._run_batch(None, False) and self.committed == len(self.offsets):
+                break
+        delivered = {(r["ch"], r["pos"]) for _b, r in self.delivered}
+        assert len(delivered) == len(self.delivered), "duplicates"
+        everything = {(c.id, pos) for c in self.log.channels() for pos in range(c.earliest, c.head)}
+        # startingOffsets=latest: what existed before the query started is not delivered
+        missing = everything - self.skipped_before_start - delivered
+        assert not missing, f"lost records: {sorted(missing)[:10]}"
+
+
+TestStreamProtocol = StreamProtocol.TestCase
+TestStreamProtocol.settings = settings(
+    settings.get_profile(settings._current_profile or "default"), stateful_step_count=40
+)
