@@ -44,7 +44,7 @@ class SourceOptions(_Model):
     starting_offsets: str = Field(
         "earliest",
         alias="startingOffsets",
-        description="`earliest`, `latest`, or JSON `{channel: position | \"earliest\" | \"latest\"}`; "
+        description="`earliest`, `latest`, or JSON `{channel: position, ...}` (a position may also be \"earliest\" or \"latest\"); "
         "channels not named start at earliest.",
     )
     ending_offsets: str = Field(

@@ -28,15 +28,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.backend import ChannelInfo
 from cdc.errors import DataLossError, PositionError
 from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, SEQ, ChangeSchema, Op
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +214,8 @@ class LocalLog:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _to_table(self, rows: pa.Table | Sequence[Mapping[str, Any]] | pd.DataFrame) -> pa.Table:
+        import pandas as pd  # imported here: readers (Spark's planner process) never need it
+
         if isinstance(rows, pa.Table):
             table = rows
         elif isinstance(rows, pd.DataFrame):
@@ -240,6 +244,8 @@ class LocalLog:
         return table
 
     def _hashes(self, table: pa.Table) -> Any:
+        import pandas as pd
+
         keys = table.select(list(self.change_schema.keys)).to_pandas()
         return (pd.util.hash_pandas_object(keys, index=False).to_numpy() >> 32).astype("int64")
 

@@ -1,0 +1,86 @@
+"""The ``cdc`` command: inspect options and local logs; backends add their own sub-commands."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import click
+
+from cdc.backend import available_backends, backend_class
+from cdc.options import SourceOptions
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """cdc-tunnel: change-data-capture ingestion for Apache Spark."""
+    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)])
+
+
+@main.command("options")
+@click.argument("backend", type=click.Choice(available_backends()), required=False)
+def options_cmd(backend: str | None) -> None:
+    """Print the options of the source and of BACKEND as a Markdown table."""
+    models = [("source", SourceOptions)]
+    if backend:
+        models.append((f"backend={backend}", backend_class(backend).options_model))
+    click.echo("| option | default | meaning |\n| --- | --- | --- |")
+    for _, model in models:
+        for name, info in model.model_fields.items():
+            default = "required" if info.is_required() else f"`{info.default}`"
+            click.echo(f"| `{info.alias or name}` | {default} | {info.description or ''} |")
+
+
+@main.group("log")
+def log_group() -> None:
+    """Local change logs."""
+
+
+@log_group.command("show")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+def log_show(path: str) -> None:
+    """Show a local log's schema and channels."""
+    from cdc.backends.local import LocalLog
+
+    log = LocalLog(path)
+    click.echo(f"keys: {', '.join(log.change_schema.keys)}")
+    click.echo(f"schema: {log.change_schema.table}")
+    for c in log.channels():
+        click.echo(
+            json.dumps(
+                {
+                    "channel": c.id,
+                    "parents": list(c.parents),
+                    "finished": c.closed_at is not None,
+                    "earliest": c.earliest,
+                    "head": c.head,
+                    "segments": len(c.segments),
+                }
+            )
+        )
+
+
+@log_group.command("split")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.argument("channel")
+@click.option("--parts", default=2, show_default=True)
+def log_split(path: str, channel: str, parts: int) -> None:
+    """Split CHANNEL of the log at PATH into children."""
+    from cdc.backends.local import LocalLog
+
+    click.echo(" ".join(LocalLog(path).split(channel, parts)))
+
+
+@log_group.command("merge")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.argument("channels", nargs=-1, required=True)
+def log_merge(path: str, channels: tuple[str, ...]) -> None:
+    """Merge adjacent CHANNELS of the log at PATH into one child."""
+    from cdc.backends.local import LocalLog
+
+    click.echo(LocalLog(path).merge(list(channels)))
+
+
+if __name__ == "__main__":
+    main()
