@@ -66,6 +66,21 @@ class PlannedRange:
     """``end`` is the channel's final end: the channel is exhausted for good."""
 
 
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A full snapshot of the table at a consistent cut of the change log (``startingOffsets=snapshot``).
+
+    ``chunks`` are channel ids whose records are the snapshot's rows (``_op = snapshot``), readable with
+    ``plan``/``read`` like any channel but never listed by ``list_channels``. ``positions`` holds, for every
+    change channel that existed at the cut, the position right after the last change the snapshot
+    includes; every change after those positions is newer than every snapshot row (larger ``_seq``).
+    """
+
+    id: str
+    chunks: tuple[str, ...]
+    positions: Mapping[str, Position]
+
+
 class RangeReader(ABC):
     """Reads planned ranges on executors. Picklable; opens its own connections lazily."""
 
@@ -112,6 +127,14 @@ class Backend(ABC):
     def parse_position(self, channel: str, value: Any) -> Position:
         """Validate a user-given position (from ``startingOffsets`` JSON); backends override."""
         return value
+
+    def snapshot(self) -> SnapshotInfo:
+        """Take a snapshot for the full-plus-incremental hand-off; backends that can, override."""
+        raise OptionError(
+            f"option 'startingOffsets': backend {self.name!r} does not offer snapshots; "
+            "accepted values: earliest, latest, or JSON per channel",
+            "startingOffsets",
+        )
 
     def acknowledge(self, positions: Mapping[str, Position]) -> None:  # noqa: B027 - optional hook
         """Best effort: tell the backend the query has durably processed up to these positions."""

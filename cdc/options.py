@@ -44,8 +44,9 @@ class SourceOptions(_Model):
     starting_offsets: str = Field(
         "earliest",
         alias="startingOffsets",
-        description="`earliest`, `latest`, or JSON `{channel: position, ...}` (a position may also be \"earliest\" or \"latest\"); "
-        "channels not named start at earliest.",
+        description="`earliest`, `latest`, `snapshot` (the table's rows at a consistent cut, then every change "
+        "after it; backends that support it), or JSON `{channel: position, ...}` (a position may also be "
+        "\"earliest\" or \"latest\"); channels not named start at earliest.",
     )
     ending_offsets: str = Field(
         "latest",

@@ -10,6 +10,13 @@ batch that first reads a channel (a newly discovered channel, or a jump forward 
 ``failOnDataLoss=false``): it is where that batch's range starts, so a replay never has to ask the backend
 where a channel began. A batch's ranges are therefore a pure function of its (start, end) offsets.
 
+``startingOffsets=snapshot`` starts with a snapshot of the table at a consistent cut of the log (see
+:class:`~cdc.backend.SnapshotInfo`): its chunks enter the offset as channels marked ``"snapshot": true``,
+and the change channels start at the cut. No change channel takes part in a batch until every snapshot chunk
+is ``done`` in the batch's start offset, so the full data arrives first, then every change after the cut:
+no gap (the cut is consistent), no duplicate (a change is either folded into the snapshot or after the cut),
+and a snapshot row's ``_seq`` is that of the last change it includes, smaller than any later change's.
+
 The first batch is special: Spark does not store a query's initial offset, and after a crash it asks the
 source again, which for ``latest`` (or after retention moved ``earliest``) gives a different answer. So
 :meth:`Planner.initial` marks its offset ``"initial": true`` and the first batch's end offset carries
@@ -77,6 +84,8 @@ class Planner:
         text = spec.strip()
         per_channel: dict[str, Any] = {}
         default = text.lower()
+        if default == "snapshot":
+            return self._initial_snapshot()
         if default not in ("earliest", "latest"):
             try:
                 per_channel = json.loads(text)
@@ -107,6 +116,14 @@ class Planner:
                     out[ch.id]["done"] = True
             else:
                 out[ch.id] = {"pos": self.backend.parse_position(ch.id, where)}
+        return {"channels": out, "initial": True}
+
+    def _initial_snapshot(self) -> Offset:
+        snap = self.backend.snapshot()
+        out: dict[str, dict[str, Any]] = {chunk: {"pos": self.backend.earliest(chunk), "snapshot": True} for chunk in snap.chunks}
+        for cid, pos in snap.positions.items():
+            out[cid] = {"pos": pos}
+        log.info("snapshot %s: %d chunks, change log cut at %s", snap.id, len(snap.chunks), dict(snap.positions))
         return {"channels": out, "initial": True}
 
     def until(self, spec: str) -> dict[str, Position]:
@@ -153,12 +170,19 @@ class Planner:
                 pos = self.backend.earliest(cid)
                 entries[cid] = {"pos": pos, "new": True}
 
+        snapshot_pending = any(e.get("snapshot") and not e.get("done") for e in start_entries.values())
         eligible = [
             cid
             for cid in sorted(entries, key=_channel_sort_key)
-            if cid in channels
-            and not entries[cid].get("done")
-            and (not respect_lineage or self._parents_done(channels[cid], start_entries, channels))
+            if not entries[cid].get("done")
+            and (
+                entries[cid].get("snapshot")
+                or (
+                    cid in channels
+                    and not (respect_lineage and snapshot_pending)
+                    and (not respect_lineage or self._parents_done(channels[cid], start_entries, channels))
+                )
+            )
         ]
         positions = {cid: entries[cid]["pos"] for cid in eligible}
         begin = dict(positions)
@@ -224,10 +248,9 @@ class Planner:
             if cid in begin and (skipped or (is_new and begin[cid] != e["pos"])):
                 e["from"] = begin[cid]
             out[cid] = e
-        if first_batch:
+        if first_batch:  # every range of batch 0 is recorded: its start is not kept by Spark
             for cid, e in out.items():
-                if cid in start_entries:
-                    e.setdefault("from", start_entries[cid]["pos"])
+                e.setdefault("from", start_entries[cid]["pos"] if cid in start_entries else e["pos"])
         return {"channels": out}
 
     @staticmethod

@@ -171,3 +171,73 @@ def test_until_bounds_the_batch(tmp_path: Path) -> None:
     log.append(rows(5, 100))
     end2 = planner.next(end, None, target)
     assert not set(kids) & set(end2["channels"])  # channels born after the target are not read
+
+
+def test_snapshot_then_changes_with_concurrent_writers(tmp_path: Path) -> None:
+    import threading
+
+    log, planner = make(tmp_path, channels=2)
+    log.append([{"k": i, "v": "a"} for i in range(100)])
+    log.append([{"k": i, "v": None, "_op": "update"} for i in range(0, 100, 3)])  # null wins over "a"
+    log.append([{"k": i, "_op": "delete"} for i in range(0, 100, 5)])
+    log.split("c0")
+    stop = threading.Event()
+
+    def writer() -> None:
+        n = 0
+        while not stop.is_set() or n < 50:
+            log.append([{"k": 1000 + n, "v": "late", "_op": "insert"}])
+            n += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    start = planner.initial("snapshot")
+    stop.set()
+    t.join()
+    snapshot_ids = [c for c, e in start["channels"].items() if e.get("snapshot")]
+    assert snapshot_ids
+    batches = []
+    cur = start
+    for _ in range(50):
+        end = planner.next(cur, max_records=40)
+        if end == cur:
+            break
+        recs = [
+            r
+            for rng in planner.ranges(cur, end)
+            for b in planner.backend.reader().read(rng.channel, rng.start, rng.end)
+            for r in pa.Table.from_batches([b]).to_pylist()
+        ]
+        batches.append(recs)
+        cur = end
+    flat = [r for b in batches for r in b]
+    snap = [r for r in flat if r["_op"] == "snapshot"]
+    changes = [r for r in flat if r["_op"] != "snapshot"]
+    # the full data first: no change is delivered in a batch before the last snapshot batch ends
+    last_snap_batch = max(i for i, b in enumerate(batches) if any(r["_op"] == "snapshot" for r in b))
+    first_change_batch = min(i for i, b in enumerate(batches) if any(r["_op"] != "snapshot" for r in b))
+    assert first_change_batch > last_snap_batch
+    # snapshot rows + later changes == everything; nothing twice, nothing lost
+    cut_seq = max(r["_seq"] for r in snap)
+    assert all(r["_seq"] > cut_seq for r in changes)
+    expected: dict[int, object] = {}
+    for r in sorted(log.read_all().to_pylist(), key=lambda r: r["_seq"]):
+        if r["_seq"] > cut_seq:
+            continue
+        if r["_op"] == "delete":
+            expected.pop(r["k"], None)
+        else:
+            expected[r["k"]] = r["v"]
+    assert {r["k"]: r["v"] for r in snap} == expected
+    assert len(snap) == len(expected)
+    all_changes_after = [r for r in log.read_all().to_pylist() if r["_seq"] > cut_seq]
+    assert sorted(r["_seq"] for r in changes) == sorted(r["_seq"] for r in all_changes_after)
+
+
+def test_snapshot_is_refused_by_backends_without_one_and_after_truncation(tmp_path: Path) -> None:
+    log, planner = make(tmp_path, channels=1)
+    log.append(rows(3))
+    log.append(rows(3, 3))
+    log.truncate("c0", 3)
+    with pytest.raises(DataLossError, match="whole history"):
+        planner.initial("snapshot")

@@ -39,7 +39,7 @@ KEYS = 12
 
 
 class StreamProtocol(RuleBasedStateMachine):
-    @initialize(channels=st.integers(1, 3), starting=st.sampled_from(["earliest", "latest"]))
+    @initialize(channels=st.integers(1, 3), starting=st.sampled_from(["earliest", "latest", "snapshot"]))
     def setup(self, channels: int, starting: str) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="cdc-prop-"))
         self.log = LocalLog.create(self.dir / "log", [("k", pa.int64()), ("v", pa.int64())], ["k"], channels=channels)
@@ -55,8 +55,11 @@ class StreamProtocol(RuleBasedStateMachine):
         self.initial: dict[str, Any] | None = None
         self.limit_used: dict[int, int | None] = {}
         self.next_v = 0
-        if starting == "latest":
-            self.log.append([{"k": 0, "v": -1}])  # exists before the query starts: never delivered
+        self.expected_snapshot: dict[int, int] = {}
+        if starting != "earliest":  # history before the query starts: skipped, or folded into the snapshot
+            # 30 keys beyond the appended ones plus a few of them: a snapshot spans several small batches
+            self.log.append([{"k": k, "v": -1 - k} for k in [*range(100, 130), *range(4)]])
+            self.log.append([{"k": 1, "v": None, "_op": "update"}, {"k": 2, "_op": "delete"}])
         self.starting = starting
 
     def teardown(self) -> None:
@@ -109,13 +112,25 @@ class StreamProtocol(RuleBasedStateMachine):
                     rows.append((r["_channel"], r["_position"], r["_seq"], r["k"], r["v"], r["_op"]))
         return rows
 
+    def _fold(self, idents: set[tuple[str, int]]) -> dict[int, int]:
+        """The table the changes ``idents`` leave behind: an independent model of a snapshot."""
+        table: dict[int, int] = {}
+        for r in sorted(self.log.read_all().to_pylist(), key=lambda r: r["_seq"]):
+            if (r["_channel"], r["_position"]) not in idents:
+                continue
+            if r["_op"] == "delete":
+                table.pop(r["k"], None)
+            else:
+                table[r["k"]] = r["v"]
+        return table
+
     def _start_of(self, batch_id: int) -> dict[str, Any]:
         if batch_id == 0:
             # Spark keeps no record of the initial offset: it asks the (possibly new) reader again.
             return self.reader.initialOffset()
         return self.offsets[batch_id - 1]
 
-    @rule(limit=st.one_of(st.none(), st.integers(1, 15)), crash_before_commit=st.booleans())
+    @rule(limit=st.sampled_from([1, 2, 3, 5, 8, 13, None]), crash_before_commit=st.booleans())
     def run_batch(self, limit: int | None, crash_before_commit: bool) -> None:
         self._run_batch(limit, crash_before_commit)
 
@@ -131,6 +146,10 @@ class StreamProtocol(RuleBasedStateMachine):
                         self.skipped_before_start = {
                             (c.id, p) for c in self.log.channels() for p in range(c.head)
                         }
+                    elif self.starting == "snapshot":  # changes before the cut are folded into the snapshot
+                        cut = {c: e["pos"] for c, e in self.initial["channels"].items() if not e.get("snapshot")}
+                        self.skipped_before_start = {(c, p) for c, head in cut.items() for p in range(head)}
+                        self.expected_snapshot = self._fold(self.skipped_before_start)
                 start = self.initial
             else:
                 start = self.offsets[-1]
@@ -152,7 +171,7 @@ class StreamProtocol(RuleBasedStateMachine):
             self.crash()
             return True
         for r in rows:
-            self.delivered.append((batch_id, {"ch": r[0], "pos": r[1], "seq": r[2], "k": r[3], "v": r[4]}))
+            self.delivered.append((batch_id, {"ch": r[0], "pos": r[1], "seq": r[2], "k": r[3], "v": r[4], "op": r[5]}))
         self.committed += 1
         self.reader.commit(end)
         self._check_batch(batch_id)
@@ -165,10 +184,15 @@ class StreamProtocol(RuleBasedStateMachine):
             ident = (r["ch"], r["pos"])
             assert ident not in batch_of, f"record {ident} delivered twice"
             batch_of[ident] = b
+        # the full data first: a batch with changes comes after every snapshot row has been delivered
+        this = [r for b, r in self.delivered if b == batch_id]
+        if any(r["op"] != "snapshot" for r in this):
+            earlier = sum(1 for b, r in self.delivered if b < batch_id and r["op"] == "snapshot")
+            assert earlier == len(self.expected_snapshot), f"batch {batch_id} has changes before the snapshot ended"
         # lineage: every parent record precedes, in an earlier batch, any child record of this batch
         channels = {c.id: c for c in self.log.channels()}
-        for b, r in self.delivered:
-            if b != batch_id:
+        for r in this:
+            if r["op"] == "snapshot":
                 continue
             for parent in channels[r["ch"]].parents:
                 pst = channels[parent]
@@ -204,8 +228,12 @@ class StreamProtocol(RuleBasedStateMachine):
         assert len(delivered) == len(self.delivered), "duplicates"
         everything = {(c.id, pos) for c in self.log.channels() for pos in range(c.earliest, c.head)}
         # startingOffsets=latest: what existed before the query started is not delivered
+        # startingOffsets=snapshot: it is delivered folded, as the snapshot's rows
         missing = everything - self.skipped_before_start - delivered
         assert not missing, f"lost records: {sorted(missing)[:10]}"
+        snapshot_rows = [r for _b, r in self.delivered if r["op"] == "snapshot"]
+        assert {r["k"]: r["v"] for r in snapshot_rows} == self.expected_snapshot
+        assert len(snapshot_rows) == len(self.expected_snapshot)
 
 
 TestStreamProtocol = StreamProtocol.TestCase

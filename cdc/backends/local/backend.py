@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
+from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader, SnapshotInfo
 from cdc.backends.local.log import LocalLog
 from cdc.backends.local.options import LocalOptions
 from cdc.errors import DataLossError, PositionError
@@ -67,6 +67,10 @@ class LocalBackend(Backend):
         if max_records is not None:
             end = min(end, begin + max_records)
         return PlannedRange(end, end - begin, st.closed_at is not None and end == st.closed_at)
+
+    def snapshot(self) -> SnapshotInfo:
+        sid, chunks, cut = self.log.snapshot(self.options.snapshot_chunk_rows)
+        return SnapshotInfo(sid, tuple(chunks), cut)
 
     def reader(self) -> RangeReader:
         return LocalRangeReader(str(self.log.path))

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,6 +48,7 @@ HASH_SPACE = 1 << 32
 SEGMENT_ROWS = 65_536  # rows per Arrow record batch inside a segment
 _SEGMENT = re.compile(r"^(\d{12})-(\d{12})\.arrow$")
 _OPS = {o.value for o in Op}
+SNAPSHOT_PREFIX = "snap-"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -147,8 +149,14 @@ class LocalLog:
         os.replace(tmp, root / "channels" / cid)
 
     # ------------------------------------------------------------------ reading state
+    def _channel_dir(self, cid: str) -> Path:
+        if cid.startswith(SNAPSHOT_PREFIX):
+            _, sid, n = cid.split("-", 2)
+            return self.path / "snapshots" / sid / n
+        return self.path / "channels" / cid
+
     def channel(self, cid: str) -> ChannelState:
-        d = self.path / "channels" / cid
+        d = self._channel_dir(cid)
         try:
             meta = json.loads((d / "channel.json").read_text())
         except FileNotFoundError:
@@ -303,8 +311,10 @@ class LocalLog:
                 cols[f.name] = part.column(f.name).cast(f.type)
             else:
                 cols[f.name] = pa.nulls(n, f.type)
-        out = pa.Table.from_pydict(cols, schema=self.arrow_schema)
-        d = self.path / "channels" / st.id
+        self._write_arrow(self.path / "channels" / st.id, start, pa.Table.from_pydict(cols, schema=self.arrow_schema))
+
+    def _write_arrow(self, d: Path, start: int, out: pa.Table) -> None:
+        n = out.num_rows
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
         os.close(fd)
         try:
@@ -370,6 +380,83 @@ class LocalLog:
                 if seg.end <= before:
                     seg.path.unlink()
             return self.channel(channel).earliest
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self, chunk_rows: int = 100_000) -> tuple[str, list[str], dict[str, int]]:
+        """Materialise the table's rows at a consistent cut of the log, without blocking writers.
+
+        The cut (every channel's head) is taken under the writers' lock, so it is consistent: a change is
+        either before the cut in its channel or after it, and every change after the cut has a larger
+        sequence than every change before it. The rows are then folded (last change per key by ``_seq``,
+        deletes removed) from the immutable segments before the cut, outside the lock, and written as
+        ``snapshot`` records into finished chunk channels ``snap-<id>-<n>`` under ``snapshots/<id>/``.
+        Each row keeps the ``_seq`` and ``_commit_ts`` of the last change it folds in.
+
+        Returns ``(snapshot id, chunk channel ids, cut positions per channel)``.
+        """
+        with self._locked():
+            cut = {c.id: c.head for c in self.channels()}
+        parts = []
+        for cid, head in cut.items():
+            st = self.channel(cid)
+            if st.earliest > 0:
+                raise DataLossError(
+                    f"a snapshot needs the whole history, but channel {cid!r} was truncated before "
+                    f"position {st.earliest}", cid
+                )
+            parts.extend(self.read(cid, 0, head))
+        history = pa.Table.from_batches(parts, schema=self.arrow_schema)
+        table = self._fold(history)
+        sid = f"{time.time_ns():x}{os.getpid():x}"
+        tmp = Path(tempfile.mkdtemp(dir=self.path, prefix=".tmp-snap-"))
+        chunks = []
+        n_chunks = max(1, -(-table.num_rows // chunk_rows))
+        for n in range(n_chunks):
+            cid = f"{SNAPSHOT_PREFIX}{sid}-{n}"
+            part = table.slice(n * chunk_rows, chunk_rows)
+            d = tmp / str(n)
+            d.mkdir()
+            _write_json(d / "channel.json", {"id": cid, "parents": [], "range": [0, 0]})
+            _write_json(d / "closed.json", {"end": part.num_rows})
+            cols = {name: part.column(name) for name in part.column_names}
+            cols[CHANNEL] = pa.array([cid] * part.num_rows, pa.string())
+            cols[POSITION] = pa.array(range(part.num_rows), pa.int64())
+            if part.num_rows:
+                self._write_arrow(d, 0, pa.Table.from_pydict(cols, schema=self.arrow_schema))
+            chunks.append(cid)
+        (self.path / "snapshots").mkdir(exist_ok=True)
+        _write_json(tmp / "cut.json", {"positions": cut, "rows": table.num_rows})
+        os.replace(tmp, self.path / "snapshots" / sid)
+        log.info("snapshot %s: %d rows in %d chunks at cut %s", sid, table.num_rows, len(chunks), cut)
+        return sid, chunks, cut
+
+    def _fold(self, history: pa.Table) -> pa.Table:
+        """The table state after applying ``history``: last change per key, deletes removed, sorted by key."""
+        keys = list(self.change_schema.keys)
+        if history.num_rows == 0:
+            return history
+        ordered = history.sort_by([(SEQ, "ascending")])
+        others = [c for c in ordered.column_names if c not in keys]
+        keep_nulls = pc.ScalarAggregateOptions(skip_nulls=False)  # a value set to null stays null
+        last = ordered.group_by(keys, use_threads=False).aggregate([(c, "last", keep_nulls) for c in others])
+        names = {f"{c}_last": c for c in others}
+        last = last.rename_columns([names.get(n, n) for n in last.column_names])
+        last = last.filter(pc.not_equal(last.column(OP), Op.DELETE.value))
+        snapshot_ops = pa.array([Op.SNAPSHOT.value] * last.num_rows, pa.string())
+        last = last.set_column(last.schema.get_field_index(OP), OP, snapshot_ops)
+        return last.select(self.arrow_schema.names).sort_by([(k, "ascending") for k in keys]).cast(self.arrow_schema)
+
+    def drop_snapshots(self) -> int:
+        """Remove every materialised snapshot (after the queries that started from them are past them)."""
+        import shutil
+
+        root = self.path / "snapshots"
+        if not root.exists():
+            return 0
+        names = [n for n in os.listdir(root) if not n.startswith(".")]
+        for n in names:
+            shutil.rmtree(root / n)
+        return len(names)
 
     def open_channels(self) -> list[str]:
         """Open channels in key-hash order, so neighbours in the list can be merged."""
