@@ -6,6 +6,7 @@ import json
 import logging
 
 import click
+from pydantic import BaseModel
 
 from cdc.backend import available_backends, backend_class
 from cdc.options import SourceOptions
@@ -22,7 +23,7 @@ def main(verbose: int) -> None:
 @click.argument("backend", type=click.Choice(available_backends()), required=False)
 def options_cmd(backend: str | None) -> None:
     """Print the options of the source and of BACKEND as a Markdown table."""
-    models = [("source", SourceOptions)]
+    models: list[tuple[str, type[BaseModel]]] = [("source", SourceOptions)]
     if backend:
         models.append((f"backend={backend}", backend_class(backend).options_model))
     click.echo("| option | default | meaning |\n| --- | --- | --- |")

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class ChannelPartition(InputPartition):  # type: ignore[misc]
+class ChannelPartition(InputPartition):
     """One channel range of one batch; pickled to an executor."""
 
     channel: str
@@ -175,14 +175,14 @@ class CdcBatchReader(_ReaderBase, DataSourceReader):  # type: ignore[misc]
         return self._partitions(start, end)
 
 
-class CdcDataSource(DataSource):  # type: ignore[misc]
+class CdcDataSource(DataSource):
     """``spark.readStream.format("cdc")`` / ``spark.read.format("cdc")``."""
 
     @classmethod
     def name(cls) -> str:
         return "cdc"
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
+    def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self._config = _Config(options)
         self._schema: StructType | None = None

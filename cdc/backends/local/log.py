@@ -170,7 +170,8 @@ class LocalLog:
             if m:
                 segments.append(Segment(int(m.group(1)), int(m.group(2)), d / name))
         segments.sort(key=lambda s: s.start)
-        return ChannelState(cid, tuple(meta["parents"]), tuple(meta["range"]), closed_at, tuple(segments))  # type: ignore[arg-type]
+        lo, hi = meta["range"]
+        return ChannelState(cid, tuple(meta["parents"]), (int(lo), int(hi)), closed_at, tuple(segments))
 
     def channel_ids(self) -> list[str]:
         ids = [n for n in os.listdir(self.path / "channels") if not n.startswith(".")]
@@ -290,7 +291,7 @@ class LocalLog:
             for cid, (part, part_seqs) in parts.items():
                 self._write_segment(open_channels[cid], part, part_seqs, ts)
             state["next_seq"] = seq + table.num_rows
-            return seq + table.num_rows - 1
+            return int(seq + table.num_rows - 1)
 
     def _write_segment(self, st: ChannelState, part: pa.Table, seqs: pa.Array, ts: datetime) -> None:
         start = st.head
@@ -396,7 +397,7 @@ class LocalLog:
         """
         with self._locked():
             cut = {c.id: c.head for c in self.channels()}
-        parts = []
+        parts: list[pa.RecordBatch] = []
         for cid, head in cut.items():
             st = self.channel(cid)
             if st.earliest > 0:
