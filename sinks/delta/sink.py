@@ -1,0 +1,191 @@
+"""``DeltaUpsertSink``: applies change records to a Delta table, exactly once per micro-batch."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from cdc.errors import OptionError
+from sinks.delta.engine import Engine
+from sinks.delta.semantics import DEFAULT_DELETE_CONDITION, IS_DELETE, SinkSpec
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("delta-rs", "delta-spark")
+
+
+class DeltaUpsertSink:
+    """Apply a stream of change records to a Delta table, in the spirit of Databricks AUTO CDC.
+
+    Use it as a ``foreachBatch`` function::
+
+        from sinks.delta import DeltaUpsertSink
+        sink = DeltaUpsertSink("/lake/orders", keys=["order_id"], sequence_by="_seq")
+        changes.writeStream.foreachBatch(sink).option("checkpointLocation", ck).start()
+
+    Parameters
+    ----------
+    path : the Delta table (created on the first batch).
+    keys : the key column(s).
+    sequence_by : the column that orders a key's changes (``_seq``: the change model's sequence).
+    apply_as_deletes : SQL condition over a change record marking it a delete (default ``_op = 'delete'``).
+    scd_type : 1 (keep the latest row; default) or 2 (keep history rows with ``_valid_from``/``_valid_to``/
+        ``_is_current``).
+    track_history_columns : SCD type 2 only: changes to other columns update the current version in place.
+    except_columns : columns of the changes not stored in the table.
+    tombstone_retention : how long a delete's tombstone keeps older changes of the key from resurrecting it.
+    compact_every : every this many batches (by batch id), purge expired tombstones and compact small files;
+        None disables both.
+    app_id : the Delta application-transaction id; default ``cdc-tunnel-<streaming query id>``, which stays
+        the same across restarts of the query from its checkpoint.
+    engine : ``delta-rs`` (default) or ``delta-spark``.
+    storage_options : passed to delta-rs (object store credentials).
+    clock : returns the current UTC time (tombstone ages); for tests.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        keys: Sequence[str],
+        sequence_by: str = "_seq",
+        *,
+        apply_as_deletes: str = DEFAULT_DELETE_CONDITION,
+        scd_type: int = 1,
+        track_history_columns: Sequence[str] | None = None,
+        except_columns: Sequence[str] = (),
+        tombstone_retention: timedelta = timedelta(days=2),
+        compact_every: int | None = 10,
+        prune_by_key_range: bool = True,
+        app_id: str | None = None,
+        engine: str = "delta-rs",
+        storage_options: dict[str, str] | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.spec = SinkSpec(
+            keys=tuple([keys] if isinstance(keys, str) else keys),
+            sequence_by=sequence_by,
+            apply_as_deletes=apply_as_deletes,
+            scd_type=scd_type,
+            track_history_columns=None if track_history_columns is None else tuple(track_history_columns),
+            except_columns=tuple(except_columns),
+            tombstone_retention=tombstone_retention,
+            prune_by_key_range=prune_by_key_range,
+        )
+        if compact_every is not None and compact_every < 1:
+            raise OptionError("option 'compact_every' must be a positive number of batches, or None", "compact_every")
+        if engine not in ENGINES:
+            raise OptionError(f"option 'engine': {engine!r} is not accepted; accepted: {', '.join(ENGINES)}", "engine")
+        self.compact_every = compact_every
+        self.app_id = app_id
+        self.engine_name = engine
+        self.storage_options = storage_options
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self._engine: Engine | None = None
+
+    def __repr__(self) -> str:  # storage_options may hold credentials: never shown
+        return f"DeltaUpsertSink({self.path!r}, keys={list(self.spec.keys)}, scd_type={self.spec.scd_type}, engine={self.engine_name!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_engine"] = None
+        return state
+
+    # ------------------------------------------------------------------ engines
+    def engine(self, spark: Any = None) -> Engine:
+        if self._engine is None:
+            if self.engine_name == "delta-rs":
+                from sinks.delta.rs import DeltaRsEngine
+
+                self._engine = DeltaRsEngine(self.path, self.storage_options)
+            else:
+                from sinks.delta.spark import DeltaSparkEngine
+
+                if spark is None:
+                    from pyspark.sql import SparkSession
+
+                    spark = SparkSession.getActiveSession()
+                self._engine = DeltaSparkEngine(spark, self.path)
+        return self._engine
+
+    # ------------------------------------------------------------------ foreachBatch
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        """The ``foreachBatch`` entry point: evaluate the delete condition, collect the batch as Arrow, apply."""
+        spark = batch_df.sparkSession
+        app_id = self.app_id or self._query_app_id(spark)
+        engine = self.engine(spark)
+        done = engine.committed_version(app_id)
+        if done is not None and done >= batch_id:
+            log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app_id, done)
+            return
+        if self.spec.apply_as_deletes.strip() != DEFAULT_DELETE_CONDITION:
+            from pyspark.sql import functions as F
+
+            batch_df = batch_df.withColumn(IS_DELETE, F.coalesce(F.expr(self.spec.apply_as_deletes), F.lit(False)))
+        self.write(batch_df.toArrow(), batch_id, app_id)
+
+    @staticmethod
+    def _query_app_id(spark: Any) -> str:
+        qid = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+        if not qid:
+            raise OptionError(
+                "option 'app_id' is required outside a streaming query (no streaming query id to derive it from)",
+                "app_id",
+            )
+        return f"cdc-tunnel-{qid}"
+
+    # ------------------------------------------------------------------ the core (Arrow in, one commit out)
+    def write(self, changes: pa.Table, batch_id: int, app_id: str | None = None) -> bool:
+        """Apply one batch of change records; return False when the batch was already committed (a replay).
+
+        ``changes`` holds change records (see :mod:`cdc.model`); a custom ``apply_as_deletes`` requires the
+        boolean column ``__cdc_is_delete`` (the ``foreachBatch`` wrapper adds it).
+        """
+        app = app_id or self.app_id
+        if not app:
+            raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
+        if batch_id < 0:
+            raise ValueError(f"batch id must be >= 0, got {batch_id}")
+        engine = self.engine()
+        done = engine.committed_version(app)
+        if done is not None and done >= batch_id:
+            log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app, done)
+            return False
+        now = self.clock()
+        spec = self.spec
+        prepared = spec.prepare(changes, now)
+        if prepared.num_rows == 0:
+            log.debug("batch %d has no changes", batch_id)
+            return False
+        schema = engine.schema()
+        if schema is None:
+            engine.create(spec.table_schema(prepared.schema))
+            schema = engine.schema()
+            assert schema is not None
+        added = spec.new_columns(schema, prepared.schema)
+        if added:
+            log.info("adding columns %s to %s", [f.name for f in added], self.path)
+            engine.add_columns(added)
+            schema = pa.schema([*schema, *added])
+        source = prepared
+        if spec.scd_type == 2:
+            heads = engine.read(*spec.heads_condition(prepared))
+            source = spec.stage_scd2(prepared, heads)
+        plan = spec.merge_plan(source, schema)
+        metrics = engine.merge(source, plan, app, batch_id)
+        log.info("batch %d: merged %d changes into %s: %s", batch_id, prepared.num_rows, self.path, metrics)
+        if self.compact_every and (batch_id + 1) % self.compact_every == 0:
+            self.maintain(now)
+        return True
+
+    def maintain(self, now: datetime | None = None) -> None:
+        """Purge expired tombstones and compact small files (each one commit; readers are never blocked)."""
+        engine = self.engine()
+        if engine.schema() is None:
+            return
+        engine.delete(self.spec.purge_predicate(now or self.clock()))
+        engine.compact()
