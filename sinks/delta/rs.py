@@ -61,12 +61,14 @@ class DeltaRsEngine:
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
         dt = self._dt()
         assert dt is not None
+        before = dt.version()
+        commit = CommitProperties(app_transactions=[Transaction(app_id, version)])
         merger = dt.merge(
             source,
             plan.predicate,
             source_alias=plan.source_alias,
             target_alias=plan.target_alias,
-            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
+            commit_properties=commit,
         )
         for clause in plan.clauses:
             updates = dict(clause.assignments)
@@ -74,7 +76,13 @@ class DeltaRsEngine:
                 merger = merger.when_matched_update(updates, clause.condition)
             else:
                 merger = merger.when_not_matched_insert(updates, clause.condition)
-        return dict(merger.execute())
+        metrics = dict(merger.execute())
+        dt.update_incremental()
+        if dt.version() == before:
+            # delta-rs makes no commit for a merge that changes nothing (every change stale); the batch must
+            # still be recorded as done, so commit an empty transaction carrying (app_id, version).
+            dt.create_write_transaction([], "append", dt.schema(), commit_properties=commit)
+        return metrics
 
     def delete(self, predicate: str) -> None:
         dt = self._dt()

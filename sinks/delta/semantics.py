@@ -273,8 +273,8 @@ class SinkSpec:
         if self.track_history_columns:
             known = set(existing) | {f.name for f in added}
             unknown = [c for c in self.track_history_columns if c not in known]
-            if unknown:
-                raise OptionError(f"option 'track_history_columns': no such columns {unknown}", "track_history_columns")
+            if unknown:  # may appear later (schema evolution); until then they cannot change
+                log.warning("track_history_columns %s are not (yet) columns of the table", unknown)
         return added
 
     # ------------------------------------------------------------------ merge statements
