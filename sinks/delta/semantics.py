@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -220,7 +221,7 @@ class SinkSpec:
         batch = batch.drop_columns(drop)
         batch = batch.cast(pa.schema([pa.field(f.name, _normalise_type(f.type), f.nullable) for f in batch.schema]))
         batch = latest_per_key(batch, self.keys, self.sequence_by)
-        return batch.append_column(NOW, pa.array([now] * batch.num_rows, TIMESTAMP))
+        return batch.append_column(NOW, pa.repeat(pa.scalar(now, TIMESTAMP), batch.num_rows))
 
     @staticmethod
     def _where(batch: pa.Table, column: str) -> str:
@@ -445,7 +446,7 @@ def latest_per_key(batch: pa.Table, keys: Sequence[str], sequence: str) -> pa.Ta
     """Keep, for each key, the change with the largest sequence (the last one when sequences tie)."""
     if batch.num_rows <= 1:
         return batch
-    idx = pa.array(range(batch.num_rows), pa.int64())
+    idx = pa.array(np.arange(batch.num_rows, dtype=np.int64))
     tagged = batch.select([*keys, sequence]).append_column("__cdc_row", idx)
     best = tagged.group_by(list(keys)).aggregate([(sequence, "max")])
     if best.num_rows == batch.num_rows:
