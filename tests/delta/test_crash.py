@@ -1,0 +1,117 @@
+"""Exactly-once under a real crash: a streaming query is killed with SIGKILL mid-batch and restarted.
+
+The child process (crash_child.py) runs ``readStream.format("cdc")`` from a local change log into
+``DeltaUpsertSink``. It is killed either after the sink's Delta commit but before Spark records the batch
+(so Spark replays the batch on restart and the sink must skip it), or before the sink commits (so the
+replay must apply it). Either way the table must equal the source table and every batch id must be
+committed exactly once (the Delta log's application-transaction actions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cdc.backends.local import LocalLog
+
+CHILD = Path(__file__).with_name("crash_child.py")
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = [("id", pa.int64()), ("name", pa.string()), ("qty", pa.int64())]
+
+
+def write_history(log: LocalLog) -> dict[int, tuple[str, int]]:
+    """Several appends of inserts, updates and deletes (with a channel split); returns the source table."""
+    source: dict[int, tuple[str, int]] = {}
+    step = 0
+    for round_ in range(6):
+        rows: list[dict[str, Any]] = []
+        for i in range(30):
+            step += 1
+            key = (i * 7 + round_ * 3) % 45
+            if step % 5 == 0 and key in source:
+                rows.append({"_op": "delete", "id": key})
+                del source[key]
+            else:
+                op = "update" if key in source else "insert"
+                rows.append({"_op": op, "id": key, "name": f"n{step}", "qty": step})
+                source[key] = (f"n{step}", step)
+        log.append(rows)
+        if round_ == 2:
+            log.split(log.open_channels()[0])
+    return source
+
+
+def txn_versions(table: Path) -> list[tuple[str, int]]:
+    out = []
+    for f in sorted((table / "_delta_log").glob("*.json")):
+        for line in f.read_text().splitlines():
+            action = json.loads(line)
+            if "txn" in action:
+                out.append((action["txn"]["appId"], action["txn"]["version"]))
+    return out
+
+
+def run_child(args: list[str], wait_for: Path | None) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), *args], env=env, cwd=ROOT, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        if wait_for is None:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err.decode()[-3000:]
+            return
+        deadline = time.monotonic() + 300
+        while not wait_for.exists():
+            assert proc.poll() is None, f"the child exited early: {proc.stderr.read().decode()[-3000:] if proc.stderr else ''}"
+            assert time.monotonic() < deadline, "the child never reached the crash point"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)  # the child, its JVM and its Python workers: a real crash
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hold", ["--hold-after-commit", "--hold-before-commit"])
+def test_kill_9_mid_batch_then_restart(tmp_path: Path, hold: str) -> None:
+    log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
+    source = write_history(log)
+    table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
+    markers.mkdir()
+    crash_batch = 2
+    run_child([str(tmp_path / "log"), str(table), str(ck), str(markers), hold, str(crash_batch)], markers / "holding")
+    calls_before = (markers / "calls.txt").read_text().split()
+    run_child([str(tmp_path / "log"), str(table), str(ck), str(markers)], None)
+
+    # Spark really replayed the batch it was killed in.
+    calls = [tuple(line.split()) for line in (markers / "calls.txt").read_text().splitlines()]
+    pids = {pid for pid, _ in calls}
+    assert len(pids) == 2 and len(calls_before) // 2 == crash_batch + 1
+    assert [b for _, b in calls].count(str(crash_batch)) == 2
+
+    # Each batch id committed exactly once, under one application id that survived the restart.
+    txns = txn_versions(table)
+    apps = {a for a, _ in txns}
+    assert len(apps) == 1 and next(iter(apps)).startswith("cdc-tunnel-")
+    versions = [v for _, v in txns]
+    assert versions == sorted(set(versions)), f"a batch was committed twice: {versions}"
+    assert versions[-1] == max(int(b) for _, b in calls)
+
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    live = {r["id"]: (r["name"], r["qty"]) for r in rows if r["__cdc_deleted_at"] is None}
+    assert live == source
