@@ -27,17 +27,22 @@ UNAVAILABLE = (
 )
 
 
-def delta_jars_available(spark: Any) -> bool:
-    """True when the JVM behind ``spark`` can load the io.delta classes."""
+def class_loadable(spark: Any, name: str) -> bool:
+    """True when the JVM behind ``spark`` can load class ``name`` (with Spark's class loader)."""
     try:
-        return bool(spark._jvm.org.apache.spark.util.Utils.classIsLoadable(DELTA_CLASS))
-    except Exception:  # an old or unusual JVM gateway: ask the context class loader directly
+        return bool(spark._jvm.org.apache.spark.util.Utils.classIsLoadable(name))
+    except Exception:  # an unusual JVM gateway: ask the context class loader directly
         jvm = spark._jvm
         try:
-            jvm.java.lang.Class.forName(DELTA_CLASS, False, jvm.java.lang.Thread.currentThread().getContextClassLoader())
+            jvm.java.lang.Class.forName(name, False, jvm.java.lang.Thread.currentThread().getContextClassLoader())
             return True
         except Exception:
             return False
+
+
+def delta_jars_available(spark: Any) -> bool:
+    """True when the io.delta Spark classes are on the classpath."""
+    return class_loadable(spark, DELTA_CLASS)
 
 
 class DeltaSparkEngine:
