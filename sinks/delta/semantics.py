@@ -316,6 +316,7 @@ class SinkSpec:
 
         is_delete = col(s, IS_DELETE)
         predicate = self._key_match()
+        clauses: tuple[Clause, ...]
         if self.scd_type == 1:
             clauses = (
                 Clause("update", f"{newer} AND {is_delete}", row({DELETED_AT: col(s, NOW)}, nulls=True, keys=False)),

@@ -53,7 +53,7 @@ class DeltaSparkEngine:
         if not delta_jars_available(spark):
             raise TerminalError(UNAVAILABLE)
         try:
-            from delta.tables import DeltaTable
+            from delta.tables import DeltaTable  # type: ignore[import-not-found,unused-ignore]
         except ImportError:
             raise TerminalError("the delta-spark engine needs the Python package: pip install delta-spark") from None
         self.spark, self.path, self._DeltaTable = spark, path, DeltaTable
