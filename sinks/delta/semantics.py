@@ -13,7 +13,7 @@ Table layout (what a sink-managed Delta table holds)
 * ``__cdc_deleted_at`` (hidden): null for a live row; for a **tombstone** the wall-clock time the delete
   was applied. A delete does not remove the key's row: it nulls every value column and stamps
   ``__cdc_deleted_at``, keeping key + sequence, so an older insert arriving later cannot resurrect the key.
-  Tombstones are purged once older than ``tombstone_retention``. Tombstones live in the same table (not a
+  SCD type 1 tombstones are purged once older than ``tombstone_retention``. Tombstones live in the same table (not a
   side table) so that a batch is one atomic Delta commit; :func:`sinks.delta.read` hides them, and any other
   reader filters ``__cdc_deleted_at IS NULL``;
 * SCD type 2 only: ``_valid_from`` / ``_valid_to`` (the sequences that opened and closed a version;
@@ -435,8 +435,11 @@ class SinkSpec:
         return pa.concat_tables([out, extra])
 
     # ------------------------------------------------------------------ maintenance
-    def purge_predicate(self, now: datetime) -> str:
-        """Deletes tombstones older than the retention (SCD2 history rows are never purged)."""
+    def purge_predicate(self, now: datetime) -> str | None:
+        """Deletes tombstones older than the retention; None for SCD type 2, whose tombstones are kept with the
+        history (a purged SCD2 tombstone would let a late, older change open a version overlapping history)."""
+        if self.scd_type == 2:
+            return None
         # A string literal with an explicit UTC offset: both engines coerce it to the column's timestamp type
         # (DataFusion rejects a typed TIMESTAMP literal of another precision).
         cutoff = (now - self.tombstone_retention).astimezone(UTC).isoformat()

@@ -133,7 +133,7 @@ class DeltaUpsertSink:
         if unused:
             batch_df = batch_df.drop(*unused)
         started = time.perf_counter()
-        changes = batch_df.toArrow()
+        changes = _collect(batch_df)
         collected = time.perf_counter()
         self.write(changes, batch_id, app_id)
         log.info(
@@ -200,5 +200,26 @@ class DeltaUpsertSink:
         engine = self.engine()
         if engine.schema() is None:
             return
-        engine.delete(self.spec.purge_predicate(now or self.clock()))
+        purge = self.spec.purge_predicate(now or self.clock())
+        if purge is not None:
+            engine.delete(purge)
         engine.compact()
+
+
+ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+COLLECT_BATCH_ROWS = 1 << 18
+
+
+def _collect(batch_df: Any) -> pa.Table:
+    """``batch_df.toArrow()`` with large Arrow batches (fewer, bigger transfers; measured ~0.1-0.2 s less per
+    100k changes). The setting is raised only for this collect and restored after it."""
+    conf = batch_df.sparkSession.conf
+    before = conf.get(ARROW_BATCH_CONF)
+    raise_it = before is not None and 0 < int(before) < COLLECT_BATCH_ROWS
+    if raise_it:
+        conf.set(ARROW_BATCH_CONF, str(COLLECT_BATCH_ROWS))
+    try:
+        return batch_df.toArrow()
+    finally:
+        if raise_it:
+            conf.set(ARROW_BATCH_CONF, before)

@@ -4,14 +4,15 @@ Random histories of inserts, updates and deletes on a few keys are delivered to 
 (:meth:`DeltaUpsertSink.write`, Arrow in, a real delta-rs commit out) in batches that reorder changes
 within a bounded window, re-deliver old changes (duplicates), replay whole batches (same batch id) and
 crash (a new sink object, then Spark's replay of the last batch). Columns appear mid-history (schema
-evolution), and the table is compacted periodically. The model is computed independently: per key, the
-delivered change with the largest sequence decides the row (a delete: no row).
+evolution), the table is compacted periodically, and the clock jumps past the tombstone retention (tombstones
+purged). The model is computed independently: per key, the delivered change with the largest sequence
+decides the row (a delete: no row); after a purge, a purged key's sequence is forgotten.
 """
 
 from __future__ import annotations
 
 import tempfile
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -63,11 +64,15 @@ class SinkMachine(RuleBasedStateMachine):
         self.has_c = False
         self.batch_id = 0
         self.last: pa.Table | None = None
+        self.now = datetime(2025, 1, 1, tzinfo=UTC)
+        # The model: per key, the last applied sequence and row (None: a tombstone).
+        self.applied: dict[tuple[Any, ...], tuple[int, tuple[Any, ...] | None]] = {}
+        self.purged = False
 
     def _new_sink(self) -> DeltaUpsertSink:
         return DeltaUpsertSink(
             self.path, keys=["k1", "k2"], scd_type=self.scd_type, track_history_columns=self.track,
-            app_id="prop-test", compact_every=4,
+            app_id="prop-test", compact_every=4, tombstone_retention=timedelta(hours=1), clock=lambda: self.now,
         )
 
     def _version(self) -> int:
@@ -116,6 +121,15 @@ class SinkMachine(RuleBasedStateMachine):
         picked = {id(ch) for ch in (reachable[i] for i in chosen)}
         self.pending = [ch for ch in self.pending if id(ch) not in picked]
         self.delivered += [reachable[i] for i in chosen]
+        latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for ch in batch:
+            key = (ch["k1"], ch["k2"])
+            if key not in latest or ch["_seq"] > latest[key]["_seq"]:
+                latest[key] = ch
+        for key, ch in latest.items():
+            if key not in self.applied or ch["_seq"] > self.applied[key][0]:
+                row = None if ch["_op"] == "delete" else (ch["a"], ch["b"], ch.get("c"))
+                self.applied[key] = (ch["_seq"], row)
         table = batch_table(batch)
         assert self.sink.write(table, self.batch_id)
         self.last = table
@@ -140,15 +154,27 @@ class SinkMachine(RuleBasedStateMachine):
         assert not self.sink.write(self.last, self.batch_id - 1)
         assert self._version() == before
 
+    @rule()
+    def expire_tombstones(self) -> None:
+        # Past the retention every tombstone is purged; the model forgets those keys' sequences.
+        self.now += timedelta(hours=2)
+        self.sink.maintain()
+        if self.scd_type == 1:  # SCD2 keeps its tombstones with the history
+            self.applied = {k: v for k, v in self.applied.items() if v[1] is not None}
+            self.purged = True
+
     # ------------------------------------------------------------------ checks
     def expected(self) -> tuple[dict[tuple[Any, ...], tuple[Any, ...]], dict[tuple[Any, ...], int]]:
-        latest: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for ch in self.delivered:
-            key = (ch["k1"], ch["k2"])
-            if key not in latest or ch["_seq"] > latest[key]["_seq"]:
-                latest[key] = ch
-        live = {k: (ch["a"], ch["b"], ch.get("c")) for k, ch in latest.items() if ch["_op"] != "delete"}
-        return live, {k: ch["_seq"] for k, ch in latest.items()}
+        live = {k: row for k, (_, row) in self.applied.items() if row is not None}
+        if not self.purged:
+            # Without purges the model is simply: per key, the delivered change with the largest sequence.
+            latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+            for ch in self.delivered:
+                key = (ch["k1"], ch["k2"])
+                if key not in latest or ch["_seq"] > latest[key]["_seq"]:
+                    latest[key] = ch
+            assert live == {k: (c["a"], c["b"], c.get("c")) for k, c in latest.items() if c["_op"] != "delete"}
+        return live, {k: seq for k, (seq, _) in self.applied.items()}
 
     def rows(self) -> list[dict[str, Any]]:
         if self._version() < 0:
@@ -163,7 +189,7 @@ class SinkMachine(RuleBasedStateMachine):
         assert got == live
         seqs = {(r["k1"], r["k2"]): r["_seq"] for r in [*current, *tombstones]}
         assert seqs == last_seq, "each key keeps its last applied sequence (row or tombstone)"
-        if not self.pending:
+        if not self.pending and not self.purged:
             assert got == self.source, "everything delivered: the table equals the source table"
 
 
@@ -210,6 +236,6 @@ class SCD2Machine(SinkMachine):
 
 
 TestSCD1 = SCD1Machine.TestCase
-TestSCD1.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+TestSCD1.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
 TestSCD2 = SCD2Machine.TestCase
-TestSCD2.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+TestSCD2.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)

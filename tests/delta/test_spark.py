@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cdc.backends.local import LocalLog
 from sinks.delta import DeltaUpsertSink, read
@@ -118,3 +121,36 @@ def test_delta_spark_engine_gives_the_same_table(spark: Any, tmp_path: Path) -> 
     assert as_dict(read(spark, str(tmp_path / "delta-rs"))) == source
     got = spark.read.format("delta").load(str(tmp_path / "delta-spark")).where("__cdc_deleted_at IS NULL")
     assert as_dict(got) == source
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=st.lists(st.tuples(st.integers(0, 9), st.booleans(), st.integers(0, 5)), min_size=1, max_size=60),
+    cuts=st.lists(st.integers(1, 59), max_size=4),
+    max_records=st.integers(1, 25),
+    scd_type=st.sampled_from([1, 2]),
+)
+def test_random_histories_through_real_spark(
+    spark: Any, ops: list[tuple[int, bool, int]], cuts: list[int], max_records: int, scd_type: int
+) -> None:
+    """A few hypothesis examples end to end: random appends (and a split) streamed by Spark into the sink."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        log = LocalLog.create(work / "log", SCHEMA, ["id"], channels=2)
+        source: dict[int, tuple[str, int]] = {}
+        bounds = sorted({0, len(ops), *(c for c in cuts if c < len(ops))})
+        for n, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            rows: list[dict[str, Any]] = []
+            for key, delete, qty in ops[lo:hi]:
+                if delete:
+                    rows.append({"_op": "delete", "id": key})
+                    source.pop(key, None)
+                else:
+                    rows.append({"_op": "update" if key in source else "insert", "id": key, "status": "s", "qty": qty})
+                    source[key] = ("s", qty)
+            log.append(rows)
+            if n == 0:
+                log.split(log.open_channels()[-1])
+        sink = DeltaUpsertSink(str(work / "t"), keys=["id"], scd_type=scd_type, compact_every=2)
+        run(spark, work / "log", work / "ck", sink, max_records=max_records)
+        assert as_dict(read(spark, str(work / "t"), current_only=True)) == source
