@@ -3,11 +3,13 @@
 A 1M-row table receives batches of 100k changes (50% updates, 40% inserts, 10% deletes):
 
 * **pipeline**: the changes sit in a local change log; a streaming query ``readStream.format("cdc")`` with
-  ``maxRecordsPerTrigger=100000`` feeds ``foreachBatch(DeltaUpsertSink(...))`` (exactly-once, sequence
-  guarded, tombstones). Timed after a warm-up batch of the same size (the query's first batch pays Spark's
+  ``maxRecordsPerTrigger=100000`` feeds ``foreachBatch(DeltaUpsertSink(..., pipelined=True))`` (exactly-once,
+  sequence guarded, tombstones; each batch durably staged, then merged while Spark prepares the next one;
+  ``--sync`` merges inside foreachBatch instead). Ends when the last batch is committed. Timed after a warm-up batch of the same size (the query's first batch pays Spark's
   one-off start cost, reported separately) to the end of the last batch.
 * **standalone**: the same 100k-row batches, already in memory as Arrow, merged by delta-rs alone into a
-  copy of the same 1M-row table with a plain upsert MERGE (no Spark, no sequence guard, no tombstones).
+  copy of the same 1M-row table with a plain upsert MERGE (no Spark, no sequence guard, no tombstones); run
+  before and after the pipeline, and the mean is the reference (the machine's load drifts).
 
 Prints changes/s for both, peak memory, and last ``ratio <pipeline/standalone>``.
 """
@@ -100,7 +102,9 @@ def standalone(path: str, initial: pa.Table, warmup: pa.Table, batches: list[pa.
     return time.perf_counter() - start
 
 
-def pipeline(work: Path, initial: pa.Table, warmup: pa.Table, batches: list[pa.Table], batch: int, verbose: bool) -> tuple[float, float, int]:
+def pipeline(
+    work: Path, initial: pa.Table, warmup: pa.Table, batches: list[pa.Table], batch: int, verbose: bool, pipelined: bool
+) -> tuple[float, float, int]:
     import cdc
     from cdc.backends.local import LocalLog
     from sinks.delta import DeltaUpsertSink
@@ -108,7 +112,7 @@ def pipeline(work: Path, initial: pa.Table, warmup: pa.Table, batches: list[pa.T
 
     log = LocalLog.create(work / "log", SCHEMA, ["id"])
     table = str(work / "pipeline")
-    sink = DeltaUpsertSink(table, keys=["id"], compact_every=None)
+    sink = DeltaUpsertSink(table, keys=["id"], compact_every=None, pipelined=pipelined)
     # The initial 1M rows: loaded through the sink's core directly (not timed; not part of the stream).
     init = initial.append_column("_seq", pa.array(np.zeros(initial.num_rows, dtype=np.int64)))
     init = init.append_column("_op", pa.array(["snapshot"] * initial.num_rows, pa.string()))
@@ -147,7 +151,8 @@ def pipeline(work: Path, initial: pa.Table, warmup: pa.Table, batches: list[pa.T
         if q.exception():
             raise RuntimeError(f"the query failed: {q.exception()}")
         time.sleep(0.05)
-    elapsed = ends[-1] - appended
+    sink.flush()  # pipelined mode: the last batch's merge
+    elapsed = time.perf_counter() - appended
     q.stop()
     jvm_peak = peak_rss_mb(jvm_pid)
     spark.stop()
@@ -157,10 +162,11 @@ def pipeline(work: Path, initial: pa.Table, warmup: pa.Table, batches: list[pa.T
 @click.command()
 @click.option("--quick", is_flag=True, help="2 batches instead of 10 (runs in under a minute).")
 @click.option("--verbose", is_flag=True, help="Print each micro-batch's timing.")
+@click.option("--sync", is_flag=True, help="The sink's default mode (merge inside foreachBatch) instead of pipelined=True.")
 @click.option("--batches", type=int, default=None, help="Number of 100k-change batches (default 10).")
 @click.option("--table-rows", type=int, default=1_000_000, show_default=True)
 @click.option("--batch", type=int, default=100_000, show_default=True)
-def main(quick: bool, verbose: bool, batches: int | None, table_rows: int, batch: int) -> None:
+def main(quick: bool, verbose: bool, sync: bool, batches: int | None, table_rows: int, batch: int) -> None:
     n = batches or (2 if quick else 10)
     rng = np.random.default_rng(7)
     initial = pa.table(rows(np.arange(table_rows, dtype=np.int64), rng))
@@ -168,18 +174,23 @@ def main(quick: bool, verbose: bool, batches: int | None, table_rows: int, batch
     total = n * batch
     work = Path(tempfile.mkdtemp(prefix="cdc-to-delta-"))
     try:
+        # Standalone before and after the pipeline (the mean is the reference): the machine's load drifts.
         reset_peak_rss()
-        t_alone = standalone(str(work / "standalone"), initial, warmup, changes)
+        t_before = standalone(str(work / "standalone-1"), initial, warmup, changes)
         alone_peak = peak_rss_mb()
         reset_peak_rss()
-        t_pipe, startup, jvm_peak = pipeline(work, initial, warmup, changes, batch, verbose)
+        t_pipe, startup, jvm_peak = pipeline(work, initial, warmup, changes, batch, verbose, not sync)
         driver_peak = peak_rss_mb()
+        t_after = standalone(str(work / "standalone-2"), initial, warmup, changes)
+        t_alone = (t_before + t_after) / 2
     finally:
         shutil.rmtree(work, ignore_errors=True)
     alone_rate, pipe_rate = total / t_alone, total / t_pipe
     print(f"table {table_rows} rows, {n} batches x {batch} changes (50% update, 40% insert, 10% delete)")
-    print(f"standalone delta-rs merge: {t_alone:.2f} s, {alone_rate:,.0f} changes/s, peak RSS {alone_peak:.0f} MB")
-    print(f"pipeline cdc source -> DeltaUpsertSink: {t_pipe:.2f} s, {pipe_rate:,.0f} changes/s "
+    print(f"standalone delta-rs merge: {t_alone:.2f} s (runs before/after the pipeline: {t_before:.2f} s, {t_after:.2f} s), "
+          f"{alone_rate:,.0f} changes/s, peak RSS {alone_peak:.0f} MB")
+    mode = "pipelined=False" if sync else "pipelined=True"
+    print(f"pipeline cdc source -> DeltaUpsertSink({mode}): {t_pipe:.2f} s, {pipe_rate:,.0f} changes/s "
           f"(query start + warm-up batch: {startup:.1f} s, not included)")
     print(f"pipeline peak RSS: driver (Python, incl. delta-rs) {driver_peak:.0f} MB, JVM {jvm_peak} MB")
     print(f"at {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,6 +16,7 @@ from cdc.errors import OptionError
 from cdc.model import CHANNEL, POSITION
 from sinks.delta.engine import Engine
 from sinks.delta.semantics import DEFAULT_DELETE_CONDITION, IS_DELETE, SinkSpec
+from sinks.delta.staging import StagingLog
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,11 @@ class DeltaUpsertSink:
         the same across restarts of the query from its checkpoint.
     engine : ``delta-rs`` (default) or ``delta-spark``.
     storage_options : passed to delta-rs (object store credentials).
+    pipelined : return from ``foreachBatch`` once the batch is durably staged (``staging_dir``), and merge it
+        in the background while Spark prepares the next batch (at most one merge in flight). Exactly-once is
+        kept: a staged batch whose commit a crash prevented is merged when the sink next starts, before any new
+        batch. The table lags the query by at most one batch until :meth:`flush` (or process exit).
+    staging_dir : where pipelined mode stages batches (default ``<path>/_cdc_staging``; hidden from Delta).
     clock : returns the current UTC time (tombstone ages); for tests.
     """
 
@@ -65,6 +73,8 @@ class DeltaUpsertSink:
         app_id: str | None = None,
         engine: str = "delta-rs",
         storage_options: dict[str, str] | None = None,
+        pipelined: bool = False,
+        staging_dir: str | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.path = str(path)
@@ -88,13 +98,23 @@ class DeltaUpsertSink:
         self.storage_options = storage_options
         self.clock = clock or (lambda: datetime.now(UTC))
         self._engine: Engine | None = None
+        self.pipelined = pipelined
+        if pipelined and staging_dir is None and "://" in self.path:
+            raise OptionError(
+                "option 'staging_dir' is required with pipelined=True when the table is not on a local path", "staging_dir"
+            )
+        self.staging_dir = staging_dir or os.path.join(self.path, "_cdc_staging")
+        self._executor: ThreadPoolExecutor | None = None
+        self._inflight: Future[None] | None = None
+        self._submitted = -1
+        self._recovered: set[str] = set()
 
     def __repr__(self) -> str:  # storage_options may hold credentials: never shown
         return f"DeltaUpsertSink({self.path!r}, keys={list(self.spec.keys)}, scd_type={self.spec.scd_type}, engine={self.engine_name!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_engine"] = None
+        state.update(_engine=None, _executor=None, _inflight=None)
         return state
 
     # ------------------------------------------------------------------ engines
@@ -120,7 +140,14 @@ class DeltaUpsertSink:
         spark = batch_df.sparkSession
         app_id = self.app_id or self._query_app_id(spark)
         engine = self.engine(spark)
-        done = engine.committed_version(app_id)
+        if self.pipelined:
+            self._recover(app_id)
+            if batch_id <= self._submitted:
+                log.info("batch %d is already staged for %s; skipping the replay", batch_id, self.path)
+                return
+        # (With a merge in flight the table is not read here: Spark replays batches only after a restart,
+        # and a restart starts with nothing in flight.)
+        done = None if self._inflight is not None else engine.committed_version(app_id)
         if done is not None and done >= batch_id:
             log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app_id, done)
             return
@@ -135,11 +162,57 @@ class DeltaUpsertSink:
         started = time.perf_counter()
         changes = _collect(batch_df)
         collected = time.perf_counter()
+        if self.pipelined:
+            self._stage_and_submit(changes, batch_id, app_id)
+            log.info(
+                "batch %d: %d change records collected in %.3f s, staged; merge submitted after %.3f s",
+                batch_id, changes.num_rows, collected - started, time.perf_counter() - collected,
+            )
+            return
         self.write(changes, batch_id, app_id)
         log.info(
             "batch %d: %d change records collected in %.3f s, applied in %.3f s",
             batch_id, changes.num_rows, collected - started, time.perf_counter() - collected,
         )
+
+    # ------------------------------------------------------------------ pipelined mode
+    def _recover(self, app_id: str) -> None:
+        """Once per process and app id: merge batches a crash left staged but not committed, in order."""
+        if app_id in self._recovered:
+            return
+        staging = StagingLog(self.staging_dir, app_id)
+        for batch_id in staging.pending():
+            log.warning("merging batch %d of %s left staged by an earlier run", batch_id, app_id)
+            self.write(staging.get(batch_id), batch_id, app_id)
+            staging.remove(batch_id)
+            self._submitted = max(self._submitted, batch_id)
+        self._recovered.add(app_id)
+
+    def _stage_and_submit(self, changes: pa.Table, batch_id: int, app_id: str) -> None:
+        staging = StagingLog(self.staging_dir, app_id)
+        staging.put(batch_id, changes)  # durable before Spark may record the batch as done
+        self.flush()  # the previous batch's merge: at most one in flight, commits stay in batch order
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delta-sink-merge")
+
+        def merge() -> None:
+            self.write(changes, batch_id, app_id)
+            staging.remove(batch_id)
+
+        self._inflight = self._executor.submit(merge)
+        self._submitted = batch_id
+
+    def flush(self) -> None:
+        """Wait for the batch being merged in the background (pipelined mode); re-raise its failure."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            try:
+                inflight.result()
+            except BaseException:
+                # The failed batch stays staged: recover it (and any later one) before the next batch.
+                self._recovered.clear()
+                self._submitted = -1
+                raise
 
     @staticmethod
     def _query_app_id(spark: Any) -> str:

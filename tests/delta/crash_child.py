@@ -1,7 +1,8 @@
 """A streaming query from a local change log into DeltaUpsertSink, run as a child process that the crash
 test kills with SIGKILL (see test_crash.py). Not a test module.
 
-Usage: python crash_child.py LOG TABLE CHECKPOINT MARKERS [--hold-after-commit N | --hold-before-commit N]
+Usage: python crash_child.py LOG TABLE CHECKPOINT MARKERS [--hold-after-commit N | --hold-before-commit N |
+       --hold-in-background-merge N]
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
@@ -26,8 +28,20 @@ def main() -> None:
     spark = spark_builder("delta-crash-child").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     cdc.register(spark)
-    sink = DeltaUpsertSink(table, keys=["id"], compact_every=3)
     calls = Path(markers) / "calls.txt"
+
+    class SlowMergeSink(DeltaUpsertSink):
+        """Pipelined mode: the background merge of the held batch waits (and is killed there), so Spark
+        records the batch as done while its Delta commit does not exist yet."""
+
+        def write(self, changes: Any, batch_id: int, app_id: str | None = None) -> bool:
+            if hold == "--hold-in-background-merge" and batch_id == hold_batch:
+                (Path(markers) / "holding").write_text(str(batch_id))
+                time.sleep(600)
+            return super().write(changes, batch_id, app_id)
+
+    pipelined = hold == "--hold-in-background-merge" or os.environ.get("CRASH_CHILD_PIPELINED") == "1"
+    sink = SlowMergeSink(table, keys=["id"], compact_every=3, pipelined=pipelined)
 
     def batch(df: object, batch_id: int) -> None:
         with calls.open("a") as f:

@@ -3,7 +3,8 @@
 The child process (crash_child.py) runs ``readStream.format("cdc")`` from a local change log into
 ``DeltaUpsertSink``. It is killed either after the sink's Delta commit but before Spark records the batch
 (so Spark replays the batch on restart and the sink must skip it), or before the sink commits (so the
-replay must apply it). Either way the table must equal the source table and every batch id must be
+replay must apply it), or, in pipelined mode, after Spark recorded the batch as done but before its
+background MERGE committed (so the staged copy must be merged on restart). Either way the table must equal the source table and every batch id must be
 committed exactly once (the Delta log's application-transaction actions).
 """
 
@@ -60,8 +61,9 @@ def txn_versions(table: Path) -> list[tuple[str, int]]:
     return out
 
 
-def run_child(args: list[str], wait_for: Path | None) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+def run_child(args: list[str], wait_for: Path | None, then: Path | None = None, pipelined: bool = False) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable,
+           "CRASH_CHILD_PIPELINED": "1" if pipelined else "0"}
     proc = subprocess.Popen(
         [sys.executable, str(CHILD), *args], env=env, cwd=ROOT, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -76,6 +78,9 @@ def run_child(args: list[str], wait_for: Path | None) -> None:
             assert proc.poll() is None, f"the child exited early: {proc.stderr.read().decode()[-3000:] if proc.stderr else ''}"
             assert time.monotonic() < deadline, "the child never reached the crash point"
             time.sleep(0.1)
+        while then is not None and not then.exists():
+            assert time.monotonic() < deadline, f"{then} never appeared"
+            time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGKILL)  # the child, its JVM and its Python workers: a real crash
         proc.wait(timeout=60)
     finally:
@@ -85,22 +90,34 @@ def run_child(args: list[str], wait_for: Path | None) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hold", ["--hold-after-commit", "--hold-before-commit"])
+@pytest.mark.parametrize("hold", ["--hold-after-commit", "--hold-before-commit", "--hold-in-background-merge"])
 def test_kill_9_mid_batch_then_restart(tmp_path: Path, hold: str) -> None:
     log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
     source = write_history(log)
     table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
     markers.mkdir()
     crash_batch = 2
-    run_child([str(tmp_path / "log"), str(table), str(ck), str(markers), hold, str(crash_batch)], markers / "holding")
+    background = hold == "--hold-in-background-merge"
+    # In pipelined mode the kill comes once Spark has recorded the batch as done (its commit log entry)
+    # while the batch's MERGE waits in the background: only the staged copy can bring it to the table.
+    then = ck / "commits" / str(crash_batch) if background else None
+    run_child([str(tmp_path / "log"), str(table), str(ck), str(markers), hold, str(crash_batch)], markers / "holding", then)
     calls_before = (markers / "calls.txt").read_text().split()
-    run_child([str(tmp_path / "log"), str(table), str(ck), str(markers)], None)
+    if background:
+        assert (table / "_cdc_staging").exists() and any((table / "_cdc_staging").rglob("*.arrow"))
+    run_child([str(tmp_path / "log"), str(table), str(ck), str(markers)], None, pipelined=background)
 
-    # Spark really replayed the batch it was killed in.
     calls = [tuple(line.split()) for line in (markers / "calls.txt").read_text().splitlines()]
     pids = {pid for pid, _ in calls}
-    assert len(pids) == 2 and len(calls_before) // 2 == crash_batch + 1
-    assert [b for _, b in calls].count(str(crash_batch)) == 2
+    assert len(pids) == 2
+    if background:
+        # Spark does not replay the batch (it recorded it as done): the staged copy was merged on restart.
+        assert [b for _, b in calls].count(str(crash_batch)) == 1
+        assert not any((table / "_cdc_staging").rglob("*.arrow"))
+    else:
+        # Spark really replayed the batch it was killed in.
+        assert len(calls_before) // 2 == crash_batch + 1
+        assert [b for _, b in calls].count(str(crash_batch)) == 2
 
     # Each batch id committed exactly once, under one application id that survived the restart.
     txns = txn_versions(table)

@@ -71,6 +71,32 @@ def test_stream_into_delta_equals_source(spark: Any, tmp_path: Path) -> None:
     assert as_dict(read(spark, str(table))) == source
 
 
+def test_pipelined_mode_stages_then_merges(spark: Any, tmp_path: Path) -> None:
+    log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
+    source: dict[int, tuple[str, int]] = {}
+    random_history(log, 5, seed=7, source=source)
+    table = tmp_path / "orders"
+    sink = DeltaUpsertSink(str(table), keys=["id"], pipelined=True, compact_every=2)
+    run(spark, tmp_path / "log", tmp_path / "ck", sink, max_records=9)
+    sink.flush()
+    assert as_dict(read(spark, str(table))) == source
+    assert not list((table / "_cdc_staging").rglob("*.arrow")), "committed batches leave no staged copy"
+    from deltalake import DeltaTable
+
+    app = json_app(table)
+    assert app.startswith("cdc-tunnel-") and DeltaTable(str(table)).transaction_version(app) is not None
+
+
+def json_app(table: Path) -> str:
+    import json
+
+    for f in sorted((table / "_delta_log").glob("*.json")):
+        for line in f.read_text().splitlines():
+            if "txn" in (action := json.loads(line)):
+                return str(action["txn"]["appId"])
+    return ""
+
+
 def test_custom_delete_condition_is_evaluated_by_spark(spark: Any, tmp_path: Path) -> None:
     log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"])
     log.append([{"id": 1, "status": "new", "qty": 1}, {"id": 2, "status": "new", "qty": 2}])
