@@ -89,46 +89,60 @@ def run_child(args: list[str], wait_for: Path | None, then: Path | None = None, 
             proc.wait(timeout=60)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("hold", ["--hold-after-commit", "--hold-before-commit", "--hold-in-background-merge"])
-def test_kill_9_mid_batch_then_restart(tmp_path: Path, hold: str) -> None:
-    log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
-    source = write_history(log)
-    table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
-    markers.mkdir()
-    crash_batch = 2
-    background = hold == "--hold-in-background-merge"
-    # In pipelined mode the kill comes once Spark has recorded the batch as done (its commit log entry)
-    # while the batch's MERGE waits in the background: only the staged copy can bring it to the table.
-    then = ck / "commits" / str(crash_batch) if background else None
-    run_child([str(tmp_path / "log"), str(table), str(ck), str(markers), hold, str(crash_batch)], markers / "holding", then)
-    calls_before = (markers / "calls.txt").read_text().split()
-    if background:
-        assert (table / "_cdc_staging").exists() and any((table / "_cdc_staging").rglob("*.arrow"))
-    run_child([str(tmp_path / "log"), str(table), str(ck), str(markers)], None, pipelined=background)
-
-    calls = [tuple(line.split()) for line in (markers / "calls.txt").read_text().splitlines()]
-    pids = {pid for pid, _ in calls}
-    assert len(pids) == 2
-    if background:
-        # Spark does not replay the batch (it recorded it as done): the staged copy was merged on restart.
-        assert [b for _, b in calls].count(str(crash_batch)) == 1
-        assert not any((table / "_cdc_staging").rglob("*.arrow"))
-    else:
-        # Spark really replayed the batch it was killed in.
-        assert len(calls_before) // 2 == crash_batch + 1
-        assert [b for _, b in calls].count(str(crash_batch)) == 2
-
-    # Each batch id committed exactly once, under one application id that survived the restart.
+def check_table(table: Path, source: dict[int, tuple[str, int]], calls: list[tuple[str, ...]]) -> None:
+    """Each batch id committed exactly once, under one application id that survived the restarts, and the
+    table equals the source table."""
     txns = txn_versions(table)
     apps = {a for a, _ in txns}
     assert len(apps) == 1 and next(iter(apps)).startswith("cdc-tunnel-")
     versions = [v for _, v in txns]
     assert versions == sorted(set(versions)), f"a batch was committed twice: {versions}"
     assert versions[-1] == max(int(b) for _, b in calls)
-
     from deltalake import DeltaTable
 
     rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
     live = {r["id"]: (r["name"], r["qty"]) for r in rows if r["__cdc_deleted_at"] is None}
     assert live == source
+
+
+def read_calls(markers: Path) -> list[tuple[str, ...]]:
+    return [tuple(line.split()) for line in (markers / "calls.txt").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_kill_9_mid_batch_then_restart(tmp_path: Path) -> None:
+    """Run 1 is killed after batch 2's Delta commit (before Spark's), run 2 before batch 3's Delta commit,
+    run 3 finishes. Spark replays both batches; the first replay must be skipped, the second applied."""
+    log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
+    source = write_history(log)
+    table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
+    markers.mkdir()
+    args = [str(tmp_path / "log"), str(table), str(ck), str(markers)]
+    run_child([*args, "--hold-after-commit", "2"], markers / "holding")
+    (markers / "holding").unlink()
+    run_child([*args, "--hold-before-commit", "3"], markers / "holding")
+    run_child(args, None)
+    calls = read_calls(markers)
+    assert len({pid for pid, _ in calls}) == 3
+    batches = [b for _, b in calls]
+    assert batches.count("2") == 2 and batches.count("3") == 2, batches  # Spark really replayed them
+    check_table(table, source, calls)
+
+
+@pytest.mark.slow
+def test_kill_9_pipelined_after_spark_commit_then_restart(tmp_path: Path) -> None:
+    """Pipelined mode: killed once Spark has recorded batch 2 as done (its commit log entry) while the
+    batch's MERGE waits in the background: only the staged copy can bring batch 2 to the table."""
+    log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
+    source = write_history(log)
+    table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
+    markers.mkdir()
+    args = [str(tmp_path / "log"), str(table), str(ck), str(markers)]
+    run_child([*args, "--hold-in-background-merge", "2"], markers / "holding", then=ck / "commits" / "2")
+    assert any((table / "_cdc_staging").rglob("*.arrow"))
+    run_child(args, None, pipelined=True)
+    calls = read_calls(markers)
+    assert len({pid for pid, _ in calls}) == 2
+    assert [b for _, b in calls].count("2") == 1  # Spark does not replay a batch it recorded as done
+    assert not any((table / "_cdc_staging").rglob("*.arrow"))
+    check_table(table, source, calls)
