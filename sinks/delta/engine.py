@@ -1,0 +1,45 @@
+"""What an engine must do for the sink: run the statements :mod:`sinks.delta.semantics` generates.
+
+An engine decides nothing: the sink prepares each batch and builds every MERGE predicate and clause once,
+in :mod:`sinks.delta.semantics`; an engine only reads the table's schema and heads and commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from sinks.delta.semantics import MergePlan
+
+
+class Engine(Protocol):
+    """A Delta Lake engine: delta-rs (:class:`sinks.delta.rs.DeltaRsEngine`) or delta-spark."""
+
+    name: str
+    #: True when the engine itself skips a commit already made under ``(app_id, version)``.
+    enforces_transactions: bool
+
+    def schema(self) -> pa.Schema | None:
+        """The table's Arrow schema, or None when no table exists at the path yet."""
+
+    def committed_version(self, app_id: str) -> int | None:
+        """The last version committed by the application transaction ``app_id`` (None: none or unknown)."""
+
+    def create(self, schema: pa.Schema) -> None:
+        """Create an empty table (no-op if a table already exists)."""
+
+    def add_columns(self, fields: list[pa.Field]) -> None:
+        """Add nullable columns to the table."""
+
+    def read(self, sql: str, expr: Any) -> pa.Table:
+        """Rows matching a condition, given both as SQL and as a pyarrow dataset expression."""
+
+    def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
+        """Run ``plan`` with ``source`` as one commit carrying the application transaction."""
+
+    def delete(self, predicate: str) -> None:
+        """Delete the rows matching ``predicate`` (one commit)."""
+
+    def compact(self) -> None:
+        """Rewrite small files into larger ones (one commit; readers keep their snapshot)."""

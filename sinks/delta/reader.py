@@ -1,0 +1,50 @@
+"""Read a sink-managed Delta table into Spark without the io.delta jars."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from cdc.errors import TerminalError
+from sinks.delta.semantics import DELETED_AT, HIDDEN_PREFIX, IS_CURRENT
+
+# Reader features that make the data files alone an incorrect view of the table.
+_UNSUPPORTED = {"deletionVectors", "columnMapping"}
+
+
+def read(spark: Any, path: str, *, current_only: bool = False, storage_options: dict[str, str] | None = None) -> Any:
+    """The table at ``path`` as a Spark DataFrame: the live rows (tombstones and internal columns hidden).
+
+    Reads exactly the table's current data files (``DeltaTable.file_uris()``), never the folder, so files
+    that merges replaced are not read. For an SCD type 2 table every version is returned unless
+    ``current_only``.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    dt = DeltaTable(path, storage_options=storage_options)
+    features = set(dt.protocol().reader_features or ())
+    if features & _UNSUPPORTED:
+        raise TerminalError(
+            f"{path}: reader features {sorted(features & _UNSUPPORTED)} need a Delta reader; the data files alone "
+            "would be read wrongly"
+        )
+    schema = pa.schema([pa.field(f.name, _plain(f.type), f.nullable) for f in pa.schema(dt.schema().to_arrow())])
+    spark_schema = from_arrow_schema(schema)
+    uris = dt.file_uris()
+    df = spark.read.schema(spark_schema).parquet(*uris) if uris else spark.createDataFrame([], spark_schema)
+    if DELETED_AT in schema.names:
+        df = df.where(F.col(DELETED_AT).isNull())
+    if current_only and IS_CURRENT in schema.names:
+        df = df.where(F.col(IS_CURRENT))
+    return df.drop(*[n for n in schema.names if n.startswith(HIDDEN_PREFIX)])
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    return t

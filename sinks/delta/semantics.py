@@ -1,0 +1,462 @@
+"""The engine-independent semantics of the Delta upsert sink: written once, used by every engine.
+
+Everything that decides *what* a batch does to the table lives here, as Arrow computations and as SQL
+text; an engine (:mod:`sinks.delta.rs`, :mod:`sinks.delta.spark`) only runs the statements it is given.
+
+Table layout (what a sink-managed Delta table holds)
+-----------------------------------------------------
+* the key columns and value columns of the changes (minus ``except_columns``);
+* the sequence column (``sequence_by``, ``_seq`` by default): the sequence of the last change applied to the
+  row. Changes whose sequence is not greater than it are ignored, so out-of-order and replayed deliveries
+  are harmless;
+* ``_commit_ts`` (when the changes carry it): when the row's last change was committed at the source;
+* ``__cdc_deleted_at`` (hidden): null for a live row; for a **tombstone** the wall-clock time the delete
+  was applied. A delete does not remove the key's row: it nulls every value column and stamps
+  ``__cdc_deleted_at``, keeping key + sequence, so an older insert arriving later cannot resurrect the key.
+  SCD type 1 tombstones are purged once older than ``tombstone_retention``. Tombstones live in the same table (not a
+  side table) so that a batch is one atomic Delta commit; :func:`sinks.delta.read` hides them, and any other
+  reader filters ``__cdc_deleted_at IS NULL``;
+* SCD type 2 only: ``_valid_from`` / ``_valid_to`` (the sequences that opened and closed a version;
+  ``_valid_to`` is null for the current version; intervals are half-open ``[from, to)``) and ``_is_current``.
+
+The change-record metadata ``_op``, ``_channel`` and ``_position`` are delivery details and are not kept.
+
+Rules
+-----
+* Within a batch only the latest change per key (largest sequence) applies; for SCD type 2 a batch
+  therefore adds at most one version per key.
+* Across batches a change applies only if its sequence is greater than the key's last applied sequence
+  (live row, tombstone or current SCD2 version).
+* A change is a delete when ``apply_as_deletes`` (a SQL expression over the change record, default
+  ``_op = 'delete'``) holds. The condition is evaluated once per record (by Spark in the ``foreachBatch``
+  wrapper, or natively for the default) into the column ``__cdc_is_delete``.
+* Schema evolution: a column new to the table is added (nullable) before the merge; a column whose type
+  differs from the table's fails the batch with :class:`SchemaEvolutionError` before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc.errors import MalformedRecordError, OptionError, TerminalError
+from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, Op
+
+log = logging.getLogger(__name__)
+
+SOURCE_ALIAS = "s"
+TARGET_ALIAS = "t"
+HIDDEN_PREFIX = "__cdc_"
+DELETED_AT = "__cdc_deleted_at"
+IS_DELETE = "__cdc_is_delete"
+NOW = "__cdc_now"
+ACTION = "__cdc_action"
+VALID_FROM = "_valid_from"
+VALID_TO = "_valid_to"
+IS_CURRENT = "_is_current"
+DEFAULT_DELETE_CONDITION = f"{OP} = '{Op.DELETE.value}'"
+DROPPED_METADATA = (OP, CHANNEL, POSITION)
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+# SCD type 2 staging actions: the first group matches the key's head row, the second group inserts.
+MATCHED_ACTIONS = ("close", "inplace", "retomb", "revive")
+INSERT_ACTIONS = ("open", "tombstone")
+
+
+class SchemaEvolutionError(TerminalError):
+    """The changes carry a column whose type differs from the Delta table's; nothing was written."""
+
+
+def quote(name: str) -> str:
+    """A SQL identifier quoted for both DataFusion (delta-rs) and Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def col(alias: str, name: str) -> str:
+    return f"{alias}.{quote(name)}"
+
+
+def sql_literal(value: Any) -> str | None:
+    """A SQL literal both engines parse identically, or None when the value has no portable literal."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return f"DATE '{value.isoformat()}'"
+    return None
+
+
+def _normalise_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_timestamp(t):
+        if t.tz is None:
+            raise SchemaEvolutionError("naive timestamps are not supported in Delta tables written by the sink; use UTC")
+        return TIMESTAMP
+    return t
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One WHEN clause of a MERGE: ``kind`` is ``update`` (WHEN MATCHED) or ``insert`` (WHEN NOT MATCHED)."""
+
+    kind: Literal["update", "insert"]
+    condition: str | None
+    assignments: Mapping[str, str]  # quoted target column -> SQL expression over s / t
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """A MERGE statement: the same text runs on delta-rs and on delta-spark."""
+
+    predicate: str
+    clauses: tuple[Clause, ...]
+    source_alias: str = SOURCE_ALIAS
+    target_alias: str = TARGET_ALIAS
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """The sink's configuration, validated once. See :class:`sinks.delta.DeltaUpsertSink` for the meaning."""
+
+    keys: tuple[str, ...]
+    sequence_by: str = "_seq"
+    apply_as_deletes: str = DEFAULT_DELETE_CONDITION
+    scd_type: int = 1
+    track_history_columns: tuple[str, ...] | None = None
+    except_columns: tuple[str, ...] = ()
+    tombstone_retention: timedelta = timedelta(days=2)
+    prune_by_key_range: bool = True
+    reserved: tuple[str, ...] = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keys, str) or not self.keys:
+            raise OptionError("option 'keys': give one or more key column names, e.g. keys=['order_id']", "keys")
+        object.__setattr__(self, "keys", tuple(self.keys))
+        if len(set(self.keys)) != len(self.keys):
+            raise OptionError(f"option 'keys': duplicate key columns in {list(self.keys)}", "keys")
+        if self.scd_type not in (1, 2):
+            raise OptionError(f"option 'scd_type': {self.scd_type!r} is not accepted; accepted: 1, 2", "scd_type")
+        if not isinstance(self.sequence_by, str) or not self.sequence_by:
+            raise OptionError("option 'sequence_by': give the name of the sequence column, e.g. '_seq'", "sequence_by")
+        if self.sequence_by in self.keys:
+            raise OptionError(f"option 'sequence_by': {self.sequence_by!r} is a key column", "sequence_by")
+        if not isinstance(self.apply_as_deletes, str) or not self.apply_as_deletes.strip():
+            raise OptionError("option 'apply_as_deletes': give a SQL condition, e.g. \"_op = 'delete'\"", "apply_as_deletes")
+        excepted = tuple(self.except_columns)
+        object.__setattr__(self, "except_columns", excepted)
+        bad = [c for c in excepted if c in self.keys or c == self.sequence_by]
+        if bad:
+            raise OptionError(f"option 'except_columns': cannot exclude key or sequence columns {bad}", "except_columns")
+        if self.track_history_columns is not None:
+            if self.scd_type != 2:
+                raise OptionError("option 'track_history_columns' applies only to scd_type=2", "track_history_columns")
+            tracked = tuple(self.track_history_columns)
+            object.__setattr__(self, "track_history_columns", tracked)
+            bad = [c for c in tracked if c in self.keys or c in excepted]
+            if bad:
+                raise OptionError(
+                    f"option 'track_history_columns': {bad} are key or excluded columns", "track_history_columns"
+                )
+        if self.tombstone_retention < timedelta(0):
+            raise OptionError("option 'tombstone_retention' must not be negative", "tombstone_retention")
+        reserved = [DELETED_AT, IS_DELETE, NOW, ACTION]
+        if self.scd_type == 2:
+            reserved += [VALID_FROM, VALID_TO, IS_CURRENT]
+        object.__setattr__(self, "reserved", tuple(reserved))
+
+    # ------------------------------------------------------------------ batch preparation
+    def prepare(self, batch: pa.Table, now: datetime) -> pa.Table:
+        """Validate a batch of change records, drop what the table does not keep, keep the latest change per
+        key, and add the source-only columns ``__cdc_is_delete`` and ``__cdc_now``."""
+        names = batch.column_names
+        missing = [c for c in (*self.keys, self.sequence_by) if c not in names]
+        if missing:
+            raise OptionError(
+                f"the changes have no column(s) {missing} named by 'keys'/'sequence_by'; columns: {names}",
+                "keys" if set(missing) & set(self.keys) else "sequence_by",
+            )
+        clash = [c for c in names if c in self.reserved[2:] or (c.startswith(HIDDEN_PREFIX) and c != IS_DELETE)]
+        if clash:
+            raise OptionError(f"the changes carry columns reserved by the sink: {clash}", "keys")
+        seq_type = batch.schema.field(self.sequence_by).type
+        if not (pa.types.is_integer(seq_type) or pa.types.is_timestamp(seq_type)):
+            raise OptionError(
+                f"option 'sequence_by': column {self.sequence_by!r} has type {seq_type}; an integer or "
+                "timestamp column is required",
+                "sequence_by",
+            )
+        if IS_DELETE not in names:
+            if self.apply_as_deletes.strip() != DEFAULT_DELETE_CONDITION:
+                raise OptionError(
+                    f"option 'apply_as_deletes' ({self.apply_as_deletes!r}) is a SQL condition evaluated by Spark "
+                    f"in the foreachBatch wrapper; a batch applied directly must carry the boolean column {IS_DELETE!r}",
+                    "apply_as_deletes",
+                )
+            if OP not in names:
+                raise OptionError(f"the changes have no {OP!r} column to find deletes with", "apply_as_deletes")
+            is_delete = pc.fill_null(pc.equal(batch.column(OP), Op.DELETE.value), False)
+            batch = batch.append_column(IS_DELETE, is_delete)
+        else:
+            batch = batch.set_column(
+                names.index(IS_DELETE), IS_DELETE, pc.fill_null(batch.column(IS_DELETE).cast(pa.bool_()), False)
+            )
+        for c in (*self.keys, self.sequence_by):
+            nulls = batch.column(c).null_count
+            if nulls:
+                raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({self._where(batch, c)})")
+        drop = [c for c in batch.column_names if c in DROPPED_METADATA or c in self.except_columns]
+        batch = batch.drop_columns(drop)
+        batch = batch.cast(pa.schema([pa.field(f.name, _normalise_type(f.type), f.nullable) for f in batch.schema]))
+        batch = latest_per_key(batch, self.keys, self.sequence_by)
+        return batch.append_column(NOW, pa.repeat(pa.scalar(now, TIMESTAMP), batch.num_rows))
+
+    @staticmethod
+    def _where(batch: pa.Table, column: str) -> str:
+        row = batch.filter(pc.is_null(batch.column(column))).slice(0, 1).to_pylist()[0]
+        if CHANNEL in row and POSITION in row:
+            return f"first at channel {row[CHANNEL]!r} position {row[POSITION]}"
+        return f"first: {row}"
+
+    # ------------------------------------------------------------------ schema
+    def data_columns(self, prepared: pa.Schema) -> list[pa.Field]:
+        """The table columns a prepared batch carries (keys first, then values, sequence, commit time)."""
+        out = []
+        for name in self.keys:
+            out.append(pa.field(name, prepared.field(name).type, nullable=False))
+        for f in prepared:
+            if f.name in self.keys or f.name in (IS_DELETE, NOW, ACTION):
+                continue
+            out.append(pa.field(f.name, f.type, nullable=True))
+        return out
+
+    def table_schema(self, prepared: pa.Schema) -> pa.Schema:
+        """The schema of a new table for the first batch."""
+        fields = self.data_columns(prepared)
+        if self.scd_type == 2:
+            st = prepared.field(self.sequence_by).type
+            fields += [pa.field(VALID_FROM, st), pa.field(VALID_TO, st), pa.field(IS_CURRENT, pa.bool_())]
+        return pa.schema([*fields, pa.field(DELETED_AT, TIMESTAMP, nullable=True)])
+
+    def new_columns(self, table: pa.Schema, prepared: pa.Schema) -> list[pa.Field]:
+        """Columns to add to ``table`` before merging ``prepared``; raises on an incompatible type change."""
+        existing = {f.name: f for f in table}
+        added: list[pa.Field] = []
+        conflicts = []
+        for f in self.data_columns(prepared):
+            have = existing.get(f.name)
+            if have is None:
+                if f.name in self.keys or f.name == self.sequence_by:
+                    raise SchemaEvolutionError(
+                        f"column {f.name!r} is a key or sequence column of the changes but not of the table "
+                        f"({table.names}); keys cannot change"
+                    )
+                added.append(pa.field(f.name, f.type, nullable=True))
+            elif not _normalise_type(have.type).equals(f.type):
+                conflicts.append(f"{f.name!r}: table has {have.type}, changes have {f.type}")
+        if conflicts:
+            raise SchemaEvolutionError(
+                "incompatible column type change; nothing was written: " + "; ".join(conflicts)
+                + ". Rewrite the table with the new type, or exclude the column (except_columns)."
+            )
+        if self.track_history_columns:
+            known = set(existing) | {f.name for f in added}
+            unknown = [c for c in self.track_history_columns if c not in known]
+            if unknown:  # may appear later (schema evolution); until then they cannot change
+                log.warning("track_history_columns %s are not (yet) columns of the table", unknown)
+        return added
+
+    # ------------------------------------------------------------------ merge statements
+    def key_range(self, source: pa.Table) -> str:
+        """A pruning conjunct on the first key column's range in the batch ('' when not applicable)."""
+        if not self.prune_by_key_range or source.num_rows == 0:
+            return ""
+        k = self.keys[0]
+        mm = pc.min_max(source.column(k)).as_py()
+        lo, hi = sql_literal(mm["min"]), sql_literal(mm["max"])
+        if lo is None or hi is None:
+            return ""
+        return f" AND {col(TARGET_ALIAS, k)} >= {lo} AND {col(TARGET_ALIAS, k)} <= {hi}"
+
+    def _key_match(self) -> str:
+        return " AND ".join(f"{col(TARGET_ALIAS, k)} = {col(SOURCE_ALIAS, k)}" for k in self.keys)
+
+    def merge_plan(self, source: pa.Table, table: pa.Schema) -> MergePlan:
+        """The MERGE that applies a prepared (SCD1) or staged (SCD2) batch to a table with schema ``table``."""
+        s, t = SOURCE_ALIAS, TARGET_ALIAS
+        present = set(source.column_names)
+        seq = self.sequence_by
+        newer = f"{col(s, seq)} > {col(t, seq)}"
+        hidden = {DELETED_AT, VALID_FROM, VALID_TO, IS_CURRENT}
+        data = [f.name for f in table if f.name not in hidden]
+        values = [c for c in data if c not in self.keys]
+
+        def from_source(c: str) -> str:
+            return col(s, c) if c in present else "NULL"
+
+        def row(extra: Mapping[str, str], *, nulls: bool = False, keys: bool = True) -> dict[str, str]:
+            out = {quote(k): col(s, k) for k in self.keys} if keys else {}
+            for c in values:
+                keep = c == seq or c == COMMIT_TS
+                out[quote(c)] = from_source(c) if (keep or not nulls) else "NULL"
+            out.update({quote(k): v for k, v in extra.items()})
+            return out
+
+        is_delete = col(s, IS_DELETE)
+        predicate = self._key_match()
+        clauses: tuple[Clause, ...]
+        if self.scd_type == 1:
+            clauses = (
+                Clause("update", f"{newer} AND {is_delete}", row({DELETED_AT: col(s, NOW)}, nulls=True, keys=False)),
+                Clause("update", newer, row({DELETED_AT: "NULL"}, keys=False)),
+                Clause("insert", is_delete, row({DELETED_AT: col(s, NOW)}, nulls=True)),
+                Clause("insert", None, row({DELETED_AT: "NULL"})),
+            )
+        else:
+            action = col(s, ACTION)
+            matched = ", ".join(f"'{a}'" for a in MATCHED_ACTIONS)
+            predicate += (
+                f" AND {action} IN ({matched})"
+                f" AND ({col(t, IS_CURRENT)} OR {col(t, DELETED_AT)} IS NOT NULL)"
+            )
+            from_seq = col(s, seq)
+            clauses = (
+                Clause(
+                    "update",
+                    f"{action} = 'close' AND {newer}",
+                    {quote(VALID_TO): from_seq, quote(IS_CURRENT): "false"},
+                ),
+                Clause("update", f"{action} = 'inplace' AND {newer}", row({}, keys=False)),
+                Clause(
+                    "update",
+                    f"{action} = 'retomb' AND {newer}",
+                    row({VALID_FROM: from_seq, VALID_TO: from_seq, DELETED_AT: col(s, NOW)}, nulls=True, keys=False),
+                ),
+                Clause(
+                    "update",
+                    f"{action} = 'revive' AND {newer}",
+                    row({VALID_FROM: from_seq, VALID_TO: "NULL", IS_CURRENT: "true", DELETED_AT: "NULL"}, keys=False),
+                ),
+                Clause(
+                    "insert",
+                    f"{action} = 'open'",
+                    row({VALID_FROM: from_seq, VALID_TO: "NULL", IS_CURRENT: "true", DELETED_AT: "NULL"}),
+                ),
+                Clause(
+                    "insert",
+                    f"{action} = 'tombstone'",
+                    row(
+                        {VALID_FROM: from_seq, VALID_TO: from_seq, IS_CURRENT: "false", DELETED_AT: col(s, NOW)},
+                        nulls=True,
+                    ),
+                ),
+            )
+        return MergePlan(predicate + self.key_range(source), clauses)
+
+    # ------------------------------------------------------------------ SCD type 2 staging
+    def heads_condition(self, prepared: pa.Table) -> tuple[str, Any]:
+        """Which target rows are key heads (current version or tombstone) that ``prepared`` may touch: as SQL
+        (for engines that read with SQL) and as a pyarrow dataset expression (for engines that read Arrow)."""
+        import pyarrow.dataset as ds
+
+        sql = f"({quote(IS_CURRENT)} OR {quote(DELETED_AT)} IS NOT NULL)"
+        expr = ds.field(IS_CURRENT) | ~ds.field(DELETED_AT).is_null()
+        if prepared.num_rows:
+            k = self.keys[0]
+            mm = pc.min_max(prepared.column(k)).as_py()
+            lo, hi = sql_literal(mm["min"]), sql_literal(mm["max"])
+            if lo is not None and hi is not None:
+                sql += f" AND {quote(k)} >= {lo} AND {quote(k)} <= {hi}"
+                expr = expr & (ds.field(k) >= mm["min"]) & (ds.field(k) <= mm["max"])
+        return sql, expr
+
+    def stage_scd2(self, prepared: pa.Table, heads: pa.Table) -> pa.Table:
+        """Decide, per key of a prepared batch, what SCD type 2 does given the key's head row in the table.
+
+        Returns the MERGE source: the prepared rows with an ``__cdc_action`` column (a key may appear twice:
+        ``close`` its current version and ``open`` a new one, or ``close`` and leave a ``tombstone``).
+        """
+        seq = self.sequence_by
+        value_cols = [c for c in prepared.column_names if c not in self.keys and c not in (IS_DELETE, NOW, seq, COMMIT_TS)]
+        tracked = list(self.track_history_columns) if self.track_history_columns is not None else value_cols
+        tracked = [c for c in tracked if c in heads.column_names]
+        head_cols = [*tracked, seq, IS_CURRENT, DELETED_AT]
+        heads = heads.select([*self.keys, *head_cols]).rename_columns(
+            [*self.keys, *(f"__h_{c}" for c in head_cols)]
+        )
+        joined = prepared.join(heads, list(self.keys), join_type="left outer", use_threads=False)
+        h_seq = joined.column(f"__h_{seq}")
+        has_head = pc.is_valid(h_seq)
+        fresh = pc.or_kleene(pc.invert(has_head), pc.greater(joined.column(seq), h_seq.cast(joined.schema.field(seq).type)))
+        joined = joined.filter(fresh)
+        has_head = pc.is_valid(joined.column(f"__h_{seq}"))
+        is_current = pc.fill_null(joined.column(f"__h_{IS_CURRENT}").cast(pa.bool_()), False)
+        is_tomb = pc.and_(has_head, pc.invert(is_current))
+        is_delete = joined.column(IS_DELETE)
+        changed = pa.array([False] * joined.num_rows, pa.bool_())
+        for c in tracked:
+            theirs = joined.column(f"__h_{c}")
+            mine = joined.column(c) if c in joined.column_names else pa.nulls(joined.num_rows, theirs.type)
+            differ = pc.fill_null(pc.not_equal(mine, theirs), True)
+            both_null = pc.and_(pc.is_null(mine), pc.is_null(theirs))
+            changed = pc.or_(changed, pc.and_(differ, pc.invert(both_null)))
+        # First row of each key (may be the only one); second rows are added below.
+        first = pc.case_when(
+            pc.make_struct(
+                pc.and_(is_delete, is_current),
+                pc.and_(is_delete, is_tomb),
+                is_delete,
+                pc.and_(is_current, changed),
+                is_current,
+                is_tomb,
+            ),
+            "close", "retomb", "tombstone", "close", "inplace", "revive", "open",
+        )
+        second = pc.case_when(
+            pc.make_struct(pc.and_(is_delete, is_current), pc.and_(pc.invert(is_delete), pc.and_(is_current, changed))),
+            "tombstone", "open", pa.scalar(None, pa.string()),
+        )
+        base = joined.select(prepared.column_names)
+        out = base.append_column(ACTION, first)
+        extra_mask = pc.is_valid(second)
+        extra = base.filter(extra_mask).append_column(ACTION, second.filter(extra_mask))
+        return pa.concat_tables([out, extra])
+
+    # ------------------------------------------------------------------ maintenance
+    def purge_predicate(self, now: datetime) -> str | None:
+        """Deletes tombstones older than the retention; None for SCD type 2, whose tombstones are kept with the
+        history (a purged SCD2 tombstone would let a late, older change open a version overlapping history)."""
+        if self.scd_type == 2:
+            return None
+        # A string literal with an explicit UTC offset: both engines coerce it to the column's timestamp type
+        # (DataFusion rejects a typed TIMESTAMP literal of another precision).
+        cutoff = (now - self.tombstone_retention).astimezone(UTC).isoformat()
+        return f"{quote(DELETED_AT)} IS NOT NULL AND {quote(DELETED_AT)} < '{cutoff}'"
+
+
+def latest_per_key(batch: pa.Table, keys: Sequence[str], sequence: str) -> pa.Table:
+    """Keep, for each key, the change with the largest sequence (the last one when sequences tie)."""
+    if batch.num_rows <= 1:
+        return batch
+    idx = pa.array(np.arange(batch.num_rows, dtype=np.int64))
+    tagged = batch.select([*keys, sequence]).append_column("__cdc_row", idx)
+    best = tagged.group_by(list(keys)).aggregate([(sequence, "max")])
+    if best.num_rows == batch.num_rows:
+        return batch
+    best = pa.table({**{k: best.column(k) for k in keys}, sequence: best.column(f"{sequence}_max")})
+    winners = tagged.join(best, [*keys, sequence], join_type="inner", use_threads=False)
+    # Exact duplicates (replays) tie on (key, sequence): keep one row of each.
+    rows = winners.group_by([*keys, sequence]).aggregate([("__cdc_row", "max")]).column("__cdc_row_max")
+    return batch.take(pc.take(rows, pc.sort_indices(rows)))

@@ -1,0 +1,67 @@
+"""A streaming query from a local change log into DeltaUpsertSink, run as a child process that the crash
+test kills with SIGKILL (see test_crash.py). Not a test module.
+
+Usage: python crash_child.py LOG TABLE CHECKPOINT MARKERS [--hold-after-commit N | --hold-before-commit N |
+       --hold-in-background-merge N]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+
+
+def main() -> None:
+    log_path, table, checkpoint, markers = sys.argv[1:5]
+    hold = sys.argv[5] if len(sys.argv) > 5 else ""
+    hold_batch = int(sys.argv[6]) if len(sys.argv) > 6 else -1
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import cdc
+    from sinks.delta import DeltaUpsertSink
+    from tests.conftest import spark_builder
+
+    spark = spark_builder("delta-crash-child").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    cdc.register(spark)
+    calls = Path(markers) / "calls.txt"
+
+    class SlowMergeSink(DeltaUpsertSink):
+        """Pipelined mode: the background merge of the held batch waits (and is killed there), so Spark
+        records the batch as done while its Delta commit does not exist yet."""
+
+        def write(self, changes: Any, batch_id: int, app_id: str | None = None) -> bool:
+            if hold == "--hold-in-background-merge" and batch_id == hold_batch:
+                (Path(markers) / "holding").write_text(str(batch_id))
+                time.sleep(600)
+            return super().write(changes, batch_id, app_id)
+
+    pipelined = hold == "--hold-in-background-merge" or os.environ.get("CRASH_CHILD_PIPELINED") == "1"
+    sink = SlowMergeSink(table, keys=["id"], compact_every=3, pipelined=pipelined)
+
+    def batch(df: object, batch_id: int) -> None:
+        with calls.open("a") as f:
+            f.write(f"{os.getpid()} {batch_id}\n")
+        if hold == "--hold-before-commit" and batch_id == hold_batch:
+            (Path(markers) / "holding").write_text(str(batch_id))
+            time.sleep(600)  # killed here: the batch is planned (offset log) but nothing is committed
+        sink(df, batch_id)
+        if hold == "--hold-after-commit" and batch_id == hold_batch:
+            (Path(markers) / "holding").write_text(str(batch_id))
+            time.sleep(600)  # killed here: the Delta commit is made, Spark's commit log is not written
+
+    changes = (
+        spark.readStream.format("cdc").option("backend", "local").option("path", log_path)
+        .option("maxRecordsPerTrigger", "40").load()
+    )
+    q = changes.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    q.awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Exactly-once under a real crash: a streaming query is killed with SIGKILL mid-batch and restarted.
+
+The child process (crash_child.py) runs ``readStream.format("cdc")`` from a local change log into
+``DeltaUpsertSink``. It is killed either after the sink's Delta commit but before Spark records the batch
+(so Spark replays the batch on restart and the sink must skip it), or before the sink commits (so the
+replay must apply it), or, in pipelined mode, after Spark recorded the batch as done but before its
+background MERGE committed (so the staged copy must be merged on restart). Either way the table must equal the source table and every batch id must be
+committed exactly once (the Delta log's application-transaction actions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cdc.backends.local import LocalLog
+
+CHILD = Path(__file__).with_name("crash_child.py")
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = [("id", pa.int64()), ("name", pa.string()), ("qty", pa.int64())]
+
+
+def write_history(log: LocalLog) -> dict[int, tuple[str, int]]:
+    """Several appends of inserts, updates and deletes (with a channel split); returns the source table."""
+    source: dict[int, tuple[str, int]] = {}
+    step = 0
+    for round_ in range(6):
+        rows: list[dict[str, Any]] = []
+        for i in range(30):
+            step += 1
+            key = (i * 7 + round_ * 3) % 45
+            if step % 5 == 0 and key in source:
+                rows.append({"_op": "delete", "id": key})
+                del source[key]
+            else:
+                op = "update" if key in source else "insert"
+                rows.append({"_op": op, "id": key, "name": f"n{step}", "qty": step})
+                source[key] = (f"n{step}", step)
+        log.append(rows)
+        if round_ == 2:
+            log.split(log.open_channels()[0])
+    return source
+
+
+def txn_versions(table: Path) -> list[tuple[str, int]]:
+    out = []
+    for f in sorted((table / "_delta_log").glob("*.json")):
+        for line in f.read_text().splitlines():
+            action = json.loads(line)
+            if "txn" in action:
+                out.append((action["txn"]["appId"], action["txn"]["version"]))
+    return out
+
+
+def run_child(args: list[str], wait_for: Path | None, then: Path | None = None, pipelined: bool = False) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable,
+           "CRASH_CHILD_PIPELINED": "1" if pipelined else "0"}
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), *args], env=env, cwd=ROOT, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        if wait_for is None:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err.decode()[-3000:]
+            return
+        deadline = time.monotonic() + 300
+        while not wait_for.exists():
+            assert proc.poll() is None, f"the child exited early: {proc.stderr.read().decode()[-3000:] if proc.stderr else ''}"
+            assert time.monotonic() < deadline, "the child never reached the crash point"
+            time.sleep(0.1)
+        while then is not None and not then.exists():
+            assert time.monotonic() < deadline, f"{then} never appeared"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)  # the child, its JVM and its Python workers: a real crash
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+
+
+def check_table(table: Path, source: dict[int, tuple[str, int]], calls: list[tuple[str, ...]]) -> None:
+    """Each batch id committed exactly once, under one application id that survived the restarts, and the
+    table equals the source table."""
+    txns = txn_versions(table)
+    apps = {a for a, _ in txns}
+    assert len(apps) == 1 and next(iter(apps)).startswith("cdc-tunnel-")
+    versions = [v for _, v in txns]
+    assert versions == sorted(set(versions)), f"a batch was committed twice: {versions}"
+    assert versions[-1] == max(int(b) for _, b in calls)
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    live = {r["id"]: (r["name"], r["qty"]) for r in rows if r["__cdc_deleted_at"] is None}
+    assert live == source
+
+
+def read_calls(markers: Path) -> list[tuple[str, ...]]:
+    return [tuple(line.split()) for line in (markers / "calls.txt").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_kill_9_mid_batch_then_restart(tmp_path: Path) -> None:
+    """Run 1 is killed after batch 2's Delta commit (before Spark's), run 2 before batch 3's Delta commit,
+    run 3 finishes. Spark replays both batches; the first replay must be skipped, the second applied."""
+    log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
+    source = write_history(log)
+    table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
+    markers.mkdir()
+    args = [str(tmp_path / "log"), str(table), str(ck), str(markers)]
+    run_child([*args, "--hold-after-commit", "2"], markers / "holding")
+    (markers / "holding").unlink()
+    run_child([*args, "--hold-before-commit", "3"], markers / "holding")
+    run_child(args, None)
+    calls = read_calls(markers)
+    assert len({pid for pid, _ in calls}) == 3
+    batches = [b for _, b in calls]
+    assert batches.count("2") == 2 and batches.count("3") == 2, batches  # Spark really replayed them
+    check_table(table, source, calls)
+
+
+@pytest.mark.slow
+def test_kill_9_pipelined_after_spark_commit_then_restart(tmp_path: Path) -> None:
+    """Pipelined mode: killed once Spark has recorded batch 2 as done (its commit log entry) while the
+    batch's MERGE waits in the background: only the staged copy can bring batch 2 to the table."""
+    log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
+    source = write_history(log)
+    table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
+    markers.mkdir()
+    args = [str(tmp_path / "log"), str(table), str(ck), str(markers)]
+    run_child([*args, "--hold-in-background-merge", "2"], markers / "holding", then=ck / "commits" / "2")
+    assert any((table / "_cdc_staging").rglob("*.arrow"))
+    run_child(args, None, pipelined=True)
+    calls = read_calls(markers)
+    assert len({pid for pid, _ in calls}) == 2
+    assert [b for _, b in calls].count("2") == 1  # Spark does not replay a batch it recorded as done
+    assert not any((table / "_cdc_staging").rglob("*.arrow"))
+    check_table(table, source, calls)

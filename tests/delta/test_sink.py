@@ -1,0 +1,229 @@
+"""The sink's core on real delta-rs tables: options, schema evolution, tombstones, compaction, pruning."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from cdc.errors import MalformedRecordError, OptionError, TerminalError
+from sinks.delta import DeltaUpsertSink, SchemaEvolutionError
+from sinks.delta.semantics import DELETED_AT
+
+TS = pa.timestamp("us", tz="UTC")
+
+
+def changes(rows: list[tuple[Any, ...]], extra: dict[str, pa.Array] | None = None) -> pa.Table:
+    """rows: (op, seq, id, name, qty)."""
+    t = pa.table({
+        "_op": pa.array([r[0] for r in rows], pa.string()),
+        "_seq": pa.array([r[1] for r in rows], pa.int64()),
+        "_commit_ts": pa.array([datetime(2025, 1, 1, tzinfo=UTC)] * len(rows), TS),
+        "_channel": pa.array(["c0"] * len(rows), pa.string()),
+        "_position": pa.array(range(len(rows)), pa.int64()),
+        "id": pa.array([r[2] for r in rows], pa.int64()),
+        "name": pa.array([r[3] for r in rows], pa.string()),
+        "qty": pa.array([r[4] for r in rows], pa.int64()),
+    })
+    for name, arr in (extra or {}).items():
+        t = t.append_column(name, arr)
+    return t
+
+
+def live(path: Path) -> dict[int, dict[str, Any]]:
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return {r["id"]: r for r in rows if r[DELETED_AT] is None}
+
+
+def sink(path: Path, **kw: Any) -> DeltaUpsertSink:
+    kw.setdefault("app_id", "test")
+    kw.setdefault("compact_every", None)
+    return DeltaUpsertSink(str(path), keys=["id"], **kw)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "option"),
+    [
+        ({"keys": []}, "keys"),
+        ({"keys": ["id", "id"]}, "keys"),
+        ({"scd_type": 3}, "scd_type"),
+        ({"except_columns": ["id"]}, "except_columns"),
+        ({"except_columns": ["_seq"]}, "except_columns"),
+        ({"track_history_columns": ["name"]}, "track_history_columns"),  # needs scd_type=2
+        ({"engine": "duckdb"}, "engine"),
+        ({"compact_every": 0}, "compact_every"),
+        ({"sequence_by": "id"}, "sequence_by"),
+        ({"tombstone_retention": timedelta(days=-1)}, "tombstone_retention"),
+    ],
+)
+def test_bad_options_name_the_option(tmp_path: Path, kwargs: dict[str, Any], option: str) -> None:
+    args: dict[str, Any] = {"keys": ["id"], **kwargs}
+    with pytest.raises(OptionError) as e:
+        DeltaUpsertSink(str(tmp_path / "t"), **args)
+    assert e.value.option == option and option in str(e.value)
+
+
+def test_bad_batches_fail_clearly_and_write_nothing(tmp_path: Path) -> None:
+    s = sink(tmp_path / "t")
+    with pytest.raises(OptionError, match="app_id"):
+        DeltaUpsertSink(str(tmp_path / "t"), keys=["id"]).write(changes([("insert", 1, 1, "a", 1)]), 0)
+    with pytest.raises(OptionError, match="'nope'"):
+        sink(tmp_path / "t", sequence_by="nope").write(changes([("insert", 1, 1, "a", 1)]), 0)
+    with pytest.raises(OptionError, match="integer or timestamp"):
+        sink(tmp_path / "t", sequence_by="name").write(changes([("insert", 1, 1, "a", 1)]), 0)
+    with pytest.raises(OptionError, match="apply_as_deletes"):
+        sink(tmp_path / "t", apply_as_deletes="qty < 0").write(changes([("insert", 1, 1, "a", 1)]), 0)
+    bad = changes([("insert", 1, 1, "a", 1)]).set_column(5, "id", pa.array([None], pa.int64()))
+    with pytest.raises(MalformedRecordError, match="channel 'c0' position 0"):
+        s.write(bad, 0)
+    assert not (tmp_path / "t" / "_delta_log").exists()
+
+
+def test_upserts_deletes_tombstones_and_stale_changes(tmp_path: Path) -> None:
+    s = sink(tmp_path / "t")
+    assert s.write(changes([("insert", 1, 1, "a", 1), ("insert", 2, 2, "b", 2), ("update", 3, 1, "a2", 10)]), 0)
+    assert {k: (r["name"], r["qty"], r["_seq"]) for k, r in live(tmp_path / "t").items()} == {
+        1: ("a2", 10, 3), 2: ("b", 2, 2)
+    }
+    # A delete, then a late (older) insert of the same key in a later batch: the tombstone wins.
+    assert s.write(changes([("delete", 4, 2, None, None)]), 1)
+    assert s.write(changes([("insert", 2, 2, "b", 2), ("update", 2, 1, "old", 0)]), 2)
+    assert set(live(tmp_path / "t")) == {1}
+    assert live(tmp_path / "t")[1]["name"] == "a2"
+    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+    tomb = [r for r in rows if r[DELETED_AT] is not None]
+    assert [(r["id"], r["_seq"], r["name"], r["qty"]) for r in tomb] == [(2, 4, None, None)]
+    # Metadata kept: the sequence and commit time; dropped: _op, _channel, _position.
+    names = DeltaTable(str(tmp_path / "t")).schema().to_arrow().names
+    assert names == ["id", "_seq", "_commit_ts", "name", "qty", DELETED_AT]
+    # A newer insert revives the key.
+    assert s.write(changes([("insert", 5, 2, "b3", 3)]), 3)
+    assert live(tmp_path / "t")[2]["name"] == "b3"
+
+
+def test_replayed_batch_is_a_no_op(tmp_path: Path) -> None:
+    s = sink(tmp_path / "t")
+    batch = changes([("insert", 1, 1, "a", 1)])
+    assert s.write(batch, 0)
+    version = DeltaTable(str(tmp_path / "t")).version()
+    assert not s.write(batch, 0)
+    assert not sink(tmp_path / "t").write(changes([("update", 9, 1, "different", 9)]), 0)
+    assert DeltaTable(str(tmp_path / "t")).version() == version
+    assert DeltaTable(str(tmp_path / "t")).transaction_version("test") == 0
+    # A batch whose every change is stale changes no row but is still recorded as committed.
+    assert s.write(changes([("insert", 1, 1, "stale", 0)]), 1)
+    assert DeltaTable(str(tmp_path / "t")).transaction_version("test") == 1
+    assert live(tmp_path / "t")[1]["name"] == "a"
+
+
+def test_tombstones_are_purged_after_retention(tmp_path: Path) -> None:
+    now = [datetime(2025, 1, 1, tzinfo=UTC)]
+    s = sink(tmp_path / "t", tombstone_retention=timedelta(hours=1), compact_every=2, clock=lambda: now[0])
+    s.write(changes([("insert", 1, 1, "a", 1), ("insert", 2, 2, "b", 2)]), 0)
+    s.write(changes([("delete", 3, 1, None, None)]), 1)  # batch 1 runs maintenance: tombstone still young
+    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+    assert any(r[DELETED_AT] is not None for r in rows)
+    now[0] += timedelta(hours=2)
+    s.write(changes([("update", 4, 2, "b2", 2)]), 2)
+    s.write(changes([("update", 5, 2, "b3", 3)]), 3)  # maintenance: purge + compaction
+    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+    assert [r["id"] for r in rows] == [2]
+    ops = [h["operation"] for h in DeltaTable(str(tmp_path / "t")).history()]
+    assert ops[0] == "DELETE"  # (compaction found a single file: nothing to commit)
+    # After the purge an older insert is applied again (the retention is the window that guards against it).
+    s.write(changes([("insert", 2, 1, "late", 1)]), 4)
+    assert set(live(tmp_path / "t")) == {1, 2}
+
+
+def test_compaction_keeps_table_readable_and_equal(tmp_path: Path) -> None:
+    s = sink(tmp_path / "t", compact_every=4)
+    expected: dict[int, str] = {}
+    seq = 0
+    for b in range(8):
+        rows = []
+        for i in range(5):
+            seq += 1
+            rows.append(("insert", seq, b * 5 + i, f"v{seq}", seq))
+            expected[b * 5 + i] = f"v{seq}"
+        s.write(changes(rows), b)
+        assert {k: r["name"] for k, r in live(tmp_path / "t").items()} == expected
+    dt = DeltaTable(str(tmp_path / "t"))
+    assert [h["operation"] for h in dt.history()].count("OPTIMIZE") == 2
+    assert len(dt.file_uris()) <= 2
+
+
+def test_schema_evolution_adds_columns_and_rejects_type_changes(tmp_path: Path) -> None:
+    s = sink(tmp_path / "t")
+    s.write(changes([("insert", 1, 1, "a", 1)]), 0)
+    s.write(changes([("insert", 2, 2, "b", 2)], {"color": pa.array(["red"], pa.string())}), 1)
+    got = live(tmp_path / "t")
+    assert got[1]["color"] is None and got[2]["color"] == "red"
+    field = pa.schema(DeltaTable(str(tmp_path / "t")).schema().to_arrow()).field("color")
+    assert field.nullable and field.type == pa.string()
+    version = DeltaTable(str(tmp_path / "t")).version()
+    bad = changes([("update", 3, 1, "x", 1)]).drop_columns(["qty"]).append_column("qty", pa.array(["many"]))
+    with pytest.raises(SchemaEvolutionError, match=r"nothing was written: 'qty': table has int64, changes have string"):
+        s.write(bad, 2)
+    assert DeltaTable(str(tmp_path / "t")).version() == version
+    # Excluded columns never reach the table.
+    s2 = sink(tmp_path / "u", except_columns=["qty"])
+    s2.write(changes([("insert", 1, 1, "a", 1)]), 0)
+    assert "qty" not in DeltaTable(str(tmp_path / "u")).schema().to_arrow().names
+
+
+def test_composite_keys_and_timestamp_sequence(tmp_path: Path) -> None:
+    def batch(rows: list[tuple[str, int, str, int, str]]) -> pa.Table:
+        return pa.table({
+            "_op": [r[0] for r in rows],
+            "updated": pa.array([datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=r[1]) for r in rows], TS),
+            "region": [r[2] for r in rows], "id": pa.array([r[3] for r in rows], pa.int64()), "v": [r[4] for r in rows],
+        })
+
+    s = DeltaUpsertSink(str(tmp_path / "t"), keys=["region", "id"], sequence_by="updated", app_id="a")
+    s.write(batch([("insert", 5, "eu", 1, "new"), ("insert", 1, "us", 1, "x"), ("insert", 2, "eu", 1, "old")]), 0)
+    s.write(batch([("insert", 3, "eu", 1, "older"), ("delete", 4, "us", 1, "")]), 1)
+    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+    assert {(r["region"], r["id"]): r["v"] for r in rows if r[DELETED_AT] is None} == {("eu", 1): "new"}
+
+
+def test_key_range_prunes_files(tmp_path: Path) -> None:
+    s = sink(tmp_path / "t")
+    for b in range(4):  # four files, each a disjoint key range
+        s.write(changes([("insert", b * 100 + i + 1, b * 100 + i, "v", 0) for i in range(50)]), b)
+    s.write(changes([("update", 1000, 210, "w", 1), ("update", 1001, 220, "w", 1)]), 4)
+    merge = DeltaTable(str(tmp_path / "t")).history(1)[0]
+    metrics = merge["operationMetrics"]
+    assert merge["operation"] == "MERGE"
+    assert metrics["num_target_files_skipped_during_scan"] >= 3, metrics
+    assert "id >= 210 AND id <= 220" in merge["operationParameters"]["predicate"].replace("`", "").replace("t.", "")
+
+
+def test_scd2_history_and_tracked_columns(tmp_path: Path) -> None:
+    s = sink(tmp_path / "t", scd_type=2, track_history_columns=["name"])
+    s.write(changes([("insert", 1, 1, "a", 1)]), 0)
+    s.write(changes([("update", 2, 1, "a", 2)]), 1)  # only an untracked column: in place
+    s.write(changes([("update", 3, 1, "b", 3)]), 2)  # tracked: a new version
+    s.write(changes([("delete", 4, 1, None, None)]), 3)
+    s.write(changes([("insert", 2, 1, "stale", 0)]), 4)  # older than the delete: ignored
+    s.write(changes([("insert", 6, 1, "c", 6)]), 5)
+    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+    versions = sorted(
+        ((r["name"], r["qty"], r["_valid_from"], r["_valid_to"], r["_is_current"]) for r in rows if r[DELETED_AT] is None),
+        key=lambda v: v[2],
+    )
+    assert versions == [("a", 2, 1, 3, False), ("b", 3, 3, 4, False), ("c", 6, 6, None, True)]
+
+
+def test_delta_spark_engine_reports_missing_jars(tmp_path: Path, spark: Any) -> None:
+    from sinks.delta.spark import class_loadable, delta_jars_available
+
+    assert class_loadable(spark, "org.apache.spark.sql.SparkSession")  # the probe itself works
+    if delta_jars_available(spark):
+        pytest.skip("the io.delta jars are present: this test covers machines without them")
+    s = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], engine="delta-spark", app_id="a")
+    with pytest.raises(TerminalError, match="io.delta Spark jars"):
+        s.write(changes([("insert", 1, 1, "a", 1)]), 0)
