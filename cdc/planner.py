@@ -271,6 +271,8 @@ class Planner:
     @staticmethod
     def ranges(start: Offset, end: Offset) -> list[ChannelRange]:
         """The channel ranges of the batch ``(start, end]``; empty ranges are left out."""
+        if start == end:
+            return []  # no batch: ``from`` marks of an offset returned unchanged do not start a range
         start_entries = _entries(start)
         out = []
         for cid, e in _entries(end).items():

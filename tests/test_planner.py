@@ -241,3 +241,16 @@ def test_snapshot_is_refused_by_backends_without_one_and_after_truncation(tmp_pa
     log.truncate("c0", 3)
     with pytest.raises(DataLossError, match="whole history"):
         planner.initial("snapshot")
+
+
+def test_an_unchanged_offset_has_no_ranges(tmp_path: Path) -> None:
+    """``next`` returns its start when nothing happened; that start may carry ``from`` marks of the batch
+    that produced it, which must not turn into a second reading of that batch."""
+    log, planner = make(tmp_path, channels=1)
+    start = planner.initial("earliest")
+    log.append(rows(3))
+    first = planner.next(start)
+    assert "from" in first["channels"]["c0"]
+    again = planner.next(first)
+    assert again == first
+    assert planner.ranges(first, again) == []
