@@ -30,3 +30,11 @@ def plain_broker() -> Iterator[EmbeddedBroker]:
 def topic(request: pytest.FixtureRequest) -> str:
     """A fresh topic name per test (topics are auto-created on first use)."""
     return f"persistent://public/default/t{next(_names)}-{abs(hash(request.node.nodeid)) % 10**8}"
+
+
+@pytest.fixture(autouse=True)
+def _close_backends() -> Iterator[None]:
+    from tests.pulsar.helpers import close_all
+
+    yield
+    close_all()

@@ -33,7 +33,7 @@ from cdc.backends.pulsar.client import (
 )
 from cdc.backends.pulsar.codec import Decoder, Malformed, sequence_of
 from cdc.backends.pulsar.options import PulsarOptions
-from cdc.errors import DataLossError, MalformedRecordError, TransientError
+from cdc.errors import BackendUnavailableError, DataLossError, MalformedRecordError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +77,17 @@ def _open_reader(client: Any, options: PulsarOptions, ch: Channel, start: Key) -
         # broker treats a batch index, and the first message proves the entry still exists.
         mid = pulsar.MessageId(ch.partition, start[0], start[1], -1)
         inclusive, scoped = True, True
-    reader = client.create_reader(
-        topic,
-        mid,
-        receiver_queue_size=options.receiver_queue_size,
-        start_message_id_inclusive=inclusive,
-    )
+    try:
+        reader = client.create_reader(
+            topic,
+            mid,
+            receiver_queue_size=options.receiver_queue_size,
+            start_message_id_inclusive=inclusive,
+        )
+    except Exception as exc:  # the C++ core raises its own exception types
+        raise BackendUnavailableError(
+            f"channel {ch.id!r}: cannot open a Reader at {list(start)} on {options.service_url}: {exc}"
+        ) from None
     return reader, scoped
 
 

@@ -22,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,6 +58,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM the broker when the process that started it dies (Linux), so a
+    killed test run leaves no broker behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class EmbeddedBroker:
     """A pulsar-lite process on 127.0.0.1.
 
@@ -73,6 +84,8 @@ class EmbeddedBroker:
         partitioned topics from it.
     max_message_size:
         The broker's message size limit in bytes.
+    die_with_parent:
+        SIGTERM the broker when the process that started it dies, even by SIGKILL (Linux only).
     """
 
     def __init__(
@@ -83,6 +96,7 @@ class EmbeddedBroker:
         partitions: int = 0,
         max_message_size: int = 5 * 1024 * 1024,
         log_level: str = "warn",
+        die_with_parent: bool = True,
     ) -> None:
         self._owns_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="pulsar-lite-"))
@@ -91,6 +105,7 @@ class EmbeddedBroker:
         self.partitions = partitions
         self.max_message_size = max_message_size
         self.log_level = log_level
+        self.die_with_parent = die_with_parent
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -138,6 +153,7 @@ class EmbeddedBroker:
                 stdin=subprocess.DEVNULL,
                 cwd=str(self.data_dir),
                 start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
+                preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
             )
         finally:
             log_file.close()
