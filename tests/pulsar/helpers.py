@@ -51,9 +51,11 @@ def produce(
 OPEN: list[PulsarBackend] = []
 
 
-def backend(url: str, topic: str, **extra: Any) -> PulsarBackend:
+def backend(url: str, topic: str | None, **extra: Any) -> PulsarBackend:
     """A backend over ``topic``; closed after the test (see the autouse fixture in conftest)."""
-    raw = {"service.url": url, "topic": topic, "catchUpMs": 150, "pollTimeoutMs": 20000, **extra}
+    raw = {"service.url": url, "catchUpMs": 150, "pollTimeoutMs": 20000, **extra}
+    if topic is not None:
+        raw["topic"] = topic
     b = PulsarBackend(PulsarOptions.model_validate(raw))
     OPEN.append(b)
     return b
