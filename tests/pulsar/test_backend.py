@@ -230,3 +230,36 @@ def test_acknowledge_advances_the_subscription_and_cleanup_removes_it(broker: Em
         client.close()
     opts = PulsarOptions.model_validate({"service.url": broker.url, "topic": topic, "subscription.name": sub})
     assert drop_subscription(opts) == [topic]
+
+
+def test_module_commands_start_a_broker_and_drop_a_subscription(topic: str) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from cdc.backends.pulsar.__main__ import cli
+    from cdc.backends.pulsar.broker import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "cdc.backends.pulsar", "broker", "--port", str(port),
+                             "--partitions", "2"], stderr=subprocess.PIPE)
+    try:
+        line = proc.stderr.readline().decode() if proc.stderr else ""
+        assert f"pulsar://127.0.0.1:{port}" in line
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+        url = f"pulsar://127.0.0.1:{port}"
+        produce(url, topic, [b"a"], ["k"])
+        b = backend(url, topic, **{"subscription.name": "to-drop"})
+        b.list_channels()
+        b.acknowledge({c.id: b.latest(c.id) for c in b.list_channels()})
+        b.close()
+        result = CliRunner().invoke(cli, ["drop-subscription", "--service-url", url, "--topics", topic,
+                                          "--subscription", "to-drop"])
+        assert result.exit_code == 0, result.output
+        assert "removed subscription to-drop" in result.output
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -226,6 +226,7 @@ class EmbeddedBroker:
 @click.option("--max-message-size", type=int, default=5 * 1024 * 1024, show_default=True)
 def main(port: int, data_dir: str | None, partitions: int, max_message_size: int) -> None:
     broker = EmbeddedBroker(data_dir, port=port or None, partitions=partitions, max_message_size=max_message_size)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the broker on SIGTERM too (finally below)
     broker.start()
     click.echo(f"pulsar-lite running at {broker.url} (data: {broker.data_dir}); Ctrl-C to stop", err=True)
     try:
