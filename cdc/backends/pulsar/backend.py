@@ -99,34 +99,43 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
     change = decoder.change is not None
     since = options.starting_time_ms
     reader, check_first = _open_reader(client, options, ch, start)
+    opened_at = start
     quarantine: Any = None
     poll_ms = min(1000, options.poll_timeout_ms)
     last = start
     rows: list[list[Any]] = []
     meta: list[tuple[Any, ...]] = []
-    progress = time.monotonic()
+    progress = opened = time.monotonic()
     try:
         while True:
             try:
                 msg = reader.read_next(poll_ms)
             except pulsar.Timeout:
-                waited = time.monotonic() - progress
+                now = time.monotonic()
+                waited = now - progress
                 if waited * 1000 >= options.poll_timeout_ms:
                     raise StallError(
                         f"channel {ch.id!r}: no message for {waited:.0f} s while reading ({list(last)}, "
                         f"{list(end)}] (option pollTimeoutMs={options.poll_timeout_ms}); is the broker up?"
                     ) from None
+                if (now - opened) * 1000 >= options.reopen_after_ms:
+                    # A silent reader short of the planned end: open a new one after the last delivered
+                    # message (never seek; pulsar-lite's dispatcher can stall a reader for good).
+                    log.info("channel %s: reader silent at %s, reopening it", ch.id, list(last))
+                    reader.close()
+                    reader, check_first = _open_reader(client, options, ch, last)
+                    opened, opened_at = now, last
                 continue
-            progress = time.monotonic()
+            progress = opened = time.monotonic()
             mid = msg.message_id()
             if ch.partition >= 0 and mid.partition() != ch.partition:
                 continue  # a reader on the parent topic from earliest sees every partition
             k = key_of(mid)
             if check_first:
                 check_first = False
-                if (k[0], k[1]) > (start[0], start[1]):
+                if (k[0], k[1]) > (opened_at[0], opened_at[1]):
                     raise DataLossError(
-                        f"channel {ch.id!r}: message entry {list(start[:2])} is no longer held by the broker "
+                        f"channel {ch.id!r}: message entry {list(opened_at[:2])} is no longer held by the broker "
                         f"(the next is {list(k)}); retention removed it. Set failOnDataLoss=false to skip ahead.",
                         ch.id,
                     )

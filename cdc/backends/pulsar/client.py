@@ -151,6 +151,7 @@ class TopicIndex:
         receiver_queue_size: int,
         catch_up_ms: int,
         max_catch_up_s: float = 60.0,
+        idle_reopen_s: float = 10.0,
     ) -> None:
         self.client = client
         self.topic = topic
@@ -158,6 +159,8 @@ class TopicIndex:
         self.receiver_queue_size = receiver_queue_size
         self.catch_up_ms = catch_up_ms
         self.max_catch_up_s = max_catch_up_s
+        self.idle_reopen_s = idle_reopen_s
+        self._progress_at = time.monotonic()
         self.parts: dict[int, _PartitionIds] = {}
         self.floor: dict[int, Key] = {}  # ids at or below the floor were trimmed (nothing before is known)
         self._reader: pulsar.Reader | None = None
@@ -173,32 +176,50 @@ class TopicIndex:
         return self._reader
 
     def catch_up(self) -> None:
-        """Read ids until the broker has nothing more for ``catchUpMs`` or messages newer than now arrive."""
+        """Read ids until the broker has nothing more for ``catchUpMs`` or messages newer than now arrive.
+
+        pulsar-lite's dispatcher can stall a multi-partition reader (silent although messages remain).
+        So a silence right after messages flowed gets one longer wait, and a reader that has brought
+        nothing new for ``idle_reopen_s`` is replaced by a new one from the start (ids already indexed
+        are skipped; on an idle topic this re-reads it, so the interval is long).
+        """
         import pulsar
 
         with self._lock:
+            now = time.monotonic()
+            if self._reader is not None and now - self._progress_at > self.idle_reopen_s:
+                log.info("index reader of %s idle for %.0f s; opening a new one", self.topic, now - self._progress_at)
+                self.close()
+                self._progress_at = now
             reader = self._open()
             began_ms = int(time.time() * 1000)
-            deadline = time.monotonic() + self.max_catch_up_s
+            deadline = now + self.max_catch_up_s
             since = self.starting_time_ms
             n = 0
+            flowing = False
             while time.monotonic() < deadline:
                 try:
-                    msg = reader.read_next(self.catch_up_ms)
+                    msg = reader.read_next(max(1000, 5 * self.catch_up_ms) if flowing else self.catch_up_ms)
                 except pulsar.Timeout:
+                    if flowing:
+                        flowing = False
+                        continue
                     break
-                mid = msg.message_id()
-                if since is not None and msg.publish_timestamp() < since:
+                publish = msg.publish_timestamp()
+                if since is not None and publish < since:
                     continue
+                mid = msg.message_id()
                 part = self.parts.setdefault(mid.partition(), _PartitionIds())
                 k = key_of(mid)
                 if k > part.last:
                     part.keys.append(k)
                     part.last = k
                     n += 1
-                if msg.publish_timestamp() > began_ms:
+                    flowing = True
+                if publish > began_ms:
                     break  # the rest is newer than this planning round
             if n:
+                self._progress_at = time.monotonic()
                 log.debug("indexed %d new message ids of %s", n, self.topic)
 
     def ids(self, partition: int) -> _PartitionIds:
