@@ -109,7 +109,8 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
     try:
         while True:
             try:
-                msg = reader.read_next(poll_ms)
+                # The C++ reader directly: pulsar.Reader wraps every message in a Python object first.
+                msg = getattr(reader, "_reader", reader).read_next(poll_ms)
             except pulsar.Timeout:
                 now = time.monotonic()
                 waited = now - progress

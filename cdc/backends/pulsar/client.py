@@ -192,6 +192,7 @@ class TopicIndex:
                 self.close()
                 self._progress_at = now
             reader = self._open()
+            raw = getattr(reader, "_reader", reader)  # the C++ reader: no Python wrapper per message
             began_ms = int(time.time() * 1000)
             deadline = now + self.max_catch_up_s
             since = self.starting_time_ms
@@ -199,7 +200,7 @@ class TopicIndex:
             flowing = False
             while time.monotonic() < deadline:
                 try:
-                    msg = reader.read_next(max(1000, 5 * self.catch_up_ms) if flowing else self.catch_up_ms)
+                    msg = raw.read_next(3 * self.catch_up_ms if flowing else self.catch_up_ms)
                 except pulsar.Timeout:
                     if flowing:
                         flowing = False
