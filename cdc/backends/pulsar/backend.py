@@ -267,13 +267,15 @@ class PulsarBackend(Backend):
         catch-up per planning round: the planner calls this first)."""
         out = []
         for topic in self.topics():
-            for ch in partitions_of(self.client, topic):
+            chans = partitions_of(self.client, topic)
+            for ch in chans:
                 self._channels[ch.id] = ch
                 out.append(ChannelInfo(ch.id))
-            if topic in self._indexes:
-                self._indexes[topic].catch_up()
-            else:
-                self._index(topic)
+            fresh = topic not in self._indexes
+            index = self._index(topic)
+            index.partitions = [ch.partition for ch in chans]
+            if not fresh:
+                index.catch_up()
         return out
 
     def _channel(self, channel: str) -> Channel:

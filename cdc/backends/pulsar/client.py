@@ -165,6 +165,7 @@ class TopicIndex:
         self.floor: dict[int, Key] = {}  # ids at or below the floor were trimmed (nothing before is known)
         self._reader: pulsar.Reader | None = None
         self._lock = threading.Lock()
+        self.partitions: list[int] = []  # set by the backend from the topic's metadata
 
     def _open(self) -> pulsar.Reader:
         import pulsar
@@ -175,13 +176,36 @@ class TopicIndex:
             )
         return self._reader
 
+    def _reopen(self) -> pulsar.Reader:
+        """A new reader that resumes every partition at or before its last indexed id.
+
+        A Reader on a partitioned topic applies its start id to every partition, comparing (ledger,
+        entry). Starting at the smallest last id of all partitions therefore resumes each partition at or
+        before its own last id (later messages only live in later entries); messages already indexed are
+        skipped. Until every partition has an id, the new reader starts from earliest.
+        """
+        import pulsar
+
+        self.close()
+        lasts = [(self.parts[p].last, p) for p in self.partitions if p in self.parts and self.parts[p].keys]
+        if not self.partitions or len(lasts) < len(self.partitions):
+            return self._open()
+        (ledger, entry, _), p = min(lasts)
+        self._reader = self.client.create_reader(
+            self.topic,
+            pulsar.MessageId(p, ledger, entry, -1),
+            receiver_queue_size=self.receiver_queue_size,
+            start_message_id_inclusive=True,
+        )
+        return self._reader
+
     def catch_up(self) -> None:
         """Read ids until the broker has nothing more for ``catchUpMs`` or messages newer than now arrive.
 
         pulsar-lite's dispatcher can stall a multi-partition reader (silent although messages remain).
-        So a silence right after messages flowed gets one longer wait, and a reader that has brought
-        nothing new for ``idle_reopen_s`` is replaced by a new one from the start (ids already indexed
-        are skipped; on an idle topic this re-reads it, so the interval is long).
+        So a silence right after new ids flowed gets a longer wait and then a new reader (see
+        :meth:`_reopen`; at most 3 per round), and a reader that has brought nothing new for
+        ``idle_reopen_s`` is replaced too.
         """
         import pulsar
 
@@ -189,7 +213,7 @@ class TopicIndex:
             now = time.monotonic()
             if self._reader is not None and now - self._progress_at > self.idle_reopen_s:
                 log.info("index reader of %s idle for %.0f s; opening a new one", self.topic, now - self._progress_at)
-                self.close()
+                self._reopen()
                 self._progress_at = now
             reader = self._open()
             raw = getattr(reader, "_reader", reader)  # the C++ reader: no Python wrapper per message
@@ -197,13 +221,21 @@ class TopicIndex:
             deadline = now + self.max_catch_up_s
             since = self.starting_time_ms
             n = 0
-            flowing = False
+            flowing = waited = False
+            reopens = 0
             while time.monotonic() < deadline:
                 try:
-                    msg = raw.read_next(3 * self.catch_up_ms if flowing else self.catch_up_ms)
+                    msg = raw.read_next(3 * self.catch_up_ms if waited else self.catch_up_ms)
                 except pulsar.Timeout:
-                    if flowing:
-                        flowing = False
+                    if flowing and not waited:
+                        waited = True
+                        continue
+                    if flowing and reopens < 3:
+                        log.info("index reader of %s went silent after new messages; opening a new one", self.topic)
+                        reader = self._reopen()
+                        raw = getattr(reader, "_reader", reader)
+                        reopens += 1
+                        flowing = waited = False
                         continue
                     break
                 publish = msg.publish_timestamp()
@@ -216,7 +248,7 @@ class TopicIndex:
                     part.keys.append(k)
                     part.last = k
                     n += 1
-                    flowing = True
+                    flowing, waited = True, False
                 if publish > began_ms:
                     break  # the rest is newer than this planning round
             if n:
