@@ -115,8 +115,12 @@ class PulsarSinkOptions(BackendOptions):
 
 
 @dataclass
-class SinkCommit(WriterCommitMessage):  # type: ignore[misc]
+class SinkCommit(WriterCommitMessage):
     messages: int
+
+
+def _sent(messages: list[WriterCommitMessage | None]) -> int:
+    return sum(m.messages for m in messages if isinstance(m, SinkCommit))
 
 
 def _column(schema: pa.Schema, role: str) -> str | None:
@@ -260,7 +264,7 @@ def _send_batch(sender: _Sender, batch: pa.RecordBatch, options: PulsarSinkOptio
         used = {c for c in cols.values() if c} | _READ_ONLY
         rest = [name for name in schema.names if name not in used]
         records = batch.select(rest).to_pylist()
-        values = [json.dumps(_jsonable(r), separators=(",", ":")).encode() for r in records]
+        values: list[Any] = [json.dumps(_jsonable(r), separators=(",", ":")).encode() for r in records]
     else:
         if not cols["value"]:
             raise OptionError(
@@ -270,7 +274,7 @@ def _send_batch(sender: _Sender, batch: pa.RecordBatch, options: PulsarSinkOptio
             )
         col = batch.column(cols["value"])
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-            values = [None if v is None else v.encode() for v in col.to_pylist()]
+            values = [None if v is None else str(v).encode() for v in col.to_pylist()]
         else:
             values = col.to_pylist()
     topic_cache: dict[str, str] = {}
@@ -299,7 +303,7 @@ def write(df: Any, **options: str) -> None:
     writer.mode("append").save()
 
 
-class PulsarWriter(DataSourceArrowWriter):  # type: ignore[misc]
+class PulsarWriter(DataSourceArrowWriter):
     """Batch writer: each task sends its rows; at-least-once."""
 
     def __init__(self, options: Mapping[str, Any], schema: StructType | None = None) -> None:
@@ -309,11 +313,11 @@ class PulsarWriter(DataSourceArrowWriter):  # type: ignore[misc]
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         return SinkCommit(write_arrow(iterator, self.options))
 
-    def commit(self, messages: list[SinkCommit | None]) -> None:
-        log.info("Pulsar sink: %d messages sent", sum(m.messages for m in messages if m))
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.info("Pulsar sink: %d messages sent", _sent(messages))
 
 
-class PulsarStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+class PulsarStreamWriter(DataSourceStreamArrowWriter):
     """Streaming writer: each micro-batch's tasks send their rows; at-least-once across failures."""
 
     def __init__(self, options: Mapping[str, Any], schema: StructType | None = None) -> None:
@@ -323,14 +327,14 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         return SinkCommit(write_arrow(iterator, self.options))
 
-    def commit(self, messages: list[SinkCommit | None], batchId: int) -> None:  # noqa: N803 - Spark's name
-        log.info("Pulsar sink: batch %d, %d messages sent", batchId, sum(m.messages for m in messages if m))
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
+        log.info("Pulsar sink: batch %d, %d messages sent", batchId, _sent(messages))
 
-    def abort(self, messages: list[SinkCommit | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         log.warning("Pulsar sink: batch %d aborted; the retry resends its rows (at-least-once)", batchId)
 
 
-class PulsarSinkDataSource(DataSource):  # type: ignore[misc]
+class PulsarSinkDataSource(DataSource):
     """``df.write.format("cdc-pulsar")`` / ``df.writeStream.format("cdc-pulsar")``."""
 
     @classmethod

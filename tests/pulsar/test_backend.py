@@ -206,7 +206,12 @@ def test_debezium_envelopes_map_to_the_change_model(broker: EmbeddedBroker, topi
 
 
 # ---------------------------------------------------------------------------------------------- acks
-def test_acknowledge_advances_the_subscription_and_cleanup_removes_it(broker: EmbeddedBroker, topic: str) -> None:
+@pytest.mark.parametrize("kind", ["partitioned", "non-partitioned"])
+def test_acknowledge_advances_the_subscription_and_cleanup_removes_it(
+    kind: str, broker: EmbeddedBroker, plain_broker: EmbeddedBroker, topic: str
+) -> None:
+    if kind == "non-partitioned":
+        broker = plain_broker
     produce(broker.url, topic, [f"{i}".encode() for i in range(20)], [f"k{i}" for i in range(20)])
     sub = "cdc-test-ack"
     b = backend(broker.url, topic, **{"subscription.name": sub})

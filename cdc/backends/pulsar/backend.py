@@ -324,7 +324,7 @@ class PulsarBackend(Backend):
         """
         if not self.options.acknowledge:
             return
-        import _pulsar
+        import _pulsar  # type: ignore[import-not-found]
         import pulsar
 
         for channel, position in positions.items():

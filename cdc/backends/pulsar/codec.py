@@ -160,7 +160,7 @@ def _decode_object(payload: bytes) -> dict[str, Any]:
 
 
 def _row(fields: Sequence[_Field], obj: dict[str, Any], what: str) -> list[Any]:
-    out = []
+    out: list[Any] = []
     for f in fields:
         v = obj.get(f.name)
         if v is None:
