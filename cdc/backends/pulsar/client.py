@@ -21,6 +21,16 @@ of every message (ids only, 8-byte-ish ints, trimmed as batches are planned). Pl
 ``plan(max_records=n)`` ends on the n-th message id, so admission control holds, and the id that ends a
 batch is a real message id stored in Spark's offset log, so a replay reads exactly the same messages.
 The cost is one extra read of each message on the driver.
+
+pulsar-lite (the broker that runs in tests and demos)
+-----------------------------------------------------
+It cannot serve a Reader on one ``<topic>-partition-N`` (it auto-creates a new partitioned topic of that
+name), so readers open on the partitioned parent topic. Such a Reader applies its start id to every
+partition by (ledger, entry); each pulsar-lite partition has its own ledger, so a read of partition p
+also receives the partitions whose ledger id is higher than p's, and drops them: read amplification
+up to the number of partitions (``reader.topic=partition`` avoids it on real Pulsar). Its dispatcher also
+redelivers (ids go backwards: dropped by id) and sometimes stalls a reader for good: silent readers are
+replaced by new ones (never ``seek``), see :meth:`TopicIndex.catch_up` and the executor's read loop.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -296,7 +306,3 @@ def count_between(keys: list[Key], start: Key, until: Key | None, max_records: i
     if max_records is not None:
         j = min(j, i + max_records)
     return i, j
-
-
-def topics_from(names: Iterable[str]) -> list[str]:
-    return sorted(dict.fromkeys(names))
