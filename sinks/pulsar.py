@@ -294,6 +294,15 @@ def _send_batch(sender: _Sender, batch: pa.RecordBatch, options: PulsarSinkOptio
         sender.send(topic, value, key, dict(p) if p else None, ev[i])
 
 
+def sink_options(options: Mapping[str, Any]) -> PulsarSinkOptions:
+    """Parse writer options; a ``backend`` option (as ``format("cdc")`` users pass) must say ``pulsar``."""
+    raw = {k: v for k, v in options.items() if k.lower() != "backend"}
+    backend = next((str(v) for k, v in options.items() if k.lower() == "backend"), "pulsar")
+    if backend.strip().lower() != "pulsar":
+        raise OptionError(f"option 'backend': writes go to Pulsar only; accepted values: pulsar (got {backend!r})", "backend")
+    return parse(PulsarSinkOptions, raw, what="the Pulsar sink")
+
+
 def write(df: Any, **options: str) -> None:
     """Batch-write a DataFrame (through Spark, one task per partition): ``write(df, **{"service.url": u,
     "topic": "orders"})``."""
@@ -307,7 +316,7 @@ class PulsarWriter(DataSourceArrowWriter):
     """Batch writer: each task sends its rows; at-least-once."""
 
     def __init__(self, options: Mapping[str, Any], schema: StructType | None = None) -> None:
-        self.options = parse(PulsarSinkOptions, options, what="the Pulsar sink")
+        self.options = sink_options(options)
         self.schema = schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
@@ -321,7 +330,7 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):
     """Streaming writer: each micro-batch's tasks send their rows; at-least-once across failures."""
 
     def __init__(self, options: Mapping[str, Any], schema: StructType | None = None) -> None:
-        self.options = parse(PulsarSinkOptions, options, what="the Pulsar sink")
+        self.options = sink_options(options)
         self.schema = schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:

@@ -268,3 +268,15 @@ def test_module_commands_start_a_broker_and_drop_a_subscription(topic: str) -> N
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_sink_options_are_checked_without_spark() -> None:
+    from sinks.pulsar import PulsarWriter
+
+    w = PulsarWriter({"backend": "pulsar", "service.url": "pulsar://127.0.0.1:1", "topic": "t",
+                      "producer.batchingMaxMessages": "10"})
+    assert w.options.batching_max_messages == 10
+    with pytest.raises(OptionError, match="accepted values: pulsar"):
+        PulsarWriter({"backend": "local", "service.url": "u"})
+    with pytest.raises(OptionError, match="unknown option 'topik'"):
+        PulsarWriter({"service.url": "u", "topik": "t"})
