@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
@@ -31,7 +32,7 @@ from cdc.backends.pulsar.client import (
     partitions_of,
     to_key,
 )
-from cdc.backends.pulsar.codec import Decoder, Malformed, sequence_of
+from cdc.backends.pulsar.codec import PROPERTIES, TS, Decoder, Malformed, sequence_of
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.errors import BackendUnavailableError, DataLossError, MalformedRecordError, TransientError
 
@@ -104,7 +105,8 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
     poll_ms = min(1000, options.poll_timeout_ms)
     last = start
     rows: list[list[Any]] = []
-    meta: list[tuple[Any, ...]] = []
+    raw_bytes = decoder.value_format == "bytes"
+    meta = _Meta()
     progress = opened = time.monotonic()
     try:
         while True:
@@ -154,19 +156,11 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
                         seq = sequence_of(*k)
                         rows.append([op, seq, commit, ch.id, seq, *values])
                     else:
-                        rows.append(decoder.decode_value(payload))
-                        key = msg.partition_key()
-                        event_ms = msg.event_timestamp()
-                        meta.append(
-                            (
-                                key or None,
-                                ch.id,
-                                mid.serialize(),
-                                publish_ms * 1000,
-                                event_ms * 1000 if event_ms else None,
-                                list(msg.properties().items()),
-                            )
-                        )
+                        if raw_bytes:
+                            meta.values.append(payload)
+                        else:
+                            rows.append(decoder.decode_value(payload))
+                        meta.add(msg, mid, publish_ms)
                 except Malformed as exc:
                     where = f"channel {ch.id!r} message {list(k)} (key {msg.partition_key() or None!r})"
                     if options.on_malformed == "fail":
@@ -187,13 +181,13 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
                         partition_key=msg.partition_key() or None,
                     )
                     log.warning("%s quarantined to %s: %s", where, options.quarantine_topic, exc)
-            if len(rows) >= ROWS_PER_BATCH:
-                yield _batch(schema, rows, meta, change)
-                rows, meta = [], []
+            if len(rows) + len(meta.ids) >= ROWS_PER_BATCH:
+                yield _batch(schema, rows, meta, change, ch.id)
+                rows, meta = [], _Meta()
             if k == end:
                 break
-        if rows:
-            yield _batch(schema, rows, meta, change)
+        if rows or meta.ids:
+            yield _batch(schema, rows, meta, change, ch.id)
     finally:
         if quarantine is not None:
             quarantine.flush()
@@ -201,14 +195,57 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
         reader.close()
 
 
-def _batch(schema: pa.Schema, rows: list[list[Any]], meta: list[tuple[Any, ...]], change: bool) -> pa.RecordBatch:
-    ncols = len(rows[0]) if rows else 0
-    columns = list(zip(*rows, strict=True)) if rows else [() for _ in range(ncols)]
-    arrays = [pa.array(col, type=schema.field(i).type) for i, col in enumerate(columns)]
+class _Meta:
+    """Column lists of the metadata columns (and of ``value`` in bytes mode) for one Arrow batch."""
+
+    __slots__ = ("values", "keys", "ids", "publish", "event", "props", "any_props")
+
+    def __init__(self) -> None:
+        self.values: list[bytes] = []
+        self.keys: list[str | None] = []
+        self.ids: list[bytes] = []
+        self.publish: list[int] = []
+        self.event: list[int | None] = []
+        self.props: list[list[tuple[str, str]]] = []
+        self.any_props = False
+
+    def add(self, msg: Any, mid: Any, publish_ms: int) -> None:
+        self.keys.append(msg.partition_key() or None)
+        self.ids.append(mid.serialize())
+        self.publish.append(publish_ms * 1000)
+        event_ms = msg.event_timestamp()
+        self.event.append(event_ms * 1000 if event_ms else None)
+        props = msg.properties()
+        if props:
+            self.any_props = True
+            self.props.append(list(props.items()))
+        else:
+            self.props.append([])
+
+
+def _batch(schema: pa.Schema, rows: list[list[Any]], meta: _Meta, change: bool, channel: str) -> pa.RecordBatch:
+    if change or rows:
+        columns = list(zip(*rows, strict=True))
+        arrays = [pa.array(col, type=schema.field(i).type) for i, col in enumerate(columns)]
+    else:
+        arrays = [pa.array(meta.values, type=pa.binary())]
     if not change:
-        base = len(arrays)
-        mcols = list(zip(*meta, strict=True))
-        arrays += [pa.array(col, type=schema.field(base + i).type) for i, col in enumerate(mcols)]
+        n = len(meta.ids)
+        props_type = schema.field(PROPERTIES).type
+        if meta.any_props:
+            props = pa.array(meta.props, type=props_type)
+        else:  # the common case: build the empty maps without converting n Python lists
+            props = pa.MapArray.from_arrays(
+                pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), pa.array([], pa.string())
+            )
+        arrays += [
+            pa.array(meta.keys, type=pa.string()),
+            pa.array([channel] * n, type=pa.string()),
+            pa.array(meta.ids, type=pa.binary()),
+            pa.array(meta.publish, type=TS),
+            pa.array(meta.event, type=TS),
+            props,
+        ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
