@@ -1,0 +1,243 @@
+"""An embedded pulsar-lite broker for tests, demos and development, on loopback only.
+
+pulsar-lite (PyPI) ships a Rust broker that speaks the Pulsar binary protocol. This module starts it the
+way tests and users need it: bound to 127.0.0.1 on a free port, metrics off (the broker otherwise opens
+``0.0.0.0:8080``), data in a directory of our choosing, and with ``stop()``, ``kill()`` (SIGKILL, to
+script crashes) and ``restart()`` on the same data. ::
+
+    with EmbeddedBroker(partitions=2) as broker:
+        client = pulsar.Client(broker.url)
+        ...
+
+From a shell::
+
+    python -m cdc.backends.pulsar.broker --port 6650 --data-dir ./pulsar-data --partitions 2
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import click
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BrokerError", "EmbeddedBroker", "free_port", "pulsar_lite_binary"]
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be started."""
+
+
+def pulsar_lite_binary() -> str:
+    """Path of the ``pulsar-lite`` executable shipped by the ``pulsar-lite`` package."""
+    try:
+        import pulsar_lite
+    except ImportError as exc:  # pragma: no cover - a dependency of cdc-tunnel
+        raise BrokerError("the embedded broker needs the 'pulsar-lite' package: pip install pulsar-lite") from exc
+    path = Path(pulsar_lite.__file__).parent / "bin" / "pulsar-lite"
+    if not path.exists():  # pragma: no cover
+        raise BrokerError(f"pulsar-lite binary not found at {path}")
+    return str(path)
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM the broker when the process that started it dies (Linux), so a
+    killed test run leaves no broker behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class EmbeddedBroker:
+    """A pulsar-lite process on 127.0.0.1.
+
+    Parameters
+    ----------
+    data_dir:
+        Where the broker keeps its data; a temporary directory (removed by :meth:`stop` with
+        ``cleanup=True``) when omitted. Data survives :meth:`kill` and :meth:`restart`.
+    port:
+        The broker port; a free one when omitted. It stays the same across restarts.
+    partitions:
+        ``default_partitions`` of the broker: every topic it auto-creates gets this many partitions
+        (0 = non-partitioned topics). pulsar-lite has no admin API, so this is the only way to get
+        partitioned topics from it.
+    max_message_size:
+        The broker's message size limit in bytes.
+    die_with_parent:
+        SIGTERM the broker when the process that started it dies, even by SIGKILL (Linux only).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        port: int | None = None,
+        partitions: int = 0,
+        max_message_size: int = 5 * 1024 * 1024,
+        log_level: str = "warn",
+        die_with_parent: bool = True,
+    ) -> None:
+        self._owns_dir = data_dir is None
+        self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="pulsar-lite-"))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.partitions = partitions
+        self.max_message_size = max_message_size
+        self.log_level = log_level
+        self.die_with_parent = die_with_parent
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _write_config(self) -> Path:
+        config = self.data_dir / "pulsar-lite.toml"
+        config.write_text(
+            f"default_partitions = {int(self.partitions)}\n"
+            f"max_message_size_bytes = {int(self.max_message_size)}\n"
+            "\n[metrics]\nenabled = false\n"
+        )
+        return config
+
+    def start(self, timeout: float = 15.0) -> EmbeddedBroker:
+        """Start the broker (on the same port and data as before, if it ran already)."""
+        if self.running:
+            return self
+        config = self._write_config()
+        log_file = open(self.data_dir / "broker.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self._process = subprocess.Popen(
+                [
+                    pulsar_lite_binary(),
+                    "--config",
+                    str(config),
+                    "--addr",
+                    f"127.0.0.1:{self.port}",
+                    "--db-path",
+                    str(self.data_dir / "data.db"),
+                    "--log-level",
+                    self.log_level,
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(self.data_dir),
+                start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
+                preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+            )
+        finally:
+            log_file.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                tail = (self.data_dir / "broker.log").read_text(errors="replace")[-2000:]
+                self._process = None
+                raise BrokerError(f"pulsar-lite exited at start-up on port {self.port}: {tail}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.25):
+                    log.info("pulsar-lite ready at %s (pid %s, data %s)", self.url, self.pid, self.data_dir)
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.kill()
+        raise BrokerError(f"pulsar-lite did not accept connections on port {self.port} within {timeout} s")
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash); its data stays for :meth:`start`/:meth:`restart`."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.send_signal(signal.SIGKILL)
+            self._process.wait()
+            self._process = None
+
+    def stop(self, cleanup: bool | None = None) -> None:
+        """Stop the broker gracefully; remove its data when it lives in a directory we created."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.terminate()
+                try:
+                    self._process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self._process.kill()
+                    self._process.wait()
+            self._process = None
+        if cleanup if cleanup is not None else self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def restart(self, *, hard: bool = False) -> EmbeddedBroker:
+        """Stop (or kill, with ``hard``) and start again on the same port and data."""
+        if hard:
+            self.kill()
+        else:
+            self.stop(cleanup=False)
+        return self.start()
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"EmbeddedBroker(url={self.url!r}, data_dir={str(self.data_dir)!r}, running={self.running})"
+
+
+@click.command(help="Run an embedded pulsar-lite broker on 127.0.0.1 until interrupted.")
+@click.option("--port", type=int, default=6650, show_default=True, help="Broker port (0 = a free port).")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Data directory (kept); a temporary one (removed on exit) when omitted.",
+)
+@click.option("--partitions", type=int, default=0, show_default=True, help="Partitions of auto-created topics.")
+@click.option("--max-message-size", type=int, default=5 * 1024 * 1024, show_default=True)
+def main(port: int, data_dir: str | None, partitions: int, max_message_size: int) -> None:
+    broker = EmbeddedBroker(data_dir, port=port or None, partitions=partitions, max_message_size=max_message_size)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the broker on SIGTERM too (finally below)
+    broker.start()
+    click.echo(f"pulsar-lite running at {broker.url} (data: {broker.data_dir}); Ctrl-C to stop", err=True)
+    try:
+        while broker.running:
+            time.sleep(0.5)
+        click.echo("pulsar-lite exited", err=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()

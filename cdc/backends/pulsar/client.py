@@ -1,0 +1,308 @@
+"""Pulsar client plumbing: connections, message-id positions, and the driver's message-id index.
+
+Positions
+---------
+A position is the JSON list ``[ledger, entry, batch]`` of the **last message already delivered** on a
+partition (so it names the gap after that message). Message ids order lexicographically by
+``(ledger, entry, batch_index)``; a message outside a batch has ``batch_index = -1``. Two extra values
+keep that order total:
+
+* ``[-1, -1, -1]`` (:data:`START`) is before every message: a partition nothing has been seen of yet.
+* ``[l, e, b - 1]`` (``[l, e, -2]`` for ``b <= 0``) is the gap *before* message ``(l, e, b)``; it is how
+  ``earliest`` names the start of a partition whose first message is known.
+
+A range ``[start, end)`` of the contract holds the messages with ``start < id <= end``.
+
+Why the driver reads message ids
+--------------------------------
+Pulsar cannot count the messages between two ids without reading them (an entry may hold a batch of
+any size, and ledgers roll). The driver therefore keeps one tailing Reader per topic that records the id
+of every message (ids only, 8-byte-ish ints, trimmed as batches are planned). Planning is then exact:
+``plan(max_records=n)`` ends on the n-th message id, so admission control holds, and the id that ends a
+batch is a real message id stored in Spark's offset log, so a replay reads exactly the same messages.
+The cost is one extra read of each message on the driver.
+
+pulsar-lite (the broker that runs in tests and demos)
+-----------------------------------------------------
+It cannot serve a Reader on one ``<topic>-partition-N`` (it auto-creates a new partitioned topic of that
+name), so readers open on the partitioned parent topic. Such a Reader applies its start id to every
+partition by (ledger, entry); each pulsar-lite partition has its own ledger, so a read of partition p
+also receives the partitions whose ledger id is higher than p's, and drops them: read amplification
+up to the number of partitions (``reader.topic=partition`` avoids it on real Pulsar). Its dispatcher also
+redelivers (ids go backwards: dropped by id) and sometimes stalls a reader for good: silent readers are
+replaced by new ones (never ``seek``), see :meth:`TopicIndex.catch_up` and the executor's read loop.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cdc.errors import BackendUnavailableError, PositionError
+
+if TYPE_CHECKING:
+    import pulsar
+
+log = logging.getLogger(__name__)
+
+START: list[int] = [-1, -1, -1]
+_PARTITION_SUFFIX = "-partition-"
+
+
+def open_client(service_url: str, token: str | None = None, operation_timeout_s: int = 30) -> pulsar.Client:
+    """A new client. Never create one before a fork: pulsar-client's C++ core is not fork-safe."""
+    import pulsar
+
+    kwargs: dict[str, Any] = {
+        "operation_timeout_seconds": operation_timeout_s,
+        "logger": pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+    }
+    if token:
+        kwargs["authentication"] = pulsar.AuthenticationToken(token)
+    try:
+        return pulsar.Client(service_url, **kwargs)
+    except Exception as exc:
+        raise BackendUnavailableError(f"cannot create a Pulsar client for {service_url}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------- ids
+Key = tuple[int, int, int]
+
+
+def key_of(mid: Any) -> Key:
+    return (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+
+
+def before(key: Key) -> list[int]:
+    """The position just before message ``key``."""
+    ledger, entry, batch = key
+    return [ledger, entry, batch - 1 if batch > 0 else -2]
+
+
+def to_key(position: Any, channel: str = "?") -> Key:
+    """Validate a position (``[l, e, b]`` or ``{"ledgerId", "entryId", "batchIndex"}``) into a key."""
+    value = position
+    if isinstance(value, Mapping):
+        try:
+            value = [value["ledgerId"], value["entryId"], value.get("batchIndex", -1)]
+        except KeyError:
+            value = None
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and value[0] >= -1
+        and value[1] >= -1
+        and value[2] >= -2
+    ):
+        return (int(value[0]), int(value[1]), int(value[2]))
+    raise PositionError(
+        f"channel {channel!r}: a Pulsar position is [ledgerId, entryId, batchIndex] (the last message already "
+        f'processed) or {{"ledgerId": l, "entryId": e, "batchIndex": b}}; got {position!r}'
+    )
+
+
+def is_start(key: Key) -> bool:
+    return key == (-1, -1, -1)
+
+
+# ---------------------------------------------------------------------------------------------- channels
+@dataclass(frozen=True)
+class Channel:
+    """A topic partition (``partition = -1`` for a non-partitioned topic)."""
+
+    topic: str  # the parent topic
+    partition: int
+
+    @property
+    def id(self) -> str:
+        return self.topic if self.partition < 0 else f"{self.topic}{_PARTITION_SUFFIX}{self.partition}"
+
+    @staticmethod
+    def parse(channel_id: str) -> Channel:
+        head, sep, tail = channel_id.rpartition(_PARTITION_SUFFIX)
+        if sep and tail.isdigit():
+            return Channel(head, int(tail))
+        return Channel(channel_id, -1)
+
+
+def partitions_of(client: pulsar.Client, topic: str) -> list[Channel]:
+    names = client.get_topic_partitions(topic)
+    if len(names) == 1 and names[0] == topic:
+        return [Channel(topic, -1)]
+    return sorted((Channel.parse(n) for n in names), key=lambda c: c.partition)
+
+
+# ---------------------------------------------------------------------------------------------- index
+@dataclass
+class _PartitionIds:
+    keys: list[Key] = field(default_factory=list)
+    last: Key = (-1, -1, -1)
+
+
+class TopicIndex:
+    """The ids of a topic's messages, per partition, read by one tailing Reader on the driver.
+
+    Keeps every id from the topic's start (or ``starting_time_ms``), minus ids below a partition's
+    trim point. Duplicates and backwards ids (the broker may redeliver) are dropped.
+    """
+
+    def __init__(
+        self,
+        client: pulsar.Client,
+        topic: str,
+        *,
+        starting_time_ms: int | None,
+        receiver_queue_size: int,
+        catch_up_ms: int,
+        max_catch_up_s: float = 60.0,
+        idle_reopen_s: float = 10.0,
+    ) -> None:
+        self.client = client
+        self.topic = topic
+        self.starting_time_ms = starting_time_ms
+        self.receiver_queue_size = receiver_queue_size
+        self.catch_up_ms = catch_up_ms
+        self.max_catch_up_s = max_catch_up_s
+        self.idle_reopen_s = idle_reopen_s
+        self._progress_at = time.monotonic()
+        self.parts: dict[int, _PartitionIds] = {}
+        self.floor: dict[int, Key] = {}  # ids at or below the floor were trimmed (nothing before is known)
+        self._reader: pulsar.Reader | None = None
+        self._lock = threading.Lock()
+        self.partitions: list[int] = []  # set by the backend from the topic's metadata
+
+    def _open(self) -> pulsar.Reader:
+        import pulsar
+
+        if self._reader is None:
+            self._reader = self.client.create_reader(
+                self.topic, pulsar.MessageId.earliest, receiver_queue_size=self.receiver_queue_size
+            )
+        return self._reader
+
+    def _reopen(self) -> pulsar.Reader:
+        """A new reader that resumes every partition at or before its last indexed id.
+
+        A Reader on a partitioned topic applies its start id to every partition, comparing (ledger,
+        entry). Starting at the smallest last id of all partitions therefore resumes each partition at or
+        before its own last id (later messages only live in later entries); messages already indexed are
+        skipped. Until every partition has an id, the new reader starts from earliest.
+        """
+        import pulsar
+
+        self.close()
+        lasts = [(self.parts[p].last, p) for p in self.partitions if p in self.parts and self.parts[p].keys]
+        if not self.partitions or len(lasts) < len(self.partitions):
+            return self._open()
+        (ledger, entry, _), p = min(lasts)
+        self._reader = self.client.create_reader(
+            self.topic,
+            pulsar.MessageId(p, ledger, entry, -1),
+            receiver_queue_size=self.receiver_queue_size,
+            start_message_id_inclusive=True,
+        )
+        return self._reader
+
+    def catch_up(self) -> None:
+        """Read ids until the broker has nothing more for ``catchUpMs`` or messages newer than now arrive.
+
+        pulsar-lite's dispatcher can stall a multi-partition reader (silent although messages remain).
+        So a silence right after new ids flowed gets a longer wait and then a new reader (see
+        :meth:`_reopen`; at most 3 per round), and a reader that has brought nothing new for
+        ``idle_reopen_s`` is replaced too.
+        """
+        import pulsar
+
+        with self._lock:
+            now = time.monotonic()
+            if self._reader is not None and now - self._progress_at > self.idle_reopen_s:
+                log.info("index reader of %s idle for %.0f s; opening a new one", self.topic, now - self._progress_at)
+                self._reopen()
+                self._progress_at = now
+            reader = self._open()
+            raw = getattr(reader, "_reader", reader)  # the C++ reader: no Python wrapper per message
+            began_ms = int(time.time() * 1000)
+            deadline = now + self.max_catch_up_s
+            since = self.starting_time_ms
+            n = 0
+            flowing = waited = False
+            reopens = 0
+            while time.monotonic() < deadline:
+                try:
+                    msg = raw.read_next(3 * self.catch_up_ms if waited else self.catch_up_ms)
+                except pulsar.Timeout:
+                    if flowing and not waited:
+                        waited = True
+                        continue
+                    if flowing and reopens < 3:
+                        log.info("index reader of %s went silent after new messages; opening a new one", self.topic)
+                        reader = self._reopen()
+                        raw = getattr(reader, "_reader", reader)
+                        reopens += 1
+                        flowing = waited = False
+                        continue
+                    break
+                publish = msg.publish_timestamp()
+                if since is not None and publish < since:
+                    continue
+                mid = msg.message_id()
+                part = self.parts.setdefault(mid.partition(), _PartitionIds())
+                k = key_of(mid)
+                if k > part.last:
+                    part.keys.append(k)
+                    part.last = k
+                    n += 1
+                    flowing, waited = True, False
+                if publish > began_ms:
+                    break  # the rest is newer than this planning round
+            if n:
+                self._progress_at = time.monotonic()
+                log.debug("indexed %d new message ids of %s", n, self.topic)
+
+    def ids(self, partition: int) -> _PartitionIds:
+        return self.parts.get(partition) or _PartitionIds()
+
+    def first(self, partition: int) -> Key | None:
+        p = self.parts.get(partition)
+        if p is None or not p.keys:
+            return None
+        if partition in self.floor:
+            return None  # trimmed: the first id is no longer known
+        return p.keys[0]
+
+    def trim(self, partition: int, below: Key) -> None:
+        """Forget ids ``<= below`` (already planned); keeps memory bounded on long-running queries."""
+        p = self.parts.get(partition)
+        if p is None:
+            return
+        i = bisect.bisect_right(p.keys, below)
+        if i > 4096:
+            del p.keys[:i]
+            self.floor[partition] = max(self.floor.get(partition, (-1, -1, -1)), below)
+
+    def covers(self, partition: int, start: Key) -> bool:
+        return start >= self.floor.get(partition, (-1, -1, -1))
+
+    def close(self) -> None:
+        if self._reader is not None:
+            try:
+                self._reader.close()
+            except Exception:  # noqa: BLE001 - closing a dead reader is not worth an error
+                log.debug("closing the index reader of %s failed", self.topic, exc_info=True)
+            self._reader = None
+
+
+def count_between(keys: list[Key], start: Key, until: Key | None, max_records: int | None) -> tuple[int, int]:
+    """Indices ``[i, j)`` of the keys in ``(start, until]``, at most ``max_records`` of them."""
+    i = bisect.bisect_right(keys, start)
+    j = len(keys) if until is None else bisect.bisect_right(keys, until)
+    j = max(i, j)
+    if max_records is not None:
+        j = min(j, i + max_records)
+    return i, j

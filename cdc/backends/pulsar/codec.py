@@ -1,0 +1,251 @@
+"""Turning Pulsar messages into Arrow rows: raw bytes, JSON by schema, or Debezium change envelopes.
+
+Schemas are given the way Pulsar's schema registry stores JSON and Avro schemas: an Avro record
+definition, e.g. ``{"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"},
+{"name": "note", "type": ["null", "string"]}]}``. Supported field types: boolean, int, long, float,
+double, string, bytes (base64 in JSON), ``{"type": "long", "logicalType": "timestamp-millis"}`` (or
+``-micros``), ``{"type": "int", "logicalType": "date"}``, each optionally in a union with ``"null"``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from cdc.errors import OptionError
+from cdc.model import ChangeSchema, Op
+
+KEY, TOPIC, MESSAGE_ID, PUBLISH_TIME, EVENT_TIME, PROPERTIES = (
+    "__key",
+    "__topic",
+    "__messageId",
+    "__publishTime",
+    "__eventTime",
+    "__properties",
+)
+TS = pa.timestamp("us", tz="UTC")
+METADATA_FIELDS: tuple[pa.Field, ...] = (
+    pa.field(KEY, pa.string()),
+    pa.field(TOPIC, pa.string()),
+    pa.field(MESSAGE_ID, pa.binary()),
+    pa.field(PUBLISH_TIME, TS),
+    pa.field(EVENT_TIME, TS),
+    pa.field(PROPERTIES, pa.map_(pa.string(), pa.string())),
+)
+_EPOCH_DAY = date(1970, 1, 1)
+
+
+class Malformed(Exception):
+    """A message that does not decode; carries the reason (internal: becomes fail or quarantine)."""
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    arrow: pa.DataType
+    nullable: bool
+    convert: Callable[[Any], Any]
+
+
+def _conv_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError("an integer")
+    return v
+
+
+def _conv_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError("a number")
+    return float(v)
+
+
+def _conv_bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError("true or false")
+    return v
+
+
+def _conv_str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError("a string")
+    return v
+
+
+def _conv_bytes(v: Any) -> bytes:
+    if not isinstance(v, str):
+        raise TypeError("a base64 string")
+    return base64.b64decode(v, validate=True)
+
+
+def _conv_ts(scale: int) -> Callable[[Any], datetime]:
+    def conv(v: Any) -> datetime:
+        n = _conv_int(v)
+        return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=n * scale)
+
+    return conv
+
+
+def _conv_date(v: Any) -> date:
+    return _EPOCH_DAY + timedelta(days=_conv_int(v))
+
+
+_PRIMITIVES: dict[str, tuple[pa.DataType, Callable[[Any], Any]]] = {
+    "boolean": (pa.bool_(), _conv_bool),
+    "int": (pa.int32(), _conv_int),
+    "long": (pa.int64(), _conv_int),
+    "float": (pa.float32(), _conv_float),
+    "double": (pa.float64(), _conv_float),
+    "string": (pa.string(), _conv_str),
+    "bytes": (pa.binary(), _conv_bytes),
+}
+
+
+def _field(spec: Any) -> _Field:
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise OptionError(f"option 'valueSchema': every field needs a name and a type, got {spec!r}", "valueSchema")
+    name, t = spec["name"], spec.get("type")
+    nullable = False
+    if isinstance(t, list):
+        others = [x for x in t if x != "null"]
+        nullable = len(others) < len(t)
+        if len(others) != 1:
+            raise OptionError(f"option 'valueSchema': field {name!r}: only unions with null are supported", "valueSchema")
+        t = others[0]
+    if isinstance(t, dict):
+        logical = t.get("logicalType")
+        base = t.get("type")
+        if logical in ("timestamp-millis", "timestamp-micros") and base == "long":
+            return _Field(name, TS, nullable, _conv_ts(1000 if logical == "timestamp-millis" else 1))
+        if logical == "date" and base == "int":
+            return _Field(name, pa.date32(), nullable, _conv_date)
+        t = base if logical is None else t
+    if isinstance(t, str) and t in _PRIMITIVES:
+        arrow, conv = _PRIMITIVES[t]
+        return _Field(name, arrow, nullable, conv)
+    raise OptionError(
+        f"option 'valueSchema': field {name!r} has unsupported type {t!r}; accepted: "
+        f"{', '.join(_PRIMITIVES)}, timestamp-millis, timestamp-micros, date, unions with null",
+        "valueSchema",
+    )
+
+
+def parse_record_schema(text: str) -> list[_Field]:
+    spec = json.loads(text)
+    if not isinstance(spec, dict) or spec.get("type") != "record" or not isinstance(spec.get("fields"), list):
+        raise OptionError(
+            "option 'valueSchema': expected an Avro-style record: "
+            '{"type": "record", "name": ..., "fields": [{"name": ..., "type": ...}, ...]}',
+            "valueSchema",
+        )
+    fields = [_field(f) for f in spec["fields"]]
+    if not fields:
+        raise OptionError("option 'valueSchema': the record has no fields", "valueSchema")
+    return fields
+
+
+def _decode_object(payload: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise Malformed(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise Malformed(f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _row(fields: Sequence[_Field], obj: dict[str, Any], what: str) -> list[Any]:
+    out: list[Any] = []
+    for f in fields:
+        v = obj.get(f.name)
+        if v is None:
+            if not f.nullable:
+                raise Malformed(f"{what}field {f.name!r} is missing or null but not nullable")
+            out.append(None)
+            continue
+        try:
+            out.append(f.convert(v))
+        except (TypeError, ValueError) as exc:
+            raise Malformed(f"{what}field {f.name!r}: expected {exc}, got {v!r}") from None
+    return out
+
+
+class Decoder:
+    """Decodes one partition's messages into Arrow batches for one value format."""
+
+    def __init__(self, value_format: str, value_schema: str | None, change_keys: str | None) -> None:
+        self.value_format = value_format
+        self.fields: list[_Field] = parse_record_schema(value_schema) if value_schema else []
+        self.change: ChangeSchema | None = None
+        if value_format == "debezium":
+            keys = [k.strip() for k in (change_keys or "").split(",") if k.strip()]
+            table = pa.schema([pa.field(f.name, f.arrow, nullable=f.nullable) for f in self.fields])
+            try:
+                self.change = ChangeSchema.of(table, keys)
+            except ValueError as exc:
+                raise OptionError(f"options 'valueSchema'/'changeKeys': {exc}", "changeKeys") from None
+            # The change model makes key columns non-null whatever the schema says.
+            self.fields = [
+                _Field(f.name, f.arrow, f.nullable and f.name not in keys, f.convert) for f in self.fields
+            ]
+
+    def schema(self) -> pa.Schema:
+        if self.change is not None:
+            return self.change.arrow()
+        if self.value_format == "json":
+            return pa.schema([pa.field(f.name, f.arrow) for f in self.fields] + list(METADATA_FIELDS))
+        return pa.schema([pa.field("value", pa.binary()), *METADATA_FIELDS])
+
+    # -- per message: returns the row's values (excluding metadata) or raises Malformed
+    def decode_value(self, payload: bytes) -> list[Any]:
+        if self.value_format == "json":
+            return _row(self.fields, _decode_object(payload), "")
+        return [payload]
+
+    def decode_change(self, payload: bytes, publish_ms: int) -> tuple[str, datetime, list[Any]]:
+        """(op, commit time, table row) of a Debezium-style envelope."""
+        assert self.change is not None
+        env = _decode_object(payload)
+        if "op" not in env and isinstance(env.get("payload"), dict):
+            env = env["payload"]  # Debezium's JSON converter with schemas.enable=true
+        op = env.get("op")
+        ops = {"c": Op.INSERT, "u": Op.UPDATE, "d": Op.DELETE, "r": Op.SNAPSHOT}
+        if op not in ops:
+            raise Malformed(f"envelope 'op' must be one of c, u, d, r; got {op!r}")
+        image_name = "before" if op == "d" else "after"
+        image = env.get(image_name)
+        if not isinstance(image, dict):
+            raise Malformed(f"op {op!r} needs an object in {image_name!r}, got {image!r}")
+        if op == "d":
+            keys = set(self.change.keys)
+            image = {k: v for k, v in image.items() if k in keys}
+        row = _row(self.fields, image, f"{image_name}: ")
+        ts = env.get("ts_ms")
+        source = env.get("source")
+        if ts is None and isinstance(source, dict):
+            ts = source.get("ts_ms")
+        if ts is None:
+            ts = publish_ms
+        if isinstance(ts, bool) or not isinstance(ts, int):
+            raise Malformed(f"envelope 'ts_ms' must be epoch milliseconds, got {ts!r}")
+        commit = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ts)
+        return ops[op].value, commit, row
+
+
+# Sequence numbers of change records come from message ids: (ledger, entry, batch) packed into 63 bits.
+_LEDGER_BITS, _ENTRY_BITS, _BATCH_BITS = 23, 26, 14
+
+
+def sequence_of(ledger: int, entry: int, batch: int) -> int:
+    """A long that orders a partition's messages like their ids do."""
+    if not (0 <= ledger < 1 << _LEDGER_BITS and 0 <= entry < 1 << _ENTRY_BITS and -2 <= batch < (1 << _BATCH_BITS) - 2):
+        raise ValueError(
+            f"message id ({ledger}, {entry}, {batch}) does not fit the change model's 63-bit sequence "
+            f"(ledger < 2^{_LEDGER_BITS}, entry < 2^{_ENTRY_BITS}, batch index < 2^{_BATCH_BITS} - 2)"
+        )
+    return (ledger << (_ENTRY_BITS + _BATCH_BITS)) | (entry << _BATCH_BITS) | (batch + 2)

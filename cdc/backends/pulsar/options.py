@@ -1,0 +1,176 @@
+"""Options of ``backend=pulsar`` (names follow StreamNative's pulsar-spark connector where it has one)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import PositiveInt, field_validator, model_validator
+
+from cdc.options import BackendOptions, Field, SecretStr
+
+ValueFormat = Literal["bytes", "json", "debezium"]
+OnMalformed = Literal["fail", "quarantine"]
+ReaderTopic = Literal["parent", "partition"]
+
+
+class PulsarOptions(BackendOptions):
+    """``spark.readStream.format("cdc").option("backend", "pulsar")...``"""
+
+    service_url: str = Field(alias="service.url", description="Broker URL, e.g. pulsar://localhost:6650.")
+    admin_url: str | None = Field(
+        None, alias="admin.url", description="Admin REST URL (http://host:8080); needed for topicsPattern."
+    )
+    auth_token: SecretStr | None = Field(
+        None, alias="auth.token", description="JWT for token authentication (broker and admin API)."
+    )
+    topic: str | None = Field(None, alias="topic", description="One topic.")
+    topics: str | None = Field(None, alias="topics", description="Comma-separated topics.")
+    topics_pattern: str | None = Field(
+        None,
+        alias="topicsPattern",
+        description="Regex over the topics of one namespace (listed through admin.url), e.g. "
+        "persistent://public/default/orders-.*.",
+    )
+    starting_time: str | None = Field(
+        None,
+        alias="startingTime",
+        description="Publish-time start: epoch milliseconds or an ISO-8601 time with zone. Messages "
+        "published earlier are not part of the query (as if beyond retention).",
+    )
+    value_format: ValueFormat = Field(
+        "bytes",
+        alias="valueFormat",
+        description="`bytes`: the payload as `value`; `json`: decode with valueSchema into columns; "
+        "`debezium`: decode a Debezium-style change envelope into the change model.",
+    )
+    value_schema: str | None = Field(
+        None,
+        alias="valueSchema",
+        description="Avro-style record schema JSON (what Pulsar's JSON/Avro schemas hold) for valueFormat "
+        "json or debezium.",
+    )
+    change_keys: str | None = Field(
+        None, alias="changeKeys", description="valueFormat=debezium: comma-separated primary-key columns."
+    )
+    on_malformed: OnMalformed = Field(
+        "fail",
+        alias="onMalformed",
+        description="A message that cannot be decoded: `fail` the query naming it, or `quarantine` it to "
+        "quarantineTopic (raw payload, properties cdc.error / cdc.topic / cdc.messageId) and go on.",
+    )
+    quarantine_topic: str | None = Field(
+        None, alias="quarantineTopic", description="Where onMalformed=quarantine sends undecodable messages."
+    )
+    poll_timeout_ms: PositiveInt = Field(
+        120_000,
+        alias="pollTimeoutMs",
+        description="A read that gets no message for this long while the planned end is not reached fails "
+        "with a stall error.",
+    )
+    reopen_after_ms: PositiveInt = Field(
+        2_000,
+        alias="reopenAfterMs",
+        description="A read that gets no message for this long short of its planned end reopens its Reader "
+        "after the last message delivered (new Reader, not seek).",
+    )
+    catch_up_ms: PositiveInt = Field(
+        200,
+        alias="catchUpMs",
+        description="Planning: how long the driver waits for more messages before taking what it has seen "
+        "as the head of each partition.",
+    )
+    receiver_queue_size: PositiveInt = Field(
+        1000,
+        alias="receiverQueueSize",
+        description="Reader prefetch. On pulsar-lite, 1000 stalled least in our runs (large queues stalled "
+        "multi-partition readers more often); duplicates it causes are dropped by id.",
+    )
+    reader_topic: ReaderTopic = Field(
+        "parent",
+        alias="reader.topic",
+        description="`parent`: executors open the Reader on the partitioned topic with a partition-scoped "
+        "message id (works on pulsar-lite and Pulsar); `partition`: on `<topic>-partition-N` (real Pulsar).",
+    )
+    subscription_name: str | None = Field(
+        None,
+        alias="subscription.name",
+        description="Durable subscription advanced on each commit; default: cdc-<hash of url and topics>. "
+        "Give each query its own name.",
+    )
+    acknowledge: bool = Field(True, alias="acknowledge", description="Advance the subscription on commit.")
+    operation_timeout_s: PositiveInt = Field(30, alias="operationTimeoutSeconds")
+
+    @field_validator("starting_time")
+    @classmethod
+    def _check_time(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_time_ms(v)
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> PulsarOptions:
+        given = [n for n, v in (("topic", self.topic), ("topics", self.topics), ("topicsPattern", self.topics_pattern)) if v]
+        if len(given) != 1:
+            raise ValueError(
+                f"exactly one of options 'topic', 'topics', 'topicsPattern' is required (got {given or 'none'})"
+            )
+        if self.topics_pattern and not self.admin_url:
+            raise ValueError("option 'topicsPattern' needs option 'admin.url' (topics are listed via the admin API)")
+        if self.value_format in ("json", "debezium") and not self.value_schema:
+            raise ValueError(f"option 'valueSchema' is required with valueFormat={self.value_format}")
+        if self.value_format == "debezium" and not self.change_keys:
+            raise ValueError("option 'changeKeys' is required with valueFormat=debezium")
+        if self.value_schema:
+            try:
+                json.loads(self.value_schema)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"option 'valueSchema' is not JSON: {exc}") from None
+        if self.on_malformed == "quarantine" and not self.quarantine_topic:
+            raise ValueError("option 'quarantineTopic' is required with onMalformed=quarantine")
+        return self
+
+    @property
+    def starting_time_ms(self) -> int | None:
+        return None if self.starting_time is None else parse_time_ms(self.starting_time)
+
+    def topic_list(self) -> list[str]:
+        raw = self.topic or self.topics or ""
+        return [normalize_topic(t) for t in raw.split(",") if t.strip()]
+
+    def default_subscription(self) -> str:
+        what = json.dumps([self.service_url, sorted(self.topic_list()), self.topics_pattern])
+        return "cdc-" + hashlib.sha256(what.encode()).hexdigest()[:16]
+
+    def subscription(self) -> str:
+        return self.subscription_name or self.default_subscription()
+
+
+def normalize_topic(name: str) -> str:
+    """``orders`` -> ``persistent://public/default/orders`` (Pulsar's short-name rule)."""
+    t = name.strip()
+    if "://" in t:
+        return t
+    parts = t.split("/")
+    if len(parts) == 1:
+        return f"persistent://public/default/{t}"
+    if len(parts) == 3:
+        return f"persistent://{t}"
+    raise ValueError(f"topic {name!r}: expected <name>, <tenant>/<namespace>/<name> or a full persistent:// name")
+
+
+def parse_time_ms(value: str) -> int:
+    text = value.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"expected epoch milliseconds or an ISO-8601 time with a zone, got {value!r}"
+        ) from None
+    if t.tzinfo is None:
+        raise ValueError(f"time {value!r} has no zone; add one (e.g. 2026-01-01T00:00:00Z)")
+    return int(t.astimezone(UTC).timestamp() * 1000)

@@ -1,0 +1,77 @@
+"""The shared backend contract over a real pulsar-lite broker: partitioned and non-partitioned topics."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cdc.backend import Backend
+from cdc.backends.pulsar import EmbeddedBroker, PulsarBackend, PulsarOptions
+from cdc.backends.pulsar.client import open_client
+from cdc.testing import Harness
+from tests.contract.suite import BackendContract
+
+_topics = itertools.count()
+
+
+class PulsarHarness(Harness):
+    """Produces to one topic; keys route messages to partitions (Pulsar's partitions never split/merge)."""
+
+    supports_split = False
+    supports_merge = False
+
+    def __init__(self, broker: EmbeddedBroker, batching: bool) -> None:
+        self.broker = broker
+        self.topic = f"persistent://public/default/contract-{next(_topics)}-{'b' if batching else 'n'}"
+        self.client = open_client(broker.url)
+        self.producer = self.client.create_producer(
+            self.topic, batching_enabled=batching, batching_max_messages=4, batching_max_publish_delay_ms=5
+        )
+        self.next_id = 0
+        self._backends: list[Backend] = []
+
+    def backend(self) -> Backend:
+        b = PulsarBackend(PulsarOptions.model_validate({"service.url": self.broker.url, "topic": self.topic, "catchUpMs": 150}))
+        self._backends.append(b)
+        return b
+
+    def append(self, n: int, channel: str | None = None) -> None:
+        done: list[Any] = []
+        for i in range(self.next_id, self.next_id + n):
+            self.producer.send_async(f"v{i}".encode(), lambda res, mid: done.append(res), partition_key=f"k{i}")
+        self.producer.flush()
+        self.next_id += n
+        assert len(done) == n
+
+    def close(self) -> None:
+        for b in self._backends:
+            b.close()
+        self.producer.close()
+        self.client.close()
+
+
+@pytest.fixture(scope="module")
+def partitioned_broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(partitions=2) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def single_broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(partitions=0) as b:
+        yield b
+
+
+@pytest.fixture(params=["partitioned", "partitioned-batching", "non-partitioned"])
+def harness(request: pytest.FixtureRequest, partitioned_broker: EmbeddedBroker, single_broker: EmbeddedBroker) -> Iterator[Harness]:
+    kind = request.param
+    h = PulsarHarness(single_broker if kind == "non-partitioned" else partitioned_broker, batching="batching" in kind)
+    yield h
+    h.close()
+
+
+class TestPulsarContract(BackendContract):
+    pass
