@@ -1,0 +1,1 @@
+"""Alibaba Tablestore Tunnel backend (filled in by the backend work)."""
