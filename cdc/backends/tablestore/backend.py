@@ -585,8 +585,12 @@ class TablestoreBackend(Backend):
         parents = [p for p in self._info(channel).parent_channel_ids if p in self._channels]
         if not parents or not all(self._channels[p].sealed or p in self._known_finished for p in parents):
             return False
-        for p in parents:
-            self._checkpoint(p, FINISHED)
+        try:
+            for p in parents:
+                self._checkpoint(p, FINISHED)
+        except TablestoreError as exc:  # e.g. a parent still held by a live client of an earlier run
+            log.info("channel %s waits: finishing its parents' checkpoints failed: %s", channel, exc)
+            return False
         return self._describe().get(channel) is not None and self._channels[channel].channel_status != "WAIT"
 
     def _checkpoint(self, channel: str, token: str) -> None:
