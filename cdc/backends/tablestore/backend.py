@@ -316,11 +316,14 @@ class TablestoreRangeReader(RangeReader):
                 )
             page = session.read(channel, token)
             records = page.records
-            if skip > len(records):
-                raise PositionError(
-                    f"channel {channel!r}: token {token!r} now returns {len(records)} records, fewer than the "
-                    f"{skip} the position skips (the server broke the token rule)"
-                )
+            if skip > len(records):  # responses are cut shorter than when planned: keep skipping
+                if page.finished or page.next_token == token:
+                    raise PositionError(
+                        f"channel {channel!r}: position {start!r} lies past the channel's last record"
+                    )
+                skip -= len(records)
+                token = page.next_token
+                continue
             take = list(records[skip : skip + count - produced])
             if take:
                 yield self.layout.to_batch(channel, base, s.n + produced, take)
@@ -540,10 +543,15 @@ class TablestoreBackend(Backend):
             page = self.session.read(channel, token)
             records = page.records
             if skip > len(records):
-                raise PositionError(
-                    f"channel {channel!r}: token {token!r} returns {len(records)} records, fewer than the "
-                    f"position's skip {skip}"
-                )
+                # The server now cuts responses shorter than when the position was planned: the gap
+                # lies further along the chain.
+                if page.finished or page.next_token == token:
+                    raise PositionError(
+                        f"channel {channel!r}: position {start!r} lies past the channel's last record"
+                    )
+                skip -= len(records)
+                token = page.next_token
+                continue
             avail = len(records) - skip
             allowed = avail
             if bound is not None and avail:
