@@ -56,6 +56,7 @@ from cdc.backends.tablestore.plainbuffer import (
     Special,
     decode_row,
     encode_row,
+    with_sequence_info,
 )
 
 from .keys import decode_key, encode_key, encode_value
@@ -482,13 +483,8 @@ class Store:
                     shard = self._shard_for(table, key)
                     seq = self._last_seq.get(shard.shard_id, 0) + 1
                     self._last_seq[shard.shard_id] = seq
-                    stream_row = Row(
-                        record.primary_key,
-                        record.cells,
-                        record.delete_marker,
-                        SequenceInfo(EPOCH, ts_us, index),
-                    )
-                    log_rows.append((shard.shard_id, seq, ts_us, op.kind, encode_row(stream_row)))
+                    stream_record = with_sequence_info(record, SequenceInfo(EPOCH, ts_us, index))
+                    log_rows.append((shard.shard_id, seq, ts_us, op.kind, stream_record))
                     results.append(WriteResult(True, pk))
                 except OTSError as err:
                     results.append(WriteResult(False, error=err))
@@ -508,11 +504,11 @@ class Store:
         key: bytes,
         existing: Row | None,
         ts_ms: int,
-    ) -> Row:
-        """Change the stored row; return the stream record's row (without sequence info)."""
+    ) -> bytes:
+        """Change the stored row; return the stream record's row, encoded (without sequence info)."""
         if op.kind == ACTION_DELETE:
             db.execute("DELETE FROM rows WHERE tbl=? AND k=?", (table, key))
-            return Row(pk, (), True)
+            return encode_row(Row(pk, (), True))
         if op.kind == ACTION_PUT:
             cells = []
             for cell in op.row.cells:
@@ -522,9 +518,9 @@ class Store:
                     Cell(cell.name, cell.value, None, ts_ms if cell.timestamp is None else cell.timestamp)
                 )
             _check_columns(cells, pk)
-            stored = Row(pk, tuple(cells))
-            db.execute("INSERT OR REPLACE INTO rows VALUES (?, ?, ?)", (table, key, encode_row(stored)))
-            return stored
+            encoded = encode_row(Row(pk, tuple(cells)))
+            db.execute("INSERT OR REPLACE INTO rows VALUES (?, ?, ?)", (table, key, encoded))
+            return encoded
         current = {c.name: c for c in (existing.cells if existing else ())}
         logged: list[Cell] = []
         for cell in op.row.cells:
@@ -561,7 +557,7 @@ class Store:
         _check_columns(logged, pk)
         stored = Row(pk, tuple(current.values()))
         db.execute("INSERT OR REPLACE INTO rows VALUES (?, ?, ?)", (table, key, encode_row(stored)))
-        return Row(pk, tuple(logged))
+        return encode_row(Row(pk, tuple(logged)))
 
     # ------------------------------------------------------------------ shards (admin)
     def shards(self, table: str) -> list[dict[str, Any]]:
