@@ -494,7 +494,9 @@ class TablestoreBackend(Backend):
 
     def latest(self, channel: str) -> Position:
         start = self._heads.get(channel) or self.earliest(channel)
-        end = self.plan(channel, start).end
+        # A WAIT channel is not opened here (that would finish its parents' tunnel checkpoints before
+        # the query delivered them): its head is its start until the planner reaches it.
+        end = self._plan(channel, start, None, None, open_waiting=False).end
         self._heads[channel] = end
         return end
 
@@ -517,6 +519,17 @@ class TablestoreBackend(Backend):
     def plan(
         self, channel: str, start: Position, max_records: int | None = None, until: Position | None = None
     ) -> PlannedRange:
+        return self._plan(channel, start, max_records, until, open_waiting=True)
+
+    def _plan(
+        self,
+        channel: str,
+        start: Position,
+        max_records: int | None,
+        until: Position | None,
+        *,
+        open_waiting: bool,
+    ) -> PlannedRange:
         s = Pos.parse(channel, start)
         bound = None if until is None else Pos.parse(channel, until)
         if s.token == FINISHED:
@@ -524,7 +537,7 @@ class TablestoreBackend(Backend):
         if bound is not None and bound.last is None:
             return PlannedRange(start, 0, False)  # the bound is the channel's origin: nothing before it
         info = self._info(channel)
-        if info.channel_status == "WAIT" and not self._open_waiting(channel):
+        if info.channel_status == "WAIT" and not (open_waiting and self._open_waiting(channel)):
             return PlannedRange(start, 0, False)
         self._start_heartbeat()
         base = self._is_base(info)
