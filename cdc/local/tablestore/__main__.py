@@ -75,8 +75,16 @@ def main(
     server.serve_forever()
 
 
+class _CliAdmin(AdminClient):
+    def call(self, path: str, **args: object) -> object:
+        try:
+            return super().call(path, **args)
+        except (RuntimeError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+
+
 def _admin(ctx: click.Context, endpoint: str) -> AdminClient:
-    return AdminClient(endpoint, ctx.obj["secret"])
+    return _CliAdmin(endpoint, ctx.obj["secret"])
 
 
 @main.command()

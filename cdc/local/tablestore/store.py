@@ -920,8 +920,10 @@ class Store:
         with self.lock:
             self._live_client(tunnel_id, client_id)
             with self._txn() as db:
+                released = set()
                 for channel_id, _version, status in reported:
                     if status in (tpb.CLOSE, tpb.TERMINATED):
+                        released.add(channel_id)
                         db.execute(
                             "UPDATE channels SET owner=NULL WHERE tunnel_id=? AND channel_id=? AND owner=?",
                             (tunnel_id, channel_id, client_id),
@@ -935,6 +937,8 @@ class Store:
                                 (tunnel_id, c["channel_id"]),
                             )
                             out.append((c["channel_id"], c["version"], tpb.TERMINATED))
+                    elif c["channel_id"] in released:
+                        continue  # given back in this very heartbeat: left for other clients
                     elif c["status"] == "CLOSE" or (c["status"] == "OPEN" and c["owner"] == client_id):
                         version = c["version"] + (0 if c["owner"] == client_id else 1)
                         db.execute(
