@@ -4,7 +4,8 @@
 ``instance``, ``access_key_id``, ``access_key_secret``, ``data_dir``; ``ots_client()`` (a real
 ``tablestore.OTSClient``); ``split(table, shard_id=None, split_key=None)``, ``merge(table,
 shard_ids=None)``, ``shards(table)``; ``fault(kind, count=-1, seconds=0, path_prefix="")`` with kinds
-``unavailable``/``drop``/``delay``, ``clear_faults()``, ``expire_client(client_id)``; ``kill()`` (SIGKILL),
+``unavailable``/``drop``/``delay``, ``clear_faults()``, ``expire_client(client_id)``,
+``trim(table, before_ms=None)`` (expire the change log: reads before it get ``OTSTrimmedDataAccess``); ``kill()`` (SIGKILL),
 ``stop()``, ``start()``, ``restart(crash=True)``. The server listens on 127.0.0.1 on a free port (the
 same port across restarts) and is stopped at the end of the test.
 """

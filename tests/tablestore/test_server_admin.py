@@ -110,3 +110,26 @@ def test_tunnel_faults_and_heartbeat_release(tablestore_server: TablestoreProces
     assert taken.channel_id == held.channel_id and taken.version > held.version and taken.status == pb.OPEN
     assert tunnel.channels(tid)[held.channel_id].client_id == other
     assert tunnel.heartbeat(tid, cid) == []  # held by a live client: not handed to another
+
+
+def test_trimmed_log_gives_trimmed_data_access(tablestore_server: TablestoreProcess) -> None:
+    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
+    client.create_table(
+        TableMeta("t", [("id", "INTEGER")]), TableOptions(), ReservedThroughput(CapacityUnit(0, 0))
+    )
+    tid = tunnel.create("t", "cdc", pb.Stream)
+    cid = tunnel.connect(tid)
+    [held] = tunnel.heartbeat(tid, cid)
+    for i in range(3):
+        client.put_row("t", Row([("id", i)], [("v", i)]), IGNORE)
+    start = tunnel.get_checkpoint(tid, cid, held.channel_id)[0]
+    first = tunnel.read(tid, cid, held.channel_id, start)
+    assert len(first.records) == 3
+    trimmed = tablestore_server.trim("t")
+    assert trimmed == {held.channel_id: 3}
+    client.put_row("t", Row([("id", 9)], [("v", 9)]), IGNORE)
+    with pytest.raises(ServiceError) as lost:
+        tunnel.read(tid, cid, held.channel_id, start)
+    assert lost.value.code == "OTSTrimmedDataAccess"
+    after = tunnel.read(tid, cid, held.channel_id, first.next_token)  # at the trim point: still readable
+    assert [r.action_type for r in after.records] == [pb.PUT_ROW]

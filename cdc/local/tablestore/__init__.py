@@ -47,7 +47,9 @@ readrecords|checkpoint``, messages of :mod:`cdc.backends.tablestore.tunnel_pb`):
 * checkpoints: ``sequence_number`` must be the stored one plus one (``OTSSequenceNumberNotMatch``); the
   token must be a token of that channel, or ``"finished"`` for a sealed channel (``OTSParameterInvalid``);
 * clients expire ``ClientConfig.timeout`` seconds (default 300) after their last call; any call by an
-  expired or unknown client fails with ``OTSResourceGone`` and its channels are freed.
+  expired or unknown client fails with ``OTSResourceGone`` and its channels are freed;
+* change logs are kept until an admin ``trim`` (what stream expiration does): reading a stream channel
+  from a position inside the trimmed part fails with ``OTSTrimmedDataAccess``.
 
 **Lineage, which the public protocol lacks**: DescribeTunnel's ``ChannelInfo`` carries three extension
 fields (numbers >= 100, so clients of the real service skip them; see :mod:`~cdc.backends.tablestore.tunnel_pb`):
@@ -64,7 +66,7 @@ that has the parent channels gets the child channels, in ``WAIT`` until the pare
 the canonical request); a wrong key id or signature gets HTTP 403 ``OTSAuthFailed``. Responses carry
 ``x-ots-contentmd5``, ``x-ots-requestid``, ``x-ots-date``, ``x-ots-contenttype`` and ``Authorization:
 OTS <id>:<signature>`` as the SDK checks them. Admin endpoints (``POST /admin/split|merge|shards|fault|
-expire-client``, JSON bodies) need ``x-cdc-admin-signature`` = ``base64(HMAC-SHA1(secret, path + "\\n" +
+expire-client|trim``, JSON bodies) need ``x-cdc-admin-signature`` = ``base64(HMAC-SHA1(secret, path + "\\n" +
 body))``; ``GET /admin/health`` is open.
 
 **Durability**: one sqlite database (WAL) in the data directory; an acknowledged write survives

@@ -305,6 +305,11 @@ class LocalTablestore:
             return self.store.merge(args["table"], args.get("shard_ids"))
         if path == "/admin/shards":
             return self.store.shards(args["table"])
+        if path == "/admin/trim":
+            before = args.get("before_ms")
+            return self.store.trim(
+                args["table"], int(before) if before is not None else int(time.time() * 1000)
+            )
         if path == "/admin/expire-client":
             self.store.expire_client(args["client_id"])
             return {}
@@ -380,6 +385,10 @@ class AdminClient:
 
     def expire_client(self, client_id: str) -> None:
         self.call("/admin/expire-client", client_id=client_id)
+
+    def trim(self, table: str, before_ms: int | None = None) -> dict[str, int]:
+        """Expire the change log of ``table`` before ``before_ms`` (default: now)."""
+        return self.call("/admin/trim", table=table, before_ms=before_ms)  # type: ignore[no-any-return]
 
     def healthy(self) -> bool:
         try:
@@ -504,6 +513,9 @@ class TablestoreProcess:
 
     def expire_client(self, client_id: str) -> None:
         self.admin.expire_client(client_id)
+
+    def trim(self, table: str, before_ms: int | None = None) -> dict[str, int]:
+        return self.admin.trim(table, before_ms)
 
     def ots_client(self, **kwargs: Any) -> Any:
         """A real ``tablestore.OTSClient`` for this server (no retries unless ``retry_policy`` is given)."""

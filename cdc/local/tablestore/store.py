@@ -108,6 +108,7 @@ CREATE TABLE IF NOT EXISTS channels(
     owner TEXT, version INTEGER NOT NULL, ord INTEGER NOT NULL, PRIMARY KEY(tunnel_id, channel_id));
 CREATE TABLE IF NOT EXISTS base(tunnel_id TEXT NOT NULL, channel_id TEXT NOT NULL, idx INTEGER NOT NULL,
     record BLOB NOT NULL, PRIMARY KEY(tunnel_id, channel_id, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS trims(shard_id TEXT PRIMARY KEY, upto INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS clients(client_id TEXT PRIMARY KEY, tunnel_id TEXT NOT NULL,
     timeout_s INTEGER NOT NULL, last_seen REAL NOT NULL, tag TEXT);
 """
@@ -644,6 +645,31 @@ class Store:
         log.info("merged shards %s, %s of table %s into %s", a.shard_id, b.shard_id, table, child)
         return {"parents": [a.shard_id, b.shard_id], "child": child}
 
+    def trim(self, table: str, before_ms: int) -> dict[str, int]:
+        """Drop change-log records committed before ``before_ms`` (what stream expiration does).
+
+        Reading a stream channel from a position inside the dropped part then fails with
+        ``OTSTrimmedDataAccess``. Returns, per shard, the last dropped position.
+        """
+        cutoff = before_ms * 1000
+        out: dict[str, int] = {}
+        with self._txn() as db:
+            self.table(table)
+            for (shard_id,) in db.execute("SELECT shard_id FROM shards WHERE tbl=?", (table,)).fetchall():
+                row = db.execute(
+                    "SELECT MAX(seq) FROM log WHERE shard_id=? AND ts<?", (shard_id, cutoff)
+                ).fetchone()
+                if row[0] is None:
+                    continue
+                db.execute("DELETE FROM log WHERE shard_id=? AND seq<=?", (shard_id, row[0]))
+                db.execute(
+                    "INSERT INTO trims VALUES (?, ?) ON CONFLICT(shard_id) DO UPDATE SET upto=MAX(upto, excluded.upto)",
+                    (shard_id, row[0]),
+                )
+                out[shard_id] = int(row[0])
+        log.info("trimmed the change log of table %s before %d ms: %s", table, before_ms, out)
+        return out
+
     def _count_rows(self, table: str, shard: ShardInfo) -> int:
         if shard.hi is None:
             r = self.db.execute(
@@ -821,38 +847,64 @@ class Store:
                 ids = [r[0] for r in self.db.execute("SELECT tunnel_id FROM tunnels ORDER BY created_ms")]
             return [self.tunnel_info(t) for t in ids]
 
+    _CHANNEL_COLUMNS = "channel_id, kind, shard_id, parents, start_pos, checkpoint, seqno, owner, version"
+
+    @staticmethod
+    def _channel_dict(r: Sequence[Any]) -> dict[str, Any]:
+        return {
+            "channel_id": r[0],
+            "kind": r[1],
+            "shard_id": r[2],
+            "parents": json.loads(r[3]),
+            "start_pos": r[4],
+            "checkpoint": r[5],
+            "seqno": r[6],
+            "owner": r[7],
+            "version": r[8],
+        }
+
+    def _set_status(self, c: dict[str, Any], finished: set[str]) -> None:
+        c["sealed"] = c["kind"] == "BaseData" or self._is_sealed(c["shard_id"])
+        if c["checkpoint"] == FINISHED:
+            c["status"] = "TERMINATED"
+        elif any(p not in finished for p in c["parents"]):
+            c["status"] = "WAIT"
+        elif c["owner"] and self._client_alive(c["owner"]):
+            c["status"] = "OPEN"
+        else:
+            c["status"] = "CLOSE"
+
     def _channels(self, tunnel_id: str) -> list[dict[str, Any]]:
         rows = self.db.execute(
-            "SELECT channel_id, kind, shard_id, parents, start_pos, checkpoint, seqno, owner, version "
-            "FROM channels WHERE tunnel_id=? ORDER BY ord",
-            (tunnel_id,),
+            f"SELECT {self._CHANNEL_COLUMNS} FROM channels WHERE tunnel_id=? ORDER BY ord", (tunnel_id,)
         ).fetchall()
-        chans = [
-            {
-                "channel_id": r[0],
-                "kind": r[1],
-                "shard_id": r[2],
-                "parents": json.loads(r[3]),
-                "start_pos": r[4],
-                "checkpoint": r[5],
-                "seqno": r[6],
-                "owner": r[7],
-                "version": r[8],
-            }
-            for r in rows
-        ]
+        chans = [self._channel_dict(r) for r in rows]
         finished = {c["channel_id"] for c in chans if c["checkpoint"] == FINISHED}
         for c in chans:
-            c["sealed"] = c["kind"] == "BaseData" or self._is_sealed(c["shard_id"])
-            if c["checkpoint"] == FINISHED:
-                c["status"] = "TERMINATED"
-            elif any(p not in finished for p in c["parents"]):
-                c["status"] = "WAIT"
-            elif c["owner"] and self._client_alive(c["owner"]):
-                c["status"] = "OPEN"
-            else:
-                c["status"] = "CLOSE"
+            self._set_status(c, finished)
         return chans
+
+    def _channel(self, tunnel_id: str, channel_id: str) -> dict[str, Any]:
+        """One channel with its status (without describing the whole tunnel: reads stay O(1))."""
+        r = self.db.execute(
+            f"SELECT {self._CHANNEL_COLUMNS} FROM channels WHERE tunnel_id=? AND channel_id=?",
+            (tunnel_id, channel_id),
+        ).fetchone()
+        if r is None:
+            raise param_invalid(f"channel {channel_id!r} does not exist in tunnel {tunnel_id}")
+        c = self._channel_dict(r)
+        finished: set[str] = set()
+        if c["parents"]:
+            marks = ",".join("?" * len(c["parents"]))
+            finished = {
+                row[0]
+                for row in self.db.execute(
+                    f"SELECT channel_id FROM channels WHERE tunnel_id=? AND checkpoint=? AND channel_id IN ({marks})",
+                    (tunnel_id, FINISHED, *c["parents"]),
+                )
+            }
+        self._set_status(c, finished)
+        return c
 
     def _is_sealed(self, shard_id: str) -> bool:
         r = self.db.execute("SELECT sealed FROM shards WHERE shard_id=?", (shard_id,)).fetchone()
@@ -955,12 +1007,6 @@ class Store:
                 db.execute("UPDATE channels SET owner=NULL WHERE owner=?", (client_id,))
                 db.execute("DELETE FROM clients WHERE client_id=?", (client_id,))
 
-    def _channel(self, tunnel_id: str, channel_id: str) -> dict[str, Any]:
-        for c in self._channels(tunnel_id):
-            if c["channel_id"] == channel_id:
-                return c
-        raise param_invalid(f"channel {channel_id!r} does not exist in tunnel {tunnel_id}")
-
     def get_checkpoint(self, tunnel_id: str, client_id: str, channel_id: str) -> tuple[str, int]:
         with self.lock:
             self._live_client(tunnel_id, client_id)
@@ -1039,6 +1085,16 @@ class Store:
                     (tunnel_id, channel_id),
                 ).fetchone()[0]
             else:
+                trimmed = self.db.execute(
+                    "SELECT upto FROM trims WHERE shard_id=?", (c["shard_id"],)
+                ).fetchone()
+                if trimmed is not None and position < trimmed[0]:
+                    raise OTSError(
+                        "OTSTrimmedDataAccess",
+                        f"channel {channel_id}: records up to position {trimmed[0]} have expired; "
+                        f"the token points at position {position}",
+                        400,
+                    )
                 rows = self.db.execute(
                     "SELECT seq, action, record FROM log WHERE shard_id=? AND seq>? ORDER BY seq LIMIT ?",
                     (c["shard_id"], position, limit + 1),
