@@ -339,3 +339,30 @@ def test_matches_a_dict_model(tmp_path_factory, operations) -> None:
         got = {tuple(v for _, v in pk): dict(cols) for pk, cols in _all(client)}
         assert list(got) == sorted(model)
         assert got == model
+
+
+def test_signature_v4_requests_and_responses(tmp_path) -> None:
+    """``OTSClient(..., region=...)`` signs with signature v4; the server verifies it and signs its answers."""
+    with LocalTablestore(tmp_path, access_key_secret="v4-secret") as server:
+        v4 = OTSClient(
+            server.endpoint,
+            server.access_key_id,
+            "v4-secret",
+            server.instance,
+            region="cn-hangzhou",
+            retry_policy=NoRetryPolicy(),
+        )
+        _create(v4)
+        v4.put_row("t", Row([("id", 1), ("s", "a")], [("v", 1)]), IGNORE)
+        assert v4.get_row("t", [("id", 1), ("s", "a")], max_version=1)[1].attribute_columns[0][1] == 1
+        wrong = OTSClient(
+            server.endpoint,
+            server.access_key_id,
+            "nope",
+            server.instance,
+            region="cn-hangzhou",
+            retry_policy=NoRetryPolicy(),
+        )
+        with pytest.raises(OTSServiceError) as failed:
+            wrong.list_table()
+        assert failed.value.get_error_code() == "OTSAuthFailed"

@@ -41,9 +41,17 @@ _MAX_SKEW_S = 15 * 60
 ADMIN_SIGNATURE_HEADER = "x-cdc-admin-signature"
 
 
-def _hmac_b64(secret: str, text: str) -> str:
-    digest = hmac.new(secret.encode("utf-8"), text.encode("utf-8"), hashlib.sha1).digest()
-    return base64.b64encode(digest).decode("ascii")
+def _hmac_b64(key: str | bytes, text: str, digest: Any = hashlib.sha1) -> str:
+    raw_key = key.encode("utf-8") if isinstance(key, str) else key
+    return base64.b64encode(hmac.new(raw_key, text.encode("utf-8"), digest).digest()).decode("ascii")
+
+
+def _v4_signing_key(secret: str, sign_date: str, region: str) -> bytes:
+    """The SDK's signature-v4 key: an HMAC-SHA256 chain over date, region, product and a constant."""
+    key = ("aliyun_v4" + secret).encode("utf-8")
+    for part in (sign_date, region, "ots", "aliyun_v4_request"):
+        key = hmac.new(key, part.encode("utf-8"), hashlib.sha256).digest()
+    return base64.b64encode(key)
 
 
 def _ots_headers_string(headers: dict[str, str]) -> str:
@@ -87,7 +95,8 @@ class _Handler(BaseHTTPRequestHandler):
             "x-ots-contenttype": content_type,
         }
         if sign:
-            signature = _hmac_b64(app.access_key_secret, _ots_headers_string(headers) + "\n" + path)
+            key = getattr(self, "_response_key", None) or app.access_key_secret
+            signature = _hmac_b64(key, _ots_headers_string(headers) + "\n" + path)
             headers["Authorization"] = f"OTS {app.access_key_id}:{signature}"
         self.send_response(status)
         for name, value in headers.items():
@@ -172,13 +181,27 @@ class _Handler(BaseHTTPRequestHandler):
             raise OTSError(
                 "OTSAuthFailed", f"instance {headers.get('x-ots-instancename')!r} is not served here", 403
             )
-        signature = headers.get("x-ots-signature")
-        if signature is None:
-            raise OTSError("OTSAuthFailed", "only x-ots-signature (signature v2) is supported", 403)
-        signed = {k: v for k, v in headers.items() if k.startswith("x-ots-") and k != "x-ots-signature"}
-        expected = _hmac_b64(app.access_key_secret, path + "\nPOST\n\n" + _ots_headers_string(signed) + "\n")
-        if not hmac.compare_digest(signature, expected):
+        self._response_key: str | bytes | None = None
+        key: str | bytes
+        if "x-ots-signature" in headers:  # signature v2 (the SDK's default)
+            signature, key, digest, salt = headers["x-ots-signature"], app.access_key_secret, hashlib.sha1, ""
+            excluded = "x-ots-signature"
+        elif "x-ots-signaturev4" in headers:  # signature v4 (OTSClient(..., region=...))
+            date, region = headers.get("x-ots-signdate", ""), headers.get("x-ots-signregion", "")
+            if not date or not region:
+                raise failed
+            signature, digest, salt = headers["x-ots-signaturev4"], hashlib.sha256, "ots"
+            key = _v4_signing_key(app.access_key_secret, date, region)
+            excluded = "x-ots-signaturev4"
+        else:
+            raise OTSError(
+                "OTSAuthFailed", "the request carries no x-ots-signature or x-ots-signaturev4", 403
+            )
+        signed = {k: v for k, v in headers.items() if k.startswith("x-ots-") and k != excluded}
+        canonical = path + "\nPOST\n\n" + _ots_headers_string(signed) + "\n" + salt
+        if not hmac.compare_digest(signature, _hmac_b64(key, canonical, digest)):
             raise failed
+        self._response_key = key
         md5 = base64.b64encode(hashlib.md5(body).digest()).decode("ascii")
         if headers.get("x-ots-contentmd5") != md5:
             raise OTSError("OTSParameterInvalid", "x-ots-contentmd5 does not match the body", 400)
