@@ -59,8 +59,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
@@ -160,7 +162,8 @@ class RecordLayout:
 
     def to_batch(self, channel: str, base: bool, first_n: int, records: Sequence[Any]) -> pa.RecordBatch:
         """Arrow rows of ``records`` (``pb.Record``), the first being the ``first_n``-th of the channel."""
-        cols: dict[str, list[Any]] = {name: [] for name in self.arrow().names}
+        schema = self.arrow()
+        cols: dict[str, list[Any]] = {name: [] for name in schema.names}
         for i, rec in enumerate(records):
             n = first_n + i
             try:
@@ -169,22 +172,39 @@ class RecordLayout:
             except MalformedRecordError as exc:
                 raise MalformedRecordError(f"channel {channel!r}, record {n}: {exc}") from None
         arrays = []
-        for f in self.arrow():
+        for f in schema:
             try:
                 arrays.append(pa.array(cols[f.name], type=f.type))
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
                 raise MalformedRecordError(f"channel {channel!r}: column {f.name!r}: {exc}") from None
-        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow())
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    @cached_property
+    def _accepts(self) -> dict[str, tuple[type, ...]]:
+        """Python types a column accepts (exact types: a bool is not an integer)."""
+        out = {}
+        for f in self.schema.table:
+            t = f.type
+            if pa.types.is_int64(t):
+                out[f.name] = (int,)
+            elif pa.types.is_float64(t):
+                out[f.name] = (float, int)
+            elif pa.types.is_boolean(t):
+                out[f.name] = (bool,)
+            elif pa.types.is_string(t):
+                out[f.name] = (str,)
+            else:
+                out[f.name] = (bytes,)
+        return out
 
     def _append(
         self, cols: dict[str, list[Any]], channel: str, base: bool, n: int, action: int, row: Row
     ) -> None:
-        table = self.schema.table
-        pk = dict(row.primary_key)
+        accepts = self._accepts
         values: dict[str, Any] = {}
         kinds: dict[str, str] = {}
         for cell in row.cells:
-            if cell.name not in table.names:
+            if cell.name not in accepts:
                 continue  # not in the catalog: not read (a projection, as in the EMR connector)
             if cell.cell_type is None:
                 values[cell.name] = cell.value
@@ -193,7 +213,7 @@ class RecordLayout:
                 values[cell.name] = None
                 kinds[cell.name] = _CELL_TYPES.get(cell.cell_type, f"UNKNOWN({cell.cell_type})")
         if base:
-            op, seq = Op.SNAPSHOT, n
+            op, seq = "snapshot", n
             stamps = [c.timestamp for c in row.cells if c.timestamp is not None]
             commit_us = max(stamps) * 1000 if stamps else 0
             record_type, record_ts = "PUT", None
@@ -205,21 +225,28 @@ class RecordLayout:
                 raise MalformedRecordError("a stream record has no sequence info")
             if not 0 <= info.row_index < 1024:
                 raise MalformedRecordError(f"sequence row_index {info.row_index} is outside [0, 1024)")
-            op, seq = _OPS[action], info.timestamp * 1024 + info.row_index
+            op, seq = _OPS[action].value, info.timestamp * 1024 + info.row_index
             commit_us, record_type, record_ts = info.timestamp, _RECORD_TYPES[action], info.timestamp
             if action == pb.DELETE_ROW:
                 values, kinds = {}, {}
-        cols["_op"].append(op.value)
+        cols["_op"].append(op)
         cols["_seq"].append(seq)
         cols["_commit_ts"].append(commit_us)
         cols["_channel"].append(channel)
         cols["_position"].append(n)
+        pk = dict(row.primary_key)
         for key in self.schema.keys:
             if key not in pk:
                 raise MalformedRecordError(f"primary-key column {key!r} is missing")
-            cols[key].append(_check(key, pk[key], table.field(key).type))
+            value = pk[key]
+            if type(value) not in accepts[key]:
+                raise _mismatch(key, value, self.schema.table)
+            cols[key].append(value)
         for name in self.value_columns:
-            cols[name].append(_check(name, values.get(name), table.field(name).type))
+            value = values.get(name)
+            if value is not None and type(value) not in accepts[name]:
+                raise _mismatch(name, value, self.schema.table)
+            cols[name].append(value)
         if self.ots_columns:
             cols[RECORD_TYPE_COLUMN].append(record_type)
             cols[RECORD_TIMESTAMP_COLUMN].append(record_ts)
@@ -227,19 +254,9 @@ class RecordLayout:
                 cols[COLUMN_TYPE_PREFIX + name].append(kinds.get(name))
 
 
-def _check(name: str, value: Any, t: pa.DataType) -> Any:
-    if value is None:
-        return None
-    ok = (
-        (pa.types.is_int64(t) and isinstance(value, int) and not isinstance(value, bool))
-        or (pa.types.is_float64(t) and isinstance(value, float | int) and not isinstance(value, bool))
-        or (pa.types.is_boolean(t) and isinstance(value, bool))
-        or (pa.types.is_string(t) and isinstance(value, str))
-        or (pa.types.is_binary(t) and isinstance(value, bytes))
-    )
-    if not ok:
-        raise MalformedRecordError(f"column {name!r}: value of type {type(value).__name__} does not fit {t}")
-    return value
+def _mismatch(name: str, value: Any, table: pa.Schema) -> MalformedRecordError:
+    t = table.field(name).type
+    return MalformedRecordError(f"column {name!r}: value of type {type(value).__name__} does not fit {t}")
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -346,6 +363,20 @@ class TablestoreRangeReader(RangeReader):
 
 
 # ---------------------------------------------------------------------------------------------- backend
+_PAGE_CACHE_SIZE = 20_000
+
+
+@dataclass(frozen=True)
+class _PageSummary:
+    """What planning needs of one ReadRecords response. Valid forever, even if the same token later
+    returns more records: ``next_token`` names the point after these ``count`` records."""
+
+    count: int
+    next_token: str
+    last: tuple[Any, ...]
+    finished: bool
+
+
 class TablestoreBackend(Backend):
     """Reads one tunnel of one Tablestore table. See the module docstring for positions and lineage."""
 
@@ -372,6 +403,7 @@ class TablestoreBackend(Backend):
         self._channels: dict[str, Any] = {}  # channel id -> pb.ChannelInfo, from the last describe
         self._known_finished: set[str] = set()
         self._heads: dict[str, Position] = {}
+        self._pages: OrderedDict[tuple[str, str], _PageSummary] = OrderedDict()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
@@ -553,8 +585,29 @@ class TablestoreBackend(Backend):
             return PlannedRange(end.to_json(), taken, finished)
 
         while True:
+            summary = self._pages.get((channel, token))
+            if summary is not None and skip <= summary.count:
+                # A response read before, summarised: consume it whole without reading it again when
+                # neither the budget nor the bound ends the range inside it.
+                avail = summary.count - skip
+                fits_bound = bound is None or avail == 0 or summary.last <= bound.last  # type: ignore[operator]
+                fits_budget = max_records is None or taken + avail < max_records or avail == 0
+                if fits_bound and fits_budget:
+                    if avail:
+                        n, taken, last = n + avail, taken + avail, summary.last
+                    skip = summary.count
+                    if summary.finished:
+                        self._known_finished.add(channel)
+                        return stop(finished=True)
+                    token, skip = summary.next_token, 0
+                    continue
             page = self.session.read(channel, token)
             records = page.records
+            if records and page.next_token != token:
+                last_key = _order_key(decode_row(records[-1].record), base)
+                self._remember(
+                    channel, token, _PageSummary(len(records), page.next_token, last_key, page.finished)
+                )
             if skip > len(records):
                 # The server now cuts responses shorter than when the position was planned: the gap
                 # lies further along the chain.
@@ -586,6 +639,11 @@ class TablestoreBackend(Backend):
             if max_records is not None and taken >= max_records and avail > 0:
                 return stop()  # budget spent exactly at the end of a response: stay inside it
             token, skip = page.next_token, 0
+
+    def _remember(self, channel: str, token: str, summary: _PageSummary) -> None:
+        self._pages[(channel, token)] = summary
+        if len(self._pages) > _PAGE_CACHE_SIZE:
+            self._pages.popitem(last=False)
 
     @staticmethod
     def _count_until(records: Sequence[Any], skip: int, base: bool, bound: tuple[Any, ...] | None) -> int:
