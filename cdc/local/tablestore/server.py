@@ -244,8 +244,12 @@ class _Server(ThreadingHTTPServer):
 class LocalTablestore:
     """The server, in this process. ``start()`` serves on a thread; ``stop()`` closes it and the store.
 
-    >>> server = LocalTablestore(Path(tmp), port=0).start()      # doctest: +SKIP
-    >>> OTSClient(server.endpoint, server.access_key_id, server.access_key_secret, server.instance)
+    >>> import tempfile
+    >>> from tablestore import OTSClient
+    >>> with tempfile.TemporaryDirectory() as tmp, LocalTablestore(tmp, instance="demo") as server:
+    ...     client = OTSClient(server.endpoint, server.access_key_id, server.access_key_secret, server.instance)
+    ...     client.list_table()
+    ()
     """
 
     def __init__(
