@@ -130,7 +130,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=1, help="shards = channels of the tunnel")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--max-records-per-read", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="20k rows, 2 repeats (under a minute)")
@@ -157,6 +157,7 @@ def main() -> None:
             SparkSession.builder.master("local[2]")
             .appName("tablestore-tunnel-bench")
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.driver.bindAddress", "127.0.0.1")

@@ -14,7 +14,7 @@ import pytest
 from cdc.local.tablestore import TablestoreProcess
 from tests.tablestore.world import World
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:

@@ -182,7 +182,7 @@ class RecordLayout:
     @cached_property
     def _accepts(self) -> dict[str, tuple[type, ...]]:
         """Python types a column accepts (exact types: a bool is not an integer)."""
-        out = {}
+        out: dict[str, tuple[type, ...]] = {}
         for f in self.schema.table:
             t = f.type
             if pa.types.is_int64(t):
@@ -238,10 +238,10 @@ class RecordLayout:
         for key in self.schema.keys:
             if key not in pk:
                 raise MalformedRecordError(f"primary-key column {key!r} is missing")
-            value = pk[key]
-            if type(value) not in accepts[key]:
-                raise _mismatch(key, value, self.schema.table)
-            cols[key].append(value)
+            key_value = pk[key]
+            if type(key_value) not in accepts[key]:
+                raise _mismatch(key, key_value, self.schema.table)
+            cols[key].append(key_value)
         for name in self.value_columns:
             value = values.get(name)
             if value is not None and type(value) not in accepts[name]:

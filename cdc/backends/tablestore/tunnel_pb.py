@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # type: ignore[import-untyped]
 
 PACKAGE = "com.alicloud.openservices.tablestore.core.protocol"
 FINISHED_TOKEN = "finished"
