@@ -487,3 +487,29 @@ def test_every_change_exactly_once_in_order_per_key(
             if not progressed:
                 break
         assert dict(seen) == dict(expected)
+
+
+def test_reads_stop_at_a_size_limit(tmp_path: Any) -> None:
+    from cdc.local.tablestore import store
+
+    with LocalTablestore(tmp_path, max_records_per_read=1000) as server:
+        client = OTSClient(
+            server.endpoint,
+            server.access_key_id,
+            server.access_key_secret,
+            server.instance,
+            retry_policy=NoRetryPolicy(),
+        )
+        tunnel = _tunnel(server)
+        _table(client)
+        tid = tunnel.create("t", "cdc", pb.Stream)
+        cid = tunnel.connect(tid)
+        [held] = tunnel.heartbeat(tid, cid)
+        blob = "x" * (store.MAX_BYTES_PER_READ // 4)
+        for i in range(10):
+            client.put_row("t", Row([("id", i)], [("v", blob)]), IGNORE)
+        token = tunnel.get_checkpoint(tid, cid, held.channel_id)[0]
+        first = tunnel.read(tid, cid, held.channel_id, token)
+        assert len(first.records) == 3 and first.may_more_record  # ~4 MiB (records are just over 1 MiB)
+        records, _ = tunnel.read_all(tid, cid, held.channel_id, token)
+        assert _ids(records) == list(range(10))

@@ -40,7 +40,7 @@ readrecords|checkpoint``, messages of :mod:`cdc.backends.tablestore.tunnel_pb`):
   ``TERMINATED``; ReadRecords accepts any live client of the tunnel for any non-``WAIT`` channel;
   Checkpoint needs the channel's owner, or a channel with no live owner (it then becomes the caller's);
 * tokens: ``base64(Token{version=1, content=TokenContent{iterator="<channel>:<position>"}})``; a read
-  returns at most ``--max-records-per-read`` records after the token's position; ``next_token`` names the
+  returns at most ``--max-records-per-read`` records (and about 4 MiB) after the token's position; ``next_token`` names the
   position after the last returned record (the same token when none), or is ``"finished"`` when the
   returned records reach the end of a sealed channel (a closed shard, or a snapshot). Re-reading a token
   returns the same records (or more, if the first read stopped at the head of a live shard);

@@ -67,6 +67,7 @@ FINISHED = tpb.FINISHED_TOKEN
 PK_TYPES = {1: "INTEGER", 2: "STRING", 3: "BINARY", 5: "BOOLEAN"}
 ACTION_PUT, ACTION_UPDATE, ACTION_DELETE = 1, 2, 3
 EPOCH = 1
+MAX_BYTES_PER_READ = 4 * 1024 * 1024
 
 
 class OTSError(Exception):
@@ -1104,6 +1105,12 @@ class Store:
                 raise param_invalid(f"token position {position} is outside channel {channel_id}")
             more = len(rows) > limit
             rows = rows[:limit]
+            size = 0
+            for i, r in enumerate(rows):  # like the service, a response also stops at a size limit
+                size += len(r[2])
+                if size > MAX_BYTES_PER_READ and i > 0:
+                    rows, more = rows[:i], True
+                    break
             last = rows[-1][0] if rows else position
             if c["sealed"] and last == end:
                 next_token = FINISHED
