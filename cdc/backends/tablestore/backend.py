@@ -30,7 +30,12 @@ how base ranges are exported), or null at the origin.
   needs to meet the end's token). The last record's key must equal ``end.last``: a mismatch (a server
   that broke the token rule) is an error, never a silently different batch.
 * **Bounds** (``until``, e.g. ``Trigger.AvailableNow``) compare ordering keys, which are strictly
-  increasing within a channel, so a bound works whatever origin it was computed from.
+  increasing within a channel, so a bound works whatever origin it was computed from. A channel in
+  ``WAIT`` cannot be read, so its ``latest`` is a time bound (``last = ["~time", micros]``: every record
+  committed until then), which a later plan resolves against the records once the channel opens.
+* **Planning re-reads little**: the driver keeps a summary (count, next token, last key) of every
+  response it read; that summary stays true even if the token later returns more records, so a walk
+  that consumes a response whole never reads it again (``latest`` and the next plan share the work).
 
 Channels, lineage and the tunnel's own state
 --------------------------------------------
@@ -137,6 +142,33 @@ def _json_value(v: Any) -> Any:
 
 def _from_json_value(v: Any) -> Any:
     return bytes.fromhex(v["hex"]) if isinstance(v, dict) else v
+
+
+TIME_BOUND = "~time"
+"""``last = ["~time", micros]`` in a bound: every stream record whose sequence timestamp is <= micros."""
+
+
+def _within(key: tuple[Any, ...], bound: tuple[Any, ...] | None) -> bool:
+    """Whether a record with ordering ``key`` lies at or before the bound's ``last``."""
+    if bound is None:
+        return False
+    if bound[0] == TIME_BOUND:
+        return bool(key[1] <= bound[1])  # stream keys are (epoch, timestamp, row_index)
+    return bool(key <= bound)
+
+
+def _count_within(records: Sequence[Any], skip: int, base: bool, bound: tuple[Any, ...] | None) -> int:
+    """How many records from ``skip`` on lie within ``bound`` (ordering keys increase)."""
+    lo, hi = skip, len(records)
+    if _within(_order_key(decode_row(records[hi - 1].record), base), bound):
+        return hi - skip
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _within(_order_key(decode_row(records[mid].record), base), bound):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - skip
 
 
 def _order_key(row: Row, base: bool) -> tuple[Any, ...]:
@@ -525,9 +557,14 @@ class TablestoreBackend(Backend):
         return Pos(token).to_json()
 
     def latest(self, channel: str) -> Position:
+        info = self._info(channel)
+        if info.channel_status == "WAIT" and not self._is_base(info):
+            # A WAIT channel cannot be read, nor opened here (that would finish its parents' tunnel
+            # checkpoints before the query delivered them). Its head is then "every record committed
+            # until now": a time bound on the records' sequence timestamps.
+            begin = Pos.parse(channel, self.earliest(channel))
+            return Pos(begin.token, begin.skip, begin.n, (TIME_BOUND, time.time_ns() // 1000)).to_json()
         start = self._heads.get(channel) or self.earliest(channel)
-        # A WAIT channel is not opened here (that would finish its parents' tunnel checkpoints before
-        # the query delivered them): its head is its start until the planner reaches it.
         end = self._plan(channel, start, None, None, open_waiting=False).end
         self._heads[channel] = end
         return end
@@ -590,7 +627,7 @@ class TablestoreBackend(Backend):
                 # A response read before, summarised: consume it whole without reading it again when
                 # neither the budget nor the bound ends the range inside it.
                 avail = summary.count - skip
-                fits_bound = bound is None or avail == 0 or summary.last <= bound.last  # type: ignore[operator]
+                fits_bound = bound is None or avail == 0 or _within(summary.last, bound.last)
                 fits_budget = max_records is None or taken + avail < max_records or avail == 0
                 if fits_bound and fits_budget:
                     if avail:
@@ -621,7 +658,7 @@ class TablestoreBackend(Backend):
             avail = len(records) - skip
             allowed = avail
             if bound is not None and avail:
-                allowed = self._count_until(records, skip, base, bound.last)
+                allowed = _count_within(records, skip, base, bound.last)
             room = avail if max_records is None else min(avail, max_records - taken)
             take = min(allowed, room)
             if take > 0:
@@ -644,20 +681,6 @@ class TablestoreBackend(Backend):
         self._pages[(channel, token)] = summary
         if len(self._pages) > _PAGE_CACHE_SIZE:
             self._pages.popitem(last=False)
-
-    @staticmethod
-    def _count_until(records: Sequence[Any], skip: int, base: bool, bound: tuple[Any, ...] | None) -> int:
-        """How many records from ``skip`` on have an ordering key <= ``bound`` (keys increase)."""
-        lo, hi = skip, len(records)
-        if _order_key(decode_row(records[hi - 1].record), base) <= bound:  # type: ignore[operator]
-            return hi - skip
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _order_key(decode_row(records[mid].record), base) <= bound:  # type: ignore[operator]
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo - skip
 
     def _open_waiting(self, channel: str) -> bool:
         """Finish the tunnel checkpoints of a WAIT channel's sealed parents; True if it is open now."""
