@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -241,3 +242,24 @@ def test_corrupt_record_is_an_error() -> None:
     corrupt[-1] ^= 0xFF  # the row checksum
     with pytest.raises(MalformedRecordError, match="record 0"):
         layout().to_batch("ch", False, 0, [pb.Record(action_type=pb.PUT_ROW, record=bytes(corrupt))])
+
+
+def test_quarantine_writes_the_record_and_leaves_it_out(tmp_path: Path) -> None:
+    good = rec(pb.PUT_ROW, Row((("id", 1),), (Cell("name", "ok"),), sequence_info=seq(1)))
+    bad = rec(pb.PUT_ROW, Row((("id", 2),), (Cell("score", "not a number"),), sequence_info=seq(2)))
+    corrupt = pb.Record(action_type=pb.PUT_ROW, record=b"\x75\x00\x00\x00garbage")
+    lay = RecordLayout(layout().schema, ("name", "score"), True, str(tmp_path / "q"))
+    for _ in range(2):  # a replayed batch rewrites the same files
+        batch = lay.to_batch("ch/1", False, 5, [good, bad, corrupt])
+    assert batch.column("id").to_pylist() == [1] and batch.column("_position").to_pylist() == [5]
+    files = sorted((tmp_path / "q" / "ch_1").iterdir())
+    assert [f.name for f in files] == [f"{6:020d}.json", f"{7:020d}.json"]
+    entry = json.loads(files[0].read_text())
+    assert entry["position"] == 6 and "score" in entry["error"] and entry["record_base64"]
+
+
+def test_quarantine_needs_a_path() -> None:
+    with pytest.raises(OptionError, match="quarantine.path"):
+        opts(onMalformed="quarantine")
+    with pytest.raises(OptionError, match="onMalformed"):
+        opts(onMalformed="ignore")

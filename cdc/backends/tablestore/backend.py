@@ -188,28 +188,58 @@ class RecordLayout:
     schema: ChangeSchema
     value_columns: tuple[str, ...]
     ots_columns: bool
+    quarantine_path: str | None = None
 
     def arrow(self) -> pa.Schema:
         return self.schema.arrow()
 
     def to_batch(self, channel: str, base: bool, first_n: int, records: Sequence[Any]) -> pa.RecordBatch:
-        """Arrow rows of ``records`` (``pb.Record``), the first being the ``first_n``-th of the channel."""
+        """Arrow rows of ``records`` (``pb.Record``), the first being the ``first_n``-th of the channel.
+
+        A record that cannot be decoded or does not fit the schema raises :class:`MalformedRecordError`
+        naming the channel and the record, or, with ``quarantine_path``, is written there (one JSON file
+        per record, named by channel and position, so a replayed batch rewrites the same file) and left
+        out of the batch, with a warning.
+        """
         schema = self.arrow()
-        cols: dict[str, list[Any]] = {name: [] for name in schema.names}
+        rows: list[list[Any]] = []
         for i, rec in enumerate(records):
             n = first_n + i
             try:
-                row = decode_row(rec.record)
-                self._append(cols, channel, base, n, rec.action_type, row)
+                rows.append(self._row(channel, base, n, rec.action_type, decode_row(rec.record)))
             except MalformedRecordError as exc:
-                raise MalformedRecordError(f"channel {channel!r}, record {n}: {exc}") from None
+                if self.quarantine_path is None:
+                    raise MalformedRecordError(f"channel {channel!r}, record {n}: {exc}") from None
+                self._quarantine(channel, n, rec, exc)
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
         arrays = []
-        for f in schema:
+        for f, values in zip(schema, columns, strict=True):
             try:
-                arrays.append(pa.array(cols[f.name], type=f.type))
+                arrays.append(pa.array(values, type=f.type))
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
                 raise MalformedRecordError(f"channel {channel!r}: column {f.name!r}: {exc}") from None
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _quarantine(self, channel: str, n: int, rec: Any, exc: Exception) -> None:
+        import base64
+        import json
+        from pathlib import Path
+
+        assert self.quarantine_path is not None
+        folder = Path(self.quarantine_path) / _safe_name(channel)
+        folder.mkdir(parents=True, exist_ok=True)
+        entry = {
+            "channel": channel,
+            "position": n,
+            "action_type": int(rec.action_type),
+            "error": str(exc),
+            "record_base64": base64.b64encode(rec.record).decode("ascii"),
+        }
+        target = folder / f"{n:020d}.json"
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entry))
+        tmp.replace(target)
+        log.warning("channel %s, record %d is malformed (%s); quarantined to %s", channel, n, exc, target)
 
     @cached_property
     def _accepts(self) -> dict[str, tuple[type, ...]]:
@@ -229,9 +259,7 @@ class RecordLayout:
                 out[f.name] = (bytes,)
         return out
 
-    def _append(
-        self, cols: dict[str, list[Any]], channel: str, base: bool, n: int, action: int, row: Row
-    ) -> None:
+    def _row(self, channel: str, base: bool, n: int, action: int, row: Row) -> list[Any]:
         accepts = self._accepts
         values: dict[str, Any] = {}
         kinds: dict[str, str] = {}
@@ -261,11 +289,7 @@ class RecordLayout:
             commit_us, record_type, record_ts = info.timestamp, _RECORD_TYPES[action], info.timestamp
             if action == pb.DELETE_ROW:
                 values, kinds = {}, {}
-        cols["_op"].append(op)
-        cols["_seq"].append(seq)
-        cols["_commit_ts"].append(commit_us)
-        cols["_channel"].append(channel)
-        cols["_position"].append(n)
+        out: list[Any] = [op, seq, commit_us, channel, n]
         pk = dict(row.primary_key)
         for key in self.schema.keys:
             if key not in pk:
@@ -273,17 +297,21 @@ class RecordLayout:
             key_value = pk[key]
             if type(key_value) not in accepts[key]:
                 raise _mismatch(key, key_value, self.schema.table)
-            cols[key].append(key_value)
+            out.append(key_value)
         for name in self.value_columns:
             value = values.get(name)
             if value is not None and type(value) not in accepts[name]:
                 raise _mismatch(name, value, self.schema.table)
-            cols[name].append(value)
+            out.append(value)
         if self.ots_columns:
-            cols[RECORD_TYPE_COLUMN].append(record_type)
-            cols[RECORD_TIMESTAMP_COLUMN].append(record_ts)
-            for name in self.value_columns:
-                cols[COLUMN_TYPE_PREFIX + name].append(kinds.get(name))
+            out.append(record_type)
+            out.append(record_ts)
+            out.extend(kinds.get(name) for name in self.value_columns)
+        return out
+
+
+def _safe_name(channel: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in channel)
 
 
 def _mismatch(name: str, value: Any, table: pa.Schema) -> MalformedRecordError:
@@ -502,7 +530,8 @@ class TablestoreBackend(Backend):
             schema = ChangeSchema.of(columns, [k for k, _ in keys])
         except ValueError as exc:
             raise OptionError(f"option 'catalog': {exc}", "catalog") from None
-        return RecordLayout(schema, tuple(n for n, _ in values), self.options.ots_columns)
+        quarantine = self.options.quarantine_path if self.options.on_malformed == "quarantine" else None
+        return RecordLayout(schema, tuple(n for n, _ in values), self.options.ots_columns, quarantine)
 
     def _start_heartbeat(self) -> None:
         if self._heartbeat is not None:

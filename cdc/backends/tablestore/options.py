@@ -97,6 +97,17 @@ class TablestoreOptions(BackendOptions):
         description="Add the EMR connector's columns __ots_record_type__, __ots_record_timestamp__ and "
         "__ots_column_type_<col>.",
     )
+    on_malformed: Literal["fail", "quarantine"] = Field(
+        "fail",
+        alias="onMalformed",
+        description="A record that cannot be decoded or does not fit the catalog: fail the query (naming the "
+        "channel and record), or quarantine it (a JSON file under quarantine.path) and go on.",
+    )
+    quarantine_path: str | None = Field(
+        None,
+        alias="quarantine.path",
+        description="Directory for quarantined records (onMalformed=quarantine).",
+    )
     client_timeout: PositiveInt = Field(
         300,
         alias="tunnel.client.timeoutSeconds",
@@ -130,6 +141,8 @@ class TablestoreOptions(BackendOptions):
     def _check_tunnel(self) -> TablestoreOptions:
         if not self.tunnel_name and not self.tunnel_id:
             raise ValueError("one of the options 'tunnel.name' or 'tunnel.id' is required")
+        if self.on_malformed == "quarantine" and not self.quarantine_path:
+            raise ValueError("option 'onMalformed=quarantine' needs 'quarantine.path'")
         if self.create_tunnel and not self.tunnel_name:
             raise ValueError("option 'createTunnelIfMissing' needs 'tunnel.name'")
         return self
