@@ -225,3 +225,22 @@ def test_available_now_bound_covers_waiting_children(tablestore_server: Tablesto
         offset = end
     assert sorted(r["v"] for r in got) == sorted(["base"] * 20 + ["a"] * 40 + ["b"] * 40)
     backend.close()
+
+
+def test_tunnel_by_id_and_schema_from_describe_table(tablestore_server: TablestoreProcess) -> None:
+    w = World(tablestore_server, tunnel_type="BaseData")
+    w.put_many([(i, f"v{i}") for i in range(10)])
+    tunnel_id = w.create_tunnel()
+    raw = {**w.options(), "tunnel.id": tunnel_id}
+    del raw["tunnel.name"]
+    backend = TablestoreBackend(parse(TablestoreOptions, raw, what="x"))
+    assert backend.tunnel_type == "BaseData" and backend.schema().field("id").type == pa.int64()
+    assert "s3cr" not in repr(backend) and tablestore_server.access_key_secret not in repr(backend)
+    got = rows([t for _, t in drain(backend)])
+    assert [r["_op"] for r in got] == ["snapshot"] * 10
+    assert all(c.finished for c in backend.list_channels())
+    with pytest.raises(OptionError, match=r"catalog.*'id'.*primary-key"):
+        TablestoreBackend(
+            parse(TablestoreOptions, {**raw, "catalog": '{"columns": {"id": {"type": "string"}}}'}, what="x")
+        )
+    backend.close()
