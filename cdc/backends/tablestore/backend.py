@@ -66,6 +66,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -386,33 +387,41 @@ class TablestoreRangeReader(RangeReader):
         base = channel in self.base_channels
         token, skip, produced = s.token, s.skip, 0
         last_record: Any = None
-        while produced < count:
-            if token == FINISHED:
-                raise PositionError(
-                    f"channel {channel!r}: the range [{start!r}, {end!r}) runs past the channel's end"
-                )
-            page = session.read(channel, token)
-            records = page.records
-            if skip > len(records):  # responses are cut shorter than when planned: keep skipping
-                if page.finished or page.next_token == token:
+        # The next response is fetched while this one is decoded (the HTTP wait releases the GIL).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tablestore-prefetch") as pool:
+            pending: Future[RecordPage] | None = None
+            while produced < count:
+                if token == FINISHED:
                     raise PositionError(
-                        f"channel {channel!r}: position {start!r} lies past the channel's last record"
+                        f"channel {channel!r}: the range [{start!r}, {end!r}) runs past the channel's end"
                     )
-                skip -= len(records)
-                token = page.next_token
-                continue
-            take = list(records[skip : skip + count - produced])
-            if take:
-                yield self.layout.to_batch(channel, base, s.n + produced, take)
-                produced += len(take)
-                last_record = take[-1]
-            if produced < count:
-                if page.next_token == token and skip + len(take) >= len(records):
-                    raise PositionError(
-                        f"channel {channel!r}: only {produced} of the range's {count} records exist "
-                        f"(range [{start!r}, {end!r}))"
-                    )
-                token, skip = page.next_token, 0
+                page = pending.result() if pending is not None else session.read(channel, token)
+                pending = None
+                records = page.records
+                if skip > len(records):  # responses are cut shorter than when planned: keep skipping
+                    if page.finished or page.next_token == token:
+                        raise PositionError(
+                            f"channel {channel!r}: position {start!r} lies past the channel's last record"
+                        )
+                    skip -= len(records)
+                    token = page.next_token
+                    continue
+                take = list(records[skip : skip + count - produced])
+                more = produced + len(take) < count
+                at_head = page.next_token == token and skip + len(take) >= len(records)
+                if more and not at_head and page.next_token != FINISHED:
+                    pending = pool.submit(session.read, channel, page.next_token)
+                if take:
+                    yield self.layout.to_batch(channel, base, s.n + produced, take)
+                    produced += len(take)
+                    last_record = take[-1]
+                if produced < count:
+                    if at_head:
+                        raise PositionError(
+                            f"channel {channel!r}: only {produced} of the range's {count} records exist "
+                            f"(range [{start!r}, {end!r}))"
+                        )
+                    token, skip = page.next_token, 0
         if e.last is not None and last_record is not None:
             got = _order_key(decode_row(last_record.record), base)
             if got != e.last:
