@@ -61,6 +61,8 @@ class TunnelMachine(RuleBasedStateMachine):
         self.world: World | None = None
         self.expected: dict[int, list[tuple[str, str | None]]] = {}
         self.delivered: list[dict[str, Any]] = []
+        self.batches: dict[str, list[int]] = {}  # channel -> the batch numbers its records came in
+        self.batch_no = 0
         self.last_batch: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None = None
         self.backend: TablestoreBackend | None = None
 
@@ -126,7 +128,7 @@ class TunnelMachine(RuleBasedStateMachine):
         end = planner.next(self.offset, limit)
         got = read(self.b, self.offset, end)
         assert limit is None or len(got) <= limit
-        self.delivered += got
+        self.deliver(got)
         self.last_batch = (self.offset, end, got)
         self.offset = end
         if ack:
@@ -153,16 +155,40 @@ class TunnelMachine(RuleBasedStateMachine):
         for key, seen in per_key.items():
             assert seen == self.expected.get(key, [])[: len(seen)], f"key {key}"
 
+    def deliver(self, records: list[dict[str, Any]]) -> None:
+        self.batch_no += 1
+        self.delivered += records
+        for r in records:
+            self.batches.setdefault(r["_channel"], []).append(self.batch_no)
+
+    def check_lineage(self) -> None:
+        """From the server's own shard lineage (not the backend's view): every record of a child came in
+        a later batch than every record of its parents."""
+        parents = {s["shard_id"]: s["parents"] for s in self.server.shards(self.w.table)}
+        for child, ps in parents.items():
+            if child not in self.batches:
+                continue
+            for p in ps:
+                if p in self.batches:
+                    assert max(self.batches[p]) < min(self.batches[child]), f"{child} before its parent {p}"
+        base = [c for c in self.batches if c.endswith("-base")]
+        for c in self.batches:
+            if not c.endswith("-base") and base:
+                assert max(max(self.batches[b]) for b in base) < min(self.batches[c]), (
+                    "changes before snapshot"
+                )
+
     def teardown(self) -> None:
         if self.backend is None:
             return
         for _, table in drain(self.b, self.offset):
-            self.delivered += table.to_pylist()
+            self.deliver(table.to_pylist())
         per_key: dict[int, list[tuple[str, str | None]]] = {}
         for r in self.delivered:
             per_key.setdefault(r["id"], []).append((r["_op"], r["v"]))
         self.b.close()
         assert per_key == self.expected
+        self.check_lineage()
 
 
 def test_random_writes_splits_merges_exactly_once_in_order(server: TablestoreProcess) -> None:
@@ -170,7 +196,7 @@ def test_random_writes_splits_merges_exactly_once_in_order(server: TablestorePro
     run_state_machine_as_test(
         TunnelMachine,
         settings=settings(
-            max_examples=25,
+            max_examples=60,
             stateful_step_count=20,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
