@@ -531,6 +531,12 @@ class TablestoreBackend(Backend):
                     )
                 continue
             values.append((name, t))
+        if not self.options.catalog:
+            log.warning(
+                "table %s: no 'catalog' option, so only the primary-key columns (%s) are read",
+                self.table,
+                ", ".join(k for k, _ in keys),
+            )
         columns = keys + values
         if self.options.ots_columns:
             columns += [(RECORD_TYPE_COLUMN, pa.string()), (RECORD_TIMESTAMP_COLUMN, pa.int64())]

@@ -111,7 +111,9 @@ class TablestoreOptions(BackendOptions):
     client_timeout: PositiveInt = Field(
         300,
         alias="tunnel.client.timeoutSeconds",
-        description="Tunnel client expiry after its last heartbeat.",
+        description="Tunnel client expiry after its last call. A query restarted after a crash cannot move "
+        "the checkpoints of channels the crashed run's client still holds (children of split/merged channels "
+        "then wait) until that client expired.",
     )
     socket_timeout: float = Field(30.0, alias="socket.timeoutSeconds", description="HTTP socket timeout.")
     max_attempts: PositiveInt = Field(
