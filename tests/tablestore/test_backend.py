@@ -244,3 +244,11 @@ def test_tunnel_by_id_and_schema_from_describe_table(tablestore_server: Tablesto
             parse(TablestoreOptions, {**raw, "catalog": '{"columns": {"id": {"type": "string"}}}'}, what="x")
         )
     backend.close()
+
+
+def test_missing_table_names_the_option(tablestore_server: TablestoreProcess) -> None:
+    w = World(tablestore_server)
+    raw = {**w.options(), "table.name": "no_such_table"}
+    for extra in ({}, {"createTunnelIfMissing": "true"}):
+        with pytest.raises(OptionError, match=r"table\.name|no_such_table"):
+            TablestoreBackend(parse(TablestoreOptions, {**raw, **extra}, what="x"))

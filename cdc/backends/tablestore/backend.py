@@ -79,9 +79,11 @@ from cdc.backends.tablestore.client import RecordPage, RetrySettings, TunnelClie
 from cdc.backends.tablestore.errors import (
     ObjectNotExistError,
     ParameterInvalidError,
+    ProtocolError,
     ResourceGoneError,
     SequenceNumberMismatchError,
     TablestoreError,
+    error_for,
 )
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, Row, decode_row
@@ -466,8 +468,8 @@ class TablestoreBackend(Backend):
             retry=RetrySettings(attempts=options.max_attempts),
         )
         self.table = options.table_name
+        self.layout = self._layout()  # first: a missing table is reported as such
         self.tunnel_name, self.tunnel_id, self.tunnel_type = self._resolve_tunnel()
-        self.layout = self._layout()
         self.session = _Session(self.client, self.tunnel_id, None, options.client_timeout)
         self._channels: dict[str, Any] = {}  # channel id -> pb.ChannelInfo, from the last describe
         self._known_finished: set[str] = set()
@@ -502,6 +504,14 @@ class TablestoreBackend(Backend):
             tunnel_id = self.client.create_tunnel(self.table, name, o.tunnel_type)
             return name, tunnel_id, o.tunnel_type
         info = resp.tunnel
+        if "tunnel_type" in o.model_fields_set and info.tunnel_type != o.tunnel_type:
+            log.warning(
+                "tunnel %s is of type %s; option 'tunnel.type' (%s) only applies to a tunnel created by "
+                "createTunnelIfMissing",
+                name,
+                info.tunnel_type,
+                o.tunnel_type,
+            )
         if o.tunnel_id and info.tunnel_id != o.tunnel_id:
             raise OptionError(
                 f"option 'tunnel.id': tunnel {name!r} has id {info.tunnel_id!r}, not {o.tunnel_id!r}",
@@ -510,7 +520,20 @@ class TablestoreBackend(Backend):
         return name, str(info.tunnel_id), str(info.tunnel_type)
 
     def _layout(self) -> RecordLayout:
-        meta = self.client.ots.describe_table(self.table).table_meta
+        from tablestore.error import OTSClientError, OTSServiceError
+
+        try:
+            meta = self.client.ots.describe_table(self.table).table_meta
+        except OTSServiceError as exc:
+            if exc.code == "OTSObjectNotExist":
+                raise OptionError(
+                    f"option 'table.name': table {self.table!r} does not exist", "table.name"
+                ) from None
+            raise error_for(
+                exc.code, f"DescribeTable: {exc.message}", exc.http_status, exc.request_id
+            ) from None
+        except OTSClientError as exc:
+            raise ProtocolError(f"DescribeTable: {exc}", "ProtocolError") from None
         keys: list[tuple[str, pa.DataType]] = []
         for entry in meta.schema_of_primary_key:
             name, kind = entry[0], str(entry[1]).upper()
