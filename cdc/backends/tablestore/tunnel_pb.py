@@ -34,8 +34,10 @@ server reports these in ``ChannelInfo`` (DescribeTunnel); a client must work wit
 * ``parent_channel_ids`` (100, repeated string): the channels this one was split or merged from.
   Without it, the backend sees no lineage (it cannot order a child after its parents; the server's WAIT
   state still does).
-* ``start_token`` (101, string): the token at which the channel's log begins (its initial checkpoint).
-  Without it, a channel's earliest position is the tunnel's current checkpoint.
+* ``start_token`` (101, string): the token at which the channel's log begins (its initial checkpoint),
+  i.e. its earliest readable position: once old records expire (``OTSTrimmedDataAccess``) it should
+  name the first record still held, so ``failOnDataLoss=false`` can skip ahead to it. Without it, a
+  channel's earliest position is the tunnel's current checkpoint.
 * ``sealed`` (102, bool): no record will ever be appended to this channel (closed by a split or merge,
   or a base-data channel). Without it, a channel counts as sealed once a read returned ``"finished"``.
 
