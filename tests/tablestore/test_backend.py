@@ -12,7 +12,7 @@ import pytest
 
 from cdc.backends.tablestore import TablestoreBackend
 from cdc.backends.tablestore.options import TablestoreOptions
-from cdc.errors import OptionError
+from cdc.errors import DataLossError, OptionError
 from cdc.local.tablestore import TablestoreProcess
 from cdc.options import parse
 from cdc.planner import Planner
@@ -252,3 +252,19 @@ def test_missing_table_names_the_option(tablestore_server: TablestoreProcess) ->
     for extra in ({}, {"createTunnelIfMissing": "true"}):
         with pytest.raises(OptionError, match=r"table\.name|no_such_table"):
             TablestoreBackend(parse(TablestoreOptions, {**raw, **extra}, what="x"))
+
+
+def test_expired_records_are_data_loss(tablestore_server: TablestoreProcess) -> None:
+    w = World(tablestore_server, tunnel_type="Stream")
+    w.create_tunnel()
+    w.put_many([(i, "old") for i in range(20)])
+    backend = w.backend()
+    (ch,) = [c.id for c in backend.list_channels()]
+    start = backend.earliest(ch)
+    tablestore_server.trim(w.table)  # the service expired the change log
+    with pytest.raises(DataLossError) as info:
+        backend.plan(ch, start)
+    assert "OTSTrimmedDataAccess" in str(info.value)
+    with pytest.raises(DataLossError):
+        Planner(backend).next(Planner(backend).initial("earliest"))
+    backend.close()
