@@ -1,0 +1,214 @@
+"""Records/s read from one tunnel of the local Tablestore server: the tunnel client alone vs the Spark source.
+
+One run: a local server (child process) gets ``--rows`` rows through the real SDK (BatchWriteRow), a Stream
+tunnel over the table (``--shards`` shards, so as many channels), then, alternately (best of ``--repeat``):
+
+* **server**: the raw ``ReadRecords`` rate: the tunnel client reads every channel's token chain and
+  does nothing with the records (what the server can serve; it must not be the demo's bottleneck);
+* **client**: the tunnel client reads every channel and turns the records into Arrow batches with the
+  backend's own record layout (PlainBuffer decoding included): the best a Python consumer of this
+  tunnel does without Spark;
+* **spark batch**: ``spark.read.format("cdc").option("backend", "tablestore")`` into the ``noop`` sink
+  (planning on the driver, reading on executors);
+* **spark stream**: the same through ``spark.readStream`` with ``Trigger.AvailableNow``; this includes
+  the streaming query's fixed start cost (seconds), so it is printed, not used for the ratio (as in
+  ``source_overhead.py``).
+
+The last line is ``ratio <spark batch records/s / client records/s>`` (target >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+import tablestore as ots  # noqa: E402
+
+from cdc.backends.tablestore import TablestoreBackend, TunnelClient  # noqa: E402
+from cdc.backends.tablestore.options import TablestoreOptions  # noqa: E402
+from cdc.local.tablestore import TablestoreProcess  # noqa: E402
+from cdc.options import parse  # noqa: E402
+
+CATALOG = (
+    '{"columns": {"id": {"type": "long"}, "customer": {"type": "string"}, "amount": {"type": "double"},'
+    ' "status": {"type": "string"}, "qty": {"type": "long"}}}'
+)
+
+
+def load(server: TablestoreProcess, rows: int, shards: int) -> dict[str, str]:
+    sdk = ots.OTSClient(server.endpoint, server.access_key_id, server.access_key_secret, server.instance)
+    sdk.create_table(
+        ots.TableMeta("orders", [("id", "INTEGER")]),
+        ots.TableOptions(),
+        ots.ReservedThroughput(ots.CapacityUnit(0, 0)),
+    )
+    for i in range(1, shards):  # split points spread evenly over the key range
+        open_shards = [s for s in server.shards("orders") if not s["sealed"]]
+        server.split("orders", open_shards[-1]["shard_id"], [rows * i // shards])
+    client = TunnelClient(server.endpoint, server.instance, server.access_key_id, server.access_key_secret)
+    client.create_tunnel("orders", "bench", "Stream")
+    t0 = time.perf_counter()
+    statuses = ["new", "paid", "shipped", "returned"]
+    for start in range(0, rows, 200):
+        items = [
+            ots.PutRowItem(
+                ots.Row(
+                    [("id", k)],
+                    [
+                        ("customer", f"cust-{k % 5000}"),
+                        ("amount", k * 0.5),
+                        ("status", statuses[k % 4]),
+                        ("qty", k % 20),
+                    ],
+                ),
+                ots.Condition(ots.RowExistenceExpectation.IGNORE),
+            )
+            for k in range(start, min(rows, start + 200))
+        ]
+        req = ots.BatchWriteRowRequest()
+        req.add(ots.TableInBatchWriteRowItem("orders", items))
+        sdk.batch_write_row(req)
+    print(
+        f"loaded {rows} rows in {time.perf_counter() - t0:.1f}s ({rows / (time.perf_counter() - t0):,.0f} rows/s)"
+    )
+    return {
+        "endpoint": server.endpoint,
+        "instance.name": server.instance,
+        "table.name": "orders",
+        "tunnel.name": "bench",
+        "access.key.id": server.access_key_id,
+        "access.key.secret": server.access_key_secret,
+        "catalog": CATALOG,
+    }
+
+
+def read_with_client(options: dict[str, str], decode: bool) -> int:
+    backend = TablestoreBackend(parse(TablestoreOptions, options, what="bench"))
+    client, tunnel_id = backend.client, backend.tunnel_id
+    client_id = client.connect(tunnel_id)
+    n = 0
+    for ch in backend.list_channels():
+        token = backend.earliest(ch.id)["token"]
+        base = False
+        while True:
+            page = client.read_records(tunnel_id, client_id, ch.id, token)
+            if decode and page.records:
+                n += backend.layout.to_batch(ch.id, base, n, page.records).num_rows
+            else:
+                n += len(page.records)
+            if page.finished or page.next_token == token:
+                break
+            token = page.next_token
+    client.shutdown(tunnel_id, client_id)
+    backend.close()
+    return n
+
+
+def read_with_spark(spark: object, options: dict[str, str], ck: Path) -> None:
+    reader = spark.readStream.format("cdc").option("backend", "tablestore")  # type: ignore[attr-defined]
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    q = (
+        reader.load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(ck))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise RuntimeError(str(q.exception()))
+
+
+def read_with_spark_batch(spark: object, options: dict[str, str]) -> None:
+    reader = spark.read.format("cdc").option("backend", "tablestore")  # type: ignore[attr-defined]
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    reader.load().write.format("noop").mode("overwrite").save()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--shards", type=int, default=1, help="shards = channels of the tunnel")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--max-records-per-read", type=int, default=1000)
+    parser.add_argument(
+        "--quick", action="store_true", help="15k rows, 1 repeat, no streaming run (under a minute)"
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.rows, args.repeat = 15_000, 1
+
+    tmp = Path(tempfile.mkdtemp(prefix="ots-bench-"))
+    server = TablestoreProcess(
+        tmp / "data",
+        instance="bench",
+        access_key_id="bench-id",
+        access_key_secret="bench-secret",
+        max_records_per_read=args.max_records_per_read,
+    )
+    server.start()
+    try:
+        options = load(server, args.rows, args.shards)
+        from pyspark.sql import SparkSession
+
+        import cdc
+
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("tablestore-tunnel-bench")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        cdc.register(spark)
+        read_with_spark_batch(spark, options)  # warm-up: JVM, Python workers, imports
+        best = {"server": 0.0, "client": 0.0, "spark batch": 0.0}
+        if not args.quick:
+            read_with_spark(spark, options, tmp / "ck-warmup")
+            best["spark stream"] = 0.0
+        for i in range(args.repeat):
+            for name in best:
+                t0 = time.perf_counter()
+                if name == "spark stream":
+                    read_with_spark(spark, options, tmp / f"ck-{i}")
+                    n = args.rows
+                elif name == "spark batch":
+                    read_with_spark_batch(spark, options)
+                    n = args.rows
+                else:
+                    n = read_with_client(options, decode=name == "client")
+                    assert n == args.rows, (name, n)
+                rate = n / (time.perf_counter() - t0)
+                best[name] = max(best[name], rate)
+                print(f"run {i}: {name:12s} {rate:12,.0f} records/s")
+        spark.stop()
+        for name, rate in best.items():
+            print(f"best {name:12s} {rate:12,.0f} records/s")
+        if "spark stream" in best:
+            stream = best["spark stream"] / best["client"]
+            print(f"spark stream / client (includes the streaming query's start): {stream:.3f}")
+        print(f"ratio {best['spark batch'] / best['client']:.3f}")
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,807 @@
+"""``backend=tablestore``: a Tablestore Tunnel (BaseData, Stream or BaseAndStream) as a change log.
+
+Channels are the tunnel's channels. A BaseData channel's records become ``snapshot`` changes; a stream
+channel's PUT_ROW / UPDATE_ROW / DELETE_ROW become ``insert`` / ``update`` / ``delete``.
+
+Deterministic batches: the design
+=================================
+
+The tunnel hands out only opaque tokens: ``ReadRecords(token)`` returns some records and the token after
+them, and how many records one call returns is the server's choice (a read at the head returns the few
+that exist; the same token read later may return more). A batch's content must nevertheless be a pure
+function of its offsets. What the design relies on (stated in :mod:`.tunnel_pb`): a token names a fixed
+point of the channel's append-only log, ``next_token`` names the point right after the returned records,
+so **the record sequence that follows a token, chaining ``next_token``, never changes**, however it is
+cut into responses.
+
+A position is therefore ``{"token": T, "skip": k, "n": n, "last": key}``: the gap ``k`` records after the
+point ``T`` names; ``n`` counts the records before the gap since the query's origin (the channel's start
+token), and ``last`` is the ordering key of the record just before the gap (stream records:
+``[epoch, timestamp, row_index]`` from the sequence info; base-data records: the primary key, which is
+how base ranges are exported), or null at the origin.
+
+* **Planning** (driver) walks from ``start``: read ``start.token``, drop ``skip`` records, take up to the
+  budget; a response consumed whole moves on to ``(next_token, 0)``, so positions stay close to the
+  head and re-reads stay short. The end is where the walk stopped: inside a response ``(T, k')``, at
+  the head, or ``{"token": "finished"}`` once a read answered ``next_token == "finished"``.
+* **Reading** (executor) starts at ``start.token``, drops ``start.skip`` records and takes exactly
+  ``end.n - start.n`` records along the ``next_token`` chain. Since the chain's sequence is fixed, the
+  records are the planned ones even when the responses are cut differently now (the executor never
+  needs to meet the end's token). The last record's key must equal ``end.last``: a mismatch (a server
+  that broke the token rule) is an error, never a silently different batch.
+* **Bounds** (``until``, e.g. ``Trigger.AvailableNow``) compare ordering keys, which are strictly
+  increasing within a channel, so a bound works whatever origin it was computed from. A channel in
+  ``WAIT`` cannot be read, so its ``latest`` is a time bound (``last = ["~time", micros]``: every record
+  committed until then), which a later plan resolves against the records once the channel opens.
+* **Planning re-reads little**: the driver keeps a summary (count, next token, last key) of every
+  response it read; that summary stays true even if the token later returns more records, so a walk
+  that consumes a response whole never reads it again (``latest`` and the next plan share the work).
+
+Channels, lineage and the tunnel's own state
+--------------------------------------------
+Channel statuses: ``WAIT`` (a child whose parents are not finished), ``OPEN``, ``CLOSING``, ``CLOSE``,
+``TERMINATED``. The tunnel protocol has no lineage, so the local server reports the parents of a split or
+merge child in the ``parent_channel_ids`` extension of ``ChannelInfo`` (and ``sealed``, ``start_token``;
+see :mod:`.tunnel_pb`); for a BaseAndStream tunnel the backend also makes every BaseData channel a
+parent of each root stream channel, so a key's snapshot always precedes its changes. The planner
+(:mod:`cdc.planner`) then delivers a child only after every parent was completely delivered.
+
+``acknowledge`` (Spark's commit) moves each channel's tunnel checkpoint to the committed position's
+token (``"finished"`` for a finished channel) with sequence number ``current + 1``
+(``OTSSequenceNumberNotMatch`` after a lost race: it re-reads the checkpoint and retries once). The one
+exception: the service keeps a child in ``WAIT`` until its parents' checkpoints are ``"finished"``, and
+Spark commits a batch only after the next one was planned; so when the planner asks for a ``WAIT``
+child (it only does once every parent is completely delivered by durable, planned batches) the backend
+checkpoints those parents ``"finished"`` right away instead of costing two more micro-batches.
+Correctness never depends on the tunnel's checkpoints: Spark's offset log holds every position.
+
+A channel's earliest position is its ``start_token`` (local server), else the tunnel's checkpoint (the
+real service cannot name a channel's beginning once its checkpoint moved).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import pyarrow as pa
+
+from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
+from cdc.backends.tablestore import tunnel_pb as pb
+from cdc.backends.tablestore.client import RecordPage, RetrySettings, TunnelClient
+from cdc.backends.tablestore.errors import (
+    ObjectNotExistError,
+    ParameterInvalidError,
+    ProtocolError,
+    ResourceGoneError,
+    SequenceNumberMismatchError,
+    TablestoreError,
+    error_for,
+)
+from cdc.backends.tablestore.options import TablestoreOptions
+from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, Row, decode_row
+from cdc.errors import MalformedRecordError, OptionError, PositionError
+from cdc.model import ChangeSchema, Op
+
+log = logging.getLogger(__name__)
+
+FINISHED = pb.FINISHED_TOKEN
+RECORD_TYPE_COLUMN = "__ots_record_type__"
+RECORD_TIMESTAMP_COLUMN = "__ots_record_timestamp__"
+COLUMN_TYPE_PREFIX = "__ots_column_type_"
+_PK_TYPES = {"INTEGER": pa.int64(), "STRING": pa.string(), "BINARY": pa.binary()}
+_OPS = {pb.PUT_ROW: Op.INSERT, pb.UPDATE_ROW: Op.UPDATE, pb.DELETE_ROW: Op.DELETE}
+_RECORD_TYPES = {pb.PUT_ROW: "PUT", pb.UPDATE_ROW: "UPDATE", pb.DELETE_ROW: "DELETE"}
+_CELL_TYPES = {DELETE_ONE_VERSION: "DELETE_ONE_VERSION", DELETE_ALL_VERSION: "DELETE_ALL_VERSION"}
+_POSITION_KEYS = {"token", "skip", "n", "last"}
+
+
+# ---------------------------------------------------------------------------------------------- positions
+@dataclass(frozen=True)
+class Pos:
+    """A channel position; see the module docstring."""
+
+    token: str
+    skip: int = 0
+    n: int = 0
+    last: tuple[Any, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        last = None if self.last is None else [_json_value(v) for v in self.last]
+        return {"token": self.token, "skip": self.skip, "n": self.n, "last": last}
+
+    @classmethod
+    def parse(cls, channel: str, value: Any) -> Pos:
+        if not isinstance(value, Mapping) or set(value) != _POSITION_KEYS:
+            raise PositionError(
+                f"channel {channel!r}: a tablestore position is an object with the keys "
+                f"{sorted(_POSITION_KEYS)}, got {value!r}"
+            )
+        token, skip, n, last = value["token"], value["skip"], value["n"], value["last"]
+        ok = (
+            isinstance(token, str)
+            and token != ""
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (skip, n))
+            and (last is None or isinstance(last, list))
+        )
+        if not ok:
+            raise PositionError(
+                f"channel {channel!r}: bad tablestore position {value!r} (token: non-empty string, skip and n: "
+                "integers >= 0, last: list or null)"
+            )
+        return cls(token, skip, n, None if last is None else tuple(_from_json_value(v) for v in last))
+
+
+def _json_value(v: Any) -> Any:
+    return {"hex": v.hex()} if isinstance(v, bytes) else v
+
+
+def _from_json_value(v: Any) -> Any:
+    return bytes.fromhex(v["hex"]) if isinstance(v, dict) else v
+
+
+TIME_BOUND = "~time"
+"""``last = ["~time", micros]`` in a bound: every stream record whose sequence timestamp is <= micros."""
+
+
+def _within(key: tuple[Any, ...], bound: tuple[Any, ...] | None) -> bool:
+    """Whether a record with ordering ``key`` lies at or before the bound's ``last``."""
+    if bound is None:
+        return False
+    if bound[0] == TIME_BOUND:
+        return bool(key[1] <= bound[1])  # stream keys are (epoch, timestamp, row_index)
+    return bool(key <= bound)
+
+
+def _count_within(records: Sequence[Any], skip: int, base: bool, bound: tuple[Any, ...] | None) -> int:
+    """How many records from ``skip`` on lie within ``bound`` (ordering keys increase)."""
+    lo, hi = skip, len(records)
+    if _within(_order_key(decode_row(records[hi - 1].record), base), bound):
+        return hi - skip
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _within(_order_key(decode_row(records[mid].record), base), bound):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - skip
+
+
+def _order_key(row: Row, base: bool) -> tuple[Any, ...]:
+    if base:
+        return tuple(v for _, v in row.primary_key)
+    seq = row.sequence_info
+    if seq is None:
+        raise MalformedRecordError("a stream record has no sequence info (PlainBuffer extension)")
+    return (seq.epoch, seq.timestamp, seq.row_index)
+
+
+# ---------------------------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class RecordLayout:
+    """How decoded rows become Arrow rows. Picklable."""
+
+    schema: ChangeSchema
+    value_columns: tuple[str, ...]
+    ots_columns: bool
+    quarantine_path: str | None = None
+
+    def arrow(self) -> pa.Schema:
+        return self.schema.arrow()
+
+    def to_batch(self, channel: str, base: bool, first_n: int, records: Sequence[Any]) -> pa.RecordBatch:
+        """Arrow rows of ``records`` (``pb.Record``), the first being the ``first_n``-th of the channel.
+
+        A record that cannot be decoded or does not fit the schema raises :class:`MalformedRecordError`
+        naming the channel and the record, or, with ``quarantine_path``, is written there (one JSON file
+        per record, named by channel and position, so a replayed batch rewrites the same file) and left
+        out of the batch, with a warning.
+        """
+        schema = self.arrow()
+        rows: list[list[Any]] = []
+        for i, rec in enumerate(records):
+            n = first_n + i
+            try:
+                rows.append(self._row(channel, base, n, rec.action_type, decode_row(rec.record)))
+            except MalformedRecordError as exc:
+                if self.quarantine_path is None:
+                    raise MalformedRecordError(f"channel {channel!r}, record {n}: {exc}") from None
+                self._quarantine(channel, n, rec, exc)
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+        arrays = []
+        for f, values in zip(schema, columns, strict=True):
+            try:
+                arrays.append(pa.array(values, type=f.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                raise MalformedRecordError(f"channel {channel!r}: column {f.name!r}: {exc}") from None
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _quarantine(self, channel: str, n: int, rec: Any, exc: Exception) -> None:
+        import base64
+        import json
+        from pathlib import Path
+
+        assert self.quarantine_path is not None
+        folder = Path(self.quarantine_path) / _safe_name(channel)
+        folder.mkdir(parents=True, exist_ok=True)
+        entry = {
+            "channel": channel,
+            "position": n,
+            "action_type": int(rec.action_type),
+            "error": str(exc),
+            "record_base64": base64.b64encode(rec.record).decode("ascii"),
+        }
+        target = folder / f"{n:020d}.json"
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entry))
+        tmp.replace(target)
+        log.warning("channel %s, record %d is malformed (%s); quarantined to %s", channel, n, exc, target)
+
+    @cached_property
+    def _accepts(self) -> dict[str, tuple[type, ...]]:
+        """Python types a column accepts (exact types: a bool is not an integer)."""
+        out: dict[str, tuple[type, ...]] = {}
+        for f in self.schema.table:
+            t = f.type
+            if pa.types.is_int64(t):
+                out[f.name] = (int,)
+            elif pa.types.is_float64(t):
+                out[f.name] = (float, int)
+            elif pa.types.is_boolean(t):
+                out[f.name] = (bool,)
+            elif pa.types.is_string(t):
+                out[f.name] = (str,)
+            else:
+                out[f.name] = (bytes,)
+        return out
+
+    def _row(self, channel: str, base: bool, n: int, action: int, row: Row) -> list[Any]:
+        accepts = self._accepts
+        values: dict[str, Any] = {}
+        kinds: dict[str, str] = {}
+        for cell in row.cells:
+            if cell.name not in accepts:
+                continue  # not in the catalog: not read (a projection, as in the EMR connector)
+            if cell.cell_type is None:
+                values[cell.name] = cell.value
+                kinds[cell.name] = "PUT"
+            else:
+                values[cell.name] = None
+                kinds[cell.name] = _CELL_TYPES.get(cell.cell_type, f"UNKNOWN({cell.cell_type})")
+        if base:
+            op, seq = "snapshot", n
+            stamps = [c.timestamp for c in row.cells if c.timestamp is not None]
+            commit_us = max(stamps) * 1000 if stamps else 0
+            record_type, record_ts = "PUT", None
+        else:
+            if action not in _OPS:
+                raise MalformedRecordError(f"unknown action type {action}")
+            info = row.sequence_info
+            if info is None:
+                raise MalformedRecordError("a stream record has no sequence info")
+            if not 0 <= info.row_index < 1024:
+                raise MalformedRecordError(f"sequence row_index {info.row_index} is outside [0, 1024)")
+            op, seq = _OPS[action].value, info.timestamp * 1024 + info.row_index
+            commit_us, record_type, record_ts = info.timestamp, _RECORD_TYPES[action], info.timestamp
+            if action == pb.DELETE_ROW:
+                values, kinds = {}, {}
+        out: list[Any] = [op, seq, commit_us, channel, n]
+        pk = dict(row.primary_key)
+        for key in self.schema.keys:
+            if key not in pk:
+                raise MalformedRecordError(f"primary-key column {key!r} is missing")
+            key_value = pk[key]
+            if type(key_value) not in accepts[key]:
+                raise _mismatch(key, key_value, self.schema.table)
+            out.append(key_value)
+        for name in self.value_columns:
+            value = values.get(name)
+            if value is not None and type(value) not in accepts[name]:
+                raise _mismatch(name, value, self.schema.table)
+            out.append(value)
+        if self.ots_columns:
+            out.append(record_type)
+            out.append(record_ts)
+            out.extend(kinds.get(name) for name in self.value_columns)
+        return out
+
+
+def _safe_name(channel: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in channel)
+
+
+def _mismatch(name: str, value: Any, table: pa.Schema) -> MalformedRecordError:
+    t = table.field(name).type
+    return MalformedRecordError(f"column {name!r}: value of type {type(value).__name__} does not fit {t}")
+
+
+# ---------------------------------------------------------------------------------------------- reading
+class _Session:
+    """One tunnel client id plus the calls both the driver and executors make."""
+
+    def __init__(self, client: TunnelClient, tunnel_id: str, client_id: str | None, timeout_s: int) -> None:
+        self.client = client
+        self.tunnel_id = tunnel_id
+        self.client_id = client_id
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+
+    def ensure_client(self) -> str:
+        with self._lock:
+            if self.client_id is None:
+                self.client_id = self.client.connect(self.tunnel_id, self.timeout_s, client_tag="cdc-tunnel")
+                log.info("connected to tunnel %s as client %s", self.tunnel_id, self.client_id)
+            return self.client_id
+
+    def reconnect(self, stale: str) -> str:
+        with self._lock:
+            if self.client_id == stale:
+                self.client_id = None
+        return self.ensure_client()
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        cid = self.ensure_client()
+        try:
+            return fn(self.tunnel_id, cid, *args)
+        except ResourceGoneError:
+            log.info("tunnel client %s expired; reconnecting", cid)
+            return fn(self.tunnel_id, self.reconnect(cid), *args)
+
+    def read(self, channel: str, token: str) -> RecordPage:
+        page: RecordPage = self.call(self.client.read_records, channel, token)
+        return page
+
+
+class TablestoreRangeReader(RangeReader):
+    """Reads planned ranges on executors (see the module docstring). Picklable."""
+
+    def __init__(
+        self,
+        client: TunnelClient,
+        tunnel_id: str,
+        client_id: str | None,
+        timeout_s: int,
+        layout: RecordLayout,
+        base_channels: frozenset[str],
+    ) -> None:
+        self.client = client
+        self.tunnel_id = tunnel_id
+        self.client_id = client_id
+        self.timeout_s = timeout_s
+        self.layout = layout
+        self.base_channels = base_channels
+
+    def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
+        s, e = Pos.parse(channel, start), Pos.parse(channel, end)
+        count = e.n - s.n
+        if count < 0:
+            raise PositionError(f"channel {channel!r}: range end {end!r} lies before its start {start!r}")
+        if count == 0:
+            return
+        session = _Session(self.client, self.tunnel_id, self.client_id, self.timeout_s)
+        base = channel in self.base_channels
+        token, skip, produced = s.token, s.skip, 0
+        last_record: Any = None
+        # The next response is fetched while this one is decoded (the HTTP wait releases the GIL).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tablestore-prefetch") as pool:
+            pending: Future[RecordPage] | None = None
+            while produced < count:
+                if token == FINISHED:
+                    raise PositionError(
+                        f"channel {channel!r}: the range [{start!r}, {end!r}) runs past the channel's end"
+                    )
+                page = pending.result() if pending is not None else session.read(channel, token)
+                pending = None
+                records = page.records
+                if skip > len(records):  # responses are cut shorter than when planned: keep skipping
+                    if page.finished or page.next_token == token:
+                        raise PositionError(
+                            f"channel {channel!r}: position {start!r} lies past the channel's last record"
+                        )
+                    skip -= len(records)
+                    token = page.next_token
+                    continue
+                take = list(records[skip : skip + count - produced])
+                more = produced + len(take) < count
+                at_head = page.next_token == token and skip + len(take) >= len(records)
+                if more and not at_head and page.next_token != FINISHED:
+                    pending = pool.submit(session.read, channel, page.next_token)
+                if take:
+                    yield self.layout.to_batch(channel, base, s.n + produced, take)
+                    produced += len(take)
+                    last_record = take[-1]
+                if produced < count:
+                    if at_head:
+                        raise PositionError(
+                            f"channel {channel!r}: only {produced} of the range's {count} records exist "
+                            f"(range [{start!r}, {end!r}))"
+                        )
+                    token, skip = page.next_token, 0
+        if e.last is not None and last_record is not None:
+            got = _order_key(decode_row(last_record.record), base)
+            if got != e.last:
+                raise PositionError(
+                    f"channel {channel!r}: the range [{start!r}, {end!r}) now ends at record {got!r}, not the "
+                    f"planned {e.last!r} (the server broke the token rule)"
+                )
+
+
+# ---------------------------------------------------------------------------------------------- backend
+_PAGE_CACHE_SIZE = 20_000
+
+
+@dataclass(frozen=True)
+class _PageSummary:
+    """What planning needs of one ReadRecords response. Valid forever, even if the same token later
+    returns more records: ``next_token`` names the point after these ``count`` records."""
+
+    count: int
+    next_token: str
+    last: tuple[Any, ...]
+    finished: bool
+
+
+class TablestoreBackend(Backend):
+    """Reads one tunnel of one Tablestore table. See the module docstring for positions and lineage."""
+
+    name = "tablestore"
+    options_model = TablestoreOptions
+    options: TablestoreOptions
+
+    def __init__(self, options: TablestoreOptions) -> None:
+        super().__init__(options)
+        key_id, secret, token = options.credentials()
+        self.client = TunnelClient(
+            options.endpoint,
+            options.instance_name,
+            key_id,
+            secret,
+            sts_token=token,
+            socket_timeout=options.socket_timeout,
+            retry=RetrySettings(attempts=options.max_attempts),
+        )
+        self.table = options.table_name
+        self.layout = self._layout()  # first: a missing table is reported as such
+        self.tunnel_name, self.tunnel_id, self.tunnel_type = self._resolve_tunnel()
+        self.session = _Session(self.client, self.tunnel_id, None, options.client_timeout)
+        self._channels: dict[str, Any] = {}  # channel id -> pb.ChannelInfo, from the last describe
+        self._known_finished: set[str] = set()
+        self._heads: dict[str, Position] = {}
+        self._pages: OrderedDict[tuple[str, str], _PageSummary] = OrderedDict()
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"TablestoreBackend(table={self.table!r}, tunnel={self.tunnel_name or self.tunnel_id!r})"
+
+    # ------------------------------------------------------------------ setup
+    def _resolve_tunnel(self) -> tuple[str, str, str]:
+        o = self.options
+        if o.tunnel_id and not o.tunnel_name:
+            for info in self.client.list_tunnels(self.table):
+                if info.tunnel_id == o.tunnel_id:
+                    return str(info.tunnel_name), str(info.tunnel_id), str(info.tunnel_type)
+            raise OptionError(
+                f"option 'tunnel.id': no tunnel {o.tunnel_id!r} on table {self.table!r}", "tunnel.id"
+            )
+        name = o.tunnel_name or ""
+        try:
+            resp = self.client.describe_tunnel(self.table, name, o.tunnel_id)
+        except (ObjectNotExistError, ParameterInvalidError) as exc:
+            if not o.create_tunnel:
+                raise OptionError(
+                    f"option 'tunnel.name': tunnel {name!r} of table {self.table!r} does not exist ({exc.code}); "
+                    "set createTunnelIfMissing=true to create it",
+                    "tunnel.name",
+                ) from None
+            tunnel_id = self.client.create_tunnel(self.table, name, o.tunnel_type)
+            return name, tunnel_id, o.tunnel_type
+        info = resp.tunnel
+        if "tunnel_type" in o.model_fields_set and info.tunnel_type != o.tunnel_type:
+            log.warning(
+                "tunnel %s is of type %s; option 'tunnel.type' (%s) only applies to a tunnel created by "
+                "createTunnelIfMissing",
+                name,
+                info.tunnel_type,
+                o.tunnel_type,
+            )
+        if o.tunnel_id and info.tunnel_id != o.tunnel_id:
+            raise OptionError(
+                f"option 'tunnel.id': tunnel {name!r} has id {info.tunnel_id!r}, not {o.tunnel_id!r}",
+                "tunnel.id",
+            )
+        return name, str(info.tunnel_id), str(info.tunnel_type)
+
+    def _layout(self) -> RecordLayout:
+        from tablestore.error import OTSClientError, OTSServiceError
+
+        try:
+            meta = self.client.ots.describe_table(self.table).table_meta
+        except OTSServiceError as exc:
+            if exc.code == "OTSObjectNotExist":
+                raise OptionError(
+                    f"option 'table.name': table {self.table!r} does not exist", "table.name"
+                ) from None
+            raise error_for(
+                exc.code, f"DescribeTable: {exc.message}", exc.http_status, exc.request_id
+            ) from None
+        except OTSClientError as exc:
+            raise ProtocolError(f"DescribeTable: {exc}", "ProtocolError") from None
+        keys: list[tuple[str, pa.DataType]] = []
+        for entry in meta.schema_of_primary_key:
+            name, kind = entry[0], str(entry[1]).upper()
+            if kind not in _PK_TYPES:
+                raise OptionError(
+                    f"table {self.table!r}: primary-key column {name!r} has unsupported type {kind}"
+                )
+            keys.append((name, _PK_TYPES[kind]))
+        key_types = dict(keys)
+        values: list[tuple[str, pa.DataType]] = []
+        for name, t in self.options.value_columns():
+            if name in key_types:
+                if key_types[name] != t:
+                    raise OptionError(
+                        f"option 'catalog': column {name!r} is a primary-key column of type {key_types[name]}, "
+                        f"not {t}",
+                        "catalog",
+                    )
+                continue
+            values.append((name, t))
+        if not self.options.catalog:
+            log.warning(
+                "table %s: no 'catalog' option, so only the primary-key columns (%s) are read",
+                self.table,
+                ", ".join(k for k, _ in keys),
+            )
+        columns = keys + values
+        if self.options.ots_columns:
+            columns += [(RECORD_TYPE_COLUMN, pa.string()), (RECORD_TIMESTAMP_COLUMN, pa.int64())]
+            columns += [(COLUMN_TYPE_PREFIX + name, pa.string()) for name, _ in values]
+        try:
+            schema = ChangeSchema.of(columns, [k for k, _ in keys])
+        except ValueError as exc:
+            raise OptionError(f"option 'catalog': {exc}", "catalog") from None
+        quarantine = self.options.quarantine_path if self.options.on_malformed == "quarantine" else None
+        return RecordLayout(schema, tuple(n for n, _ in values), self.options.ots_columns, quarantine)
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            return
+        interval = max(1.0, self.options.client_timeout / 3)
+
+        def beat() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self.session.call(self.client.heartbeat, [])
+                except Exception as exc:  # noqa: BLE001 - the next beat retries; reads reconnect on their own
+                    log.warning("tunnel heartbeat failed: %s", exc)
+
+        self._heartbeat = threading.Thread(target=beat, name="tablestore-tunnel-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    # ------------------------------------------------------------------ contract
+    def schema(self) -> pa.Schema:
+        return self.layout.arrow()
+
+    def _describe(self) -> dict[str, Any]:
+        resp = self.client.describe_tunnel(self.table, self.tunnel_name, self.tunnel_id)
+        self._channels = {c.channel_id: c for c in resp.channels}
+        return self._channels
+
+    def _info(self, channel: str) -> Any:
+        info = self._channels.get(channel) or self._describe().get(channel)
+        if info is None:
+            raise PositionError(f"tunnel {self.tunnel_name or self.tunnel_id!r} has no channel {channel!r}")
+        return info
+
+    def _is_base(self, info: Any) -> bool:
+        return str(info.channel_type).lower() == "basedata" or self.tunnel_type == "BaseData"
+
+    def list_channels(self) -> Sequence[ChannelInfo]:
+        channels = self._describe()
+        base = sorted(cid for cid, c in channels.items() if self._is_base(c))
+        out = []
+        for cid, c in channels.items():
+            parents = tuple(c.parent_channel_ids)
+            if not parents and self.tunnel_type == "BaseAndStream" and not self._is_base(c):
+                parents = tuple(base)  # a key's snapshot precedes its changes
+            finished = bool(c.sealed) or cid in self._known_finished or c.channel_status == "TERMINATED"
+            out.append(ChannelInfo(cid, parents, finished))
+        return out
+
+    def earliest(self, channel: str) -> Position:
+        info = self._info(channel)
+        if info.HasField("start_token") and info.start_token:
+            return Pos(info.start_token).to_json()
+        token, _ = self.session.call(self.client.get_checkpoint, channel)
+        return Pos(token).to_json()
+
+    def latest(self, channel: str) -> Position:
+        info = self._info(channel)
+        if info.channel_status == "WAIT" and not self._is_base(info):
+            # A WAIT channel cannot be read, nor opened here (that would finish its parents' tunnel
+            # checkpoints before the query delivered them). Its head is then "every record committed
+            # until now": a time bound on the records' sequence timestamps.
+            begin = Pos.parse(channel, self.earliest(channel))
+            return Pos(begin.token, begin.skip, begin.n, (TIME_BOUND, time.time_ns() // 1000)).to_json()
+        start = self._heads.get(channel) or self.earliest(channel)
+        end = self._plan(channel, start, None, None, open_waiting=False).end
+        self._heads[channel] = end
+        return end
+
+    def parse_position(self, channel: str, value: Any) -> Position:
+        return Pos.parse(channel, value).to_json()
+
+    def reader(self) -> RangeReader:
+        if not self._channels:
+            self._describe()
+        base = frozenset(cid for cid, c in self._channels.items() if self._is_base(c))
+        return TablestoreRangeReader(
+            self.client,
+            self.tunnel_id,
+            self.session.ensure_client(),
+            self.options.client_timeout,
+            self.layout,
+            base,
+        )
+
+    def plan(
+        self, channel: str, start: Position, max_records: int | None = None, until: Position | None = None
+    ) -> PlannedRange:
+        return self._plan(channel, start, max_records, until, open_waiting=True)
+
+    def _plan(
+        self,
+        channel: str,
+        start: Position,
+        max_records: int | None,
+        until: Position | None,
+        *,
+        open_waiting: bool,
+    ) -> PlannedRange:
+        s = Pos.parse(channel, start)
+        bound = None if until is None else Pos.parse(channel, until)
+        if s.token == FINISHED:
+            return PlannedRange(start, 0, True)
+        if bound is not None and bound.last is None:
+            return PlannedRange(start, 0, False)  # the bound is the channel's origin: nothing before it
+        info = self._info(channel)
+        if info.channel_status == "WAIT" and not (open_waiting and self._open_waiting(channel)):
+            return PlannedRange(start, 0, False)
+        self._start_heartbeat()
+        base = self._is_base(info)
+        token, skip, n, last = s.token, s.skip, s.n, s.last
+        taken = 0
+
+        def stop(finished: bool = False) -> PlannedRange:
+            if taken == 0 and not finished:
+                return PlannedRange(start, 0, False)
+            if bound is not None and last == bound.last:
+                return PlannedRange(until, taken, finished)
+            end = Pos(FINISHED if finished else token, 0 if finished else skip, n, last)
+            return PlannedRange(end.to_json(), taken, finished)
+
+        while True:
+            summary = self._pages.get((channel, token))
+            if summary is not None and skip <= summary.count:
+                # A response read before, summarised: consume it whole without reading it again when
+                # neither the budget nor the bound ends the range inside it.
+                avail = summary.count - skip
+                fits_bound = bound is None or avail == 0 or _within(summary.last, bound.last)
+                fits_budget = max_records is None or taken + avail < max_records or avail == 0
+                if fits_bound and fits_budget:
+                    if avail:
+                        n, taken, last = n + avail, taken + avail, summary.last
+                    skip = summary.count
+                    if summary.finished:
+                        self._known_finished.add(channel)
+                        return stop(finished=True)
+                    token, skip = summary.next_token, 0
+                    continue
+            page = self.session.read(channel, token)
+            records = page.records
+            if records and page.next_token != token:
+                last_key = _order_key(decode_row(records[-1].record), base)
+                self._remember(
+                    channel, token, _PageSummary(len(records), page.next_token, last_key, page.finished)
+                )
+            if skip > len(records):
+                # The server now cuts responses shorter than when the position was planned: the gap
+                # lies further along the chain.
+                if page.finished or page.next_token == token:
+                    raise PositionError(
+                        f"channel {channel!r}: position {start!r} lies past the channel's last record"
+                    )
+                skip -= len(records)
+                token = page.next_token
+                continue
+            avail = len(records) - skip
+            allowed = avail
+            if bound is not None and avail:
+                allowed = _count_within(records, skip, base, bound.last)
+            room = avail if max_records is None else min(avail, max_records - taken)
+            take = min(allowed, room)
+            if take > 0:
+                last = _order_key(decode_row(records[skip + take - 1].record), base)
+                skip += take
+                n += take
+                taken += take
+            if take < avail:
+                return stop()
+            if page.finished:
+                self._known_finished.add(channel)
+                return stop(finished=True)
+            if page.next_token == token:
+                return stop()  # at the head
+            if max_records is not None and taken >= max_records and avail > 0:
+                return stop()  # budget spent exactly at the end of a response: stay inside it
+            token, skip = page.next_token, 0
+
+    def _remember(self, channel: str, token: str, summary: _PageSummary) -> None:
+        self._pages[(channel, token)] = summary
+        if len(self._pages) > _PAGE_CACHE_SIZE:
+            self._pages.popitem(last=False)
+
+    def _open_waiting(self, channel: str) -> bool:
+        """Finish the tunnel checkpoints of a WAIT channel's sealed parents; True if it is open now."""
+        parents = [p for p in self._info(channel).parent_channel_ids if p in self._channels]
+        if not parents or not all(self._channels[p].sealed or p in self._known_finished for p in parents):
+            return False
+        try:
+            for p in parents:
+                self._checkpoint(p, FINISHED)
+        except TablestoreError as exc:  # e.g. a parent still held by a live client of an earlier run
+            log.info("channel %s waits: finishing its parents' checkpoints failed: %s", channel, exc)
+            return False
+        return self._describe().get(channel) is not None and self._channels[channel].channel_status != "WAIT"
+
+    def _checkpoint(self, channel: str, token: str) -> None:
+        for attempt in range(2):
+            current, seq = self.session.call(self.client.get_checkpoint, channel)
+            if current == token or current == FINISHED:
+                return
+            try:
+                self.session.call(self.client.checkpoint, channel, token, seq + 1)
+                log.debug("tunnel checkpoint of %s -> %s (sequence %d)", channel, token, seq + 1)
+                return
+            except SequenceNumberMismatchError:
+                if attempt:
+                    raise
+
+    def acknowledge(self, positions: Mapping[str, Position]) -> None:
+        self._describe()
+        for channel, value in positions.items():
+            info = self._channels.get(channel)
+            if info is None or info.channel_status in ("WAIT", "TERMINATED"):
+                continue
+            try:
+                self._checkpoint(channel, Pos.parse(channel, value).token)
+            except TablestoreError as exc:
+                log.warning("tunnel checkpoint of channel %s failed: %s", channel, exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        cid = self.session.client_id
+        if cid is not None:
+            try:
+                self.client.shutdown(self.tunnel_id, cid)
+            except TablestoreError as exc:
+                log.debug("tunnel client shutdown failed: %s", exc)
+        self.client.close()
+
+
+def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` seconds pass (tests and the harness use it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

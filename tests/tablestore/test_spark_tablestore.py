@@ -1,0 +1,213 @@
+"""The ``cdc`` source over a Tablestore tunnel inside real Spark: base data then changes, a server killed
+(SIGKILL) and restarted under a running query, splits and merges, the query stopped and restarted from
+its checkpoint; every change arrives exactly once and in order per key."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc.local.tablestore import TablestoreProcess
+from tests.tablestore.world import World
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_stream_survives_server_kill_and_query_restart(
+    spark: Any, tablestore_server: TablestoreProcess, tmp_path: Path
+) -> None:
+    server = tablestore_server
+    w = World(server, tunnel_type="BaseAndStream", key_range=(0, 300))
+    expected: dict[int, list[tuple[str, str | None]]] = {}
+    w.put_many([(k, f"b{k}") for k in range(200)])
+    for k in range(200):
+        expected[k] = [("snapshot", f"b{k}")]
+    w.create_tunnel()
+    out, ck = tmp_path / "out", tmp_path / "ck"
+
+    def start() -> Any:
+        reader = (
+            spark.readStream.format("cdc").option("backend", "tablestore").option("maxRecordsPerTrigger", 120)
+        )
+        for k, v in w.options(**{"retry.maxAttempts": "40"}).items():
+            reader = reader.option(k, v)
+        return (
+            reader.load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(ck))
+            .trigger(processingTime="500 milliseconds")
+            .start()
+        )
+
+    def count() -> int:
+        try:
+            return int(spark.read.parquet(str(out)).count())
+        except Exception:  # noqa: BLE001 - nothing committed yet
+            return 0
+
+    def write(tag: str, keys: range) -> None:
+        for k in keys:
+            if k % 7 == 3:
+                w.delete(k)
+                expected.setdefault(k, []).append(("delete", None))
+            else:
+                w.update(k, f"{tag}{k}")
+                expected.setdefault(k, []).append(("update", f"{tag}{k}"))
+
+    def total() -> int:
+        return sum(len(v) for v in expected.values())
+
+    q = start()
+    try:
+        wait_for(lambda: count() >= 200, 120, "the base data")
+        write("u", range(0, 200, 2))
+        server.kill()  # under the running query
+        time.sleep(1.5)
+        server.start()
+        write("v", range(0, 250, 3))
+        w.split()
+        write("x", range(0, 250, 5))
+        wait_for(lambda: count() == total(), 120, "the changes after the server restart")
+    finally:
+        q.stop()
+    assert q.exception() is None
+
+    # the query is down: more changes, a merge, then the query restarts from its checkpoint
+    write("y", range(1, 250, 4))
+    shards = sorted(
+        (s for s in server.shards(w.table) if not s["sealed"]),
+        key=lambda s: -1 if not s["lo"] else s["lo"][0],
+    )
+    w.merge([shards[0]["shard_id"], shards[1]["shard_id"]])
+    write("z", range(0, 250, 6))
+    q = start()
+    try:
+        wait_for(lambda: count() == total(), 120, "the changes after the query restart")
+        time.sleep(2)  # and nothing more arrives
+    finally:
+        q.stop()
+    assert q.exception() is None
+
+    got = spark.read.parquet(str(out)).select("_channel", "_position", "_seq", "_op", "id", "v").collect()
+    assert len(got) == len({(r["_channel"], r["_position"]) for r in got}) == total()
+    per_key: dict[int, list[tuple[int, str, str | None]]] = {}
+    for r in got:
+        per_key.setdefault(r["id"], []).append((r["_seq"], r["_op"], r["v"]))
+    assert {k: [(op, v) for _, op, v in sorted(rs)] for k, rs in per_key.items()} == expected
+
+
+DRIVER = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    import cdc
+    options, out, ck, mode = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    cdc.register(spark)
+    reader = spark.readStream.format("cdc").option("backend", "tablestore").option("maxRecordsPerTrigger", 80)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    stream = reader.load().writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
+    if mode == "forever":
+        stream.trigger(processingTime="200 milliseconds").start().awaitTermination()
+    else:
+        stream.trigger(availableNow=True).start().awaitTermination()
+    """
+)
+
+
+def test_kill_9_of_driver_and_server_then_restart_is_exactly_once(
+    spark: Any, tablestore_server: TablestoreProcess, tmp_path: Path
+) -> None:
+    server = tablestore_server
+    w = World(server, tunnel_type="BaseAndStream", key_range=(0, 400))
+    expected: dict[int, list[tuple[str, str | None]]] = {k: [("snapshot", f"b{k}")] for k in range(300)}
+    w.put_many([(k, f"b{k}") for k in range(300)])
+    w.create_tunnel()
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    # Credentials from the standard environment variables (not options); a short client timeout so
+    # the killed driver's tunnel client expires quickly and the restarted one can take its channels.
+    options = {
+        k: v
+        for k, v in w.options(**{"tunnel.client.timeoutSeconds": "5"}).items()
+        if not k.startswith("access")
+    }
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "ALIBABA_CLOUD_ACCESS_KEY_ID": server.access_key_id,
+        "ALIBABA_CLOUD_ACCESS_KEY_SECRET": server.access_key_secret,
+    }
+
+    def update(tag: str, keys: range) -> None:
+        for k in keys:
+            w.update(k, f"{tag}{k}")
+            expected.setdefault(k, []).append(("update", f"{tag}{k}"))
+
+    args = [sys.executable, str(script), json.dumps(options), str(out), str(ck)]
+    proc = subprocess.Popen(
+        [*args, "forever"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(
+            lambda: (
+                (ck / "commits").exists()
+                and len([p for p in (ck / "commits").iterdir() if p.name.isdigit()]) >= 3
+            ),
+            240,
+            "three committed batches",
+        )
+        update("u", range(0, 300, 3))
+        w.split()
+        update("v", range(0, 300, 4))
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Python workers die mid-stream
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    server.kill()
+    server.start()
+    update("x", range(1, 300, 5))
+    subprocess.run(
+        [*args, "once"],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=300,
+    )
+
+    got = spark.read.parquet(str(out)).select("_channel", "_position", "_seq", "_op", "id", "v").collect()
+    assert len(got) == len({(r["_channel"], r["_position"]) for r in got}), "duplicates after kill -9"
+    per_key: dict[int, list[tuple[int, str, str | None]]] = {}
+    for r in got:
+        per_key.setdefault(r["id"], []).append((r["_seq"], r["_op"], r["v"]))
+    assert {k: [(op, v) for _, op, v in sorted(rs)] for k, rs in per_key.items()} == expected
