@@ -38,3 +38,8 @@ def register(spark: Any) -> None:
     from cdc.source import CdcDataSource
 
     spark.dataSource.register(CdcDataSource)
+    try:  # also "cdc-pulsar", the sink-only format name
+        from sinks.pulsar import register as register_pulsar_sink
+    except ImportError:  # pulsar-client not installed: reads and Delta still work
+        return
+    register_pulsar_sink(spark)

@@ -12,7 +12,28 @@ from cdc.backend import available_backends, backend_class
 from cdc.options import SourceOptions
 
 
-@click.group()
+class _LazyGroup(click.Group):
+    """Sub-commands of backends are imported only when used (pulsar-client's C++ core loads slowly)."""
+
+    lazy = {
+        "pulsar": ("cdc.backends.pulsar.__main__", "cli", "Pulsar: run an embedded broker, drop a query's subscription."),
+        "tablestore": ("cdc.local.tablestore.__main__", "main", "Run the local Tablestore server; split/merge partitions."),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            import importlib
+
+            module, attr, _ = self.lazy[name]
+            cmd: click.Command = getattr(importlib.import_module(module), attr)
+            return cmd
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """cdc-tunnel: change-data-capture ingestion for Apache Spark."""

@@ -17,6 +17,8 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -184,8 +186,15 @@ class CdcDataSource(DataSource):
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
-        self._config = _Config(options)
+        self._parsed: _Config | None = None
         self._schema: StructType | None = None
+
+    @property
+    def _config(self) -> _Config:
+        # Parsed on first use: a write (``df.write.format("cdc")``) takes the sink's options instead.
+        if self._parsed is None:
+            self._parsed = _Config(self.options)
+        return self._parsed
 
     def schema(self) -> StructType:
         if self._schema is None:
@@ -201,3 +210,16 @@ class CdcDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return CdcBatchReader(self._config, schema)
+
+    # Writes go to a change-log system that accepts them: Pulsar (``backend=pulsar``, see sinks.pulsar).
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from sinks.pulsar import PulsarWriter
+
+        if overwrite:
+            raise OptionError("writes through format('cdc') only append; use mode('append')", "mode")
+        return PulsarWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from sinks.pulsar import PulsarStreamWriter
+
+        return PulsarStreamWriter(self.options, schema)

@@ -177,7 +177,7 @@ def test_sink_json_values_and_too_large_message_names_the_key(registered: Any, b
                                                               topic: str) -> None:
     spark = registered
     df = spark.createDataFrame([(1, "a", "k1"), (2, "b", "k2")], "id long, name string, key string")
-    (df.write.format("cdc-pulsar").option("service.url", broker.url).option("topic", topic)
+    (df.write.format("cdc").option("backend", "pulsar").option("service.url", broker.url).option("topic", topic)
      .option("valueFormat", "json").mode("append").save())
     table, _ = drain(backend(broker.url, topic))
     assert sorted((json.loads(v) for v in table.column("value").to_pylist()), key=lambda r: r["id"]) == [
@@ -195,7 +195,7 @@ def test_streaming_sink(registered: Any, broker: EmbeddedBroker, topic: str, tmp
     query = (
         spark.readStream.format("cdc").option("backend", "pulsar").option("service.url", broker.url)
         .option("topic", source).load().selectExpr("value", "__key as key")
-        .writeStream.format("cdc-pulsar").option("service.url", broker.url).option("topic", topic)
+        .writeStream.format("cdc").option("backend", "pulsar").option("service.url", broker.url).option("topic", topic)
         .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start()
     )
     query.awaitTermination(120)
