@@ -38,6 +38,9 @@ def register(spark: Any) -> None:
     from cdc.source import CdcDataSource
 
     spark.dataSource.register(CdcDataSource)
+    from udfs import register as register_udfs
+
+    register_udfs(spark)
     try:  # also "cdc-pulsar", the sink-only format name
         from sinks.pulsar import register as register_pulsar_sink
     except ImportError:  # pulsar-client not installed: reads and Delta still work

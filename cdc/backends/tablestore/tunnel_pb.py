@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # type: ignore[import-untyped]
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 PACKAGE = "com.alicloud.openservices.tablestore.core.protocol"
 FINISHED_TOKEN = "finished"
