@@ -18,6 +18,7 @@ change the local log. Invariants, checked after every batch and at the end:
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 import tempfile
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -237,6 +238,10 @@ class StreamProtocol(RuleBasedStateMachine):
 
 
 TestStreamProtocol = StreamProtocol.TestCase
+# Hundreds of histories per CI run (about a minute on 2 cores); the "dev" profile runs fewer.
 TestStreamProtocol.settings = settings(
-    settings.get_profile(settings._current_profile or "default"), stateful_step_count=40
+    max_examples=300 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else 50,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
