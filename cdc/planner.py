@@ -17,6 +17,9 @@ is ``done`` in the batch's start offset, so the full data arrives first, then ev
 no gap (the cut is consistent), no duplicate (a change is either folded into the snapshot or after the cut),
 and a snapshot row's ``_seq`` is that of the last change it includes, smaller than any later change's.
 
+``turn`` (present when ``maxRecordsPerTrigger`` applies) counts limited batches: the channel served first
+rotates with it, so a budget smaller than the number of channels starves none.
+
 The first batch is special: Spark does not store a query's initial offset, and after a crash it asks the
 source again, which for ``latest`` (or after retention moved ``earliest``) gives a different answer. So
 :meth:`Planner.initial` marks its offset ``"initial": true`` and the first batch's end offset carries
@@ -190,6 +193,7 @@ class Planner:
         finished: dict[str, bool] = {}
         budget = max_records
         active = list(eligible)
+        turn = int(start.get("turn", 0))
 
         def plan(cid: str, want: int | None) -> int:
             bound = None if until is None else until.get(cid)
@@ -215,6 +219,11 @@ class Planner:
         else:
             # Water-filling: share the budget evenly, hand what exhausted channels leave to the others.
             # Every round either drops a channel or spends at least one record, so it terminates.
+            # Who goes first rotates from batch to batch (the offset counts the turns), so a budget
+            # smaller than the number of channels starves no channel.
+            if active:
+                first = turn % len(active)
+                active = active[first:] + active[:first]
             while budget > 0 and active:
                 share = max(1, budget // len(active))
                 still = []
@@ -251,7 +260,7 @@ class Planner:
         if first_batch:  # every range of batch 0 is recorded: its start is not kept by Spark
             for cid, e in out.items():
                 e.setdefault("from", start_entries[cid]["pos"] if cid in start_entries else e["pos"])
-        return {"channels": out}
+        return {"channels": out, "turn": turn + 1} if max_records is not None else {"channels": out}
 
     @staticmethod
     def _parents_done(

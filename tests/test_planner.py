@@ -218,19 +218,21 @@ def test_snapshot_then_changes_with_concurrent_writers(tmp_path: Path) -> None:
     first_change_batch = min(i for i, b in enumerate(batches) if any(r["_op"] != "snapshot" for r in b))
     assert first_change_batch > last_snap_batch
     # snapshot rows + later changes == everything; nothing twice, nothing lost
-    cut_seq = max(r["_seq"] for r in snap)
+    cut = {c: e["pos"] for c, e in start["channels"].items() if not e.get("snapshot")}
+    history = log.read_all().to_pylist()
+    before = [r for r in history if r["_position"] < cut.get(r["_channel"], 0)]
+    cut_seq = max(r["_seq"] for r in before)
+    assert all(r["_seq"] <= cut_seq for r in snap)
     assert all(r["_seq"] > cut_seq for r in changes)
     expected: dict[int, object] = {}
-    for r in sorted(log.read_all().to_pylist(), key=lambda r: r["_seq"]):
-        if r["_seq"] > cut_seq:
-            continue
+    for r in sorted(before, key=lambda r: r["_seq"]):
         if r["_op"] == "delete":
             expected.pop(r["k"], None)
         else:
             expected[r["k"]] = r["v"]
     assert {r["k"]: r["v"] for r in snap} == expected
     assert len(snap) == len(expected)
-    all_changes_after = [r for r in log.read_all().to_pylist() if r["_seq"] > cut_seq]
+    all_changes_after = [r for r in history if r["_seq"] > cut_seq]
     assert sorted(r["_seq"] for r in changes) == sorted(r["_seq"] for r in all_changes_after)
 
 
@@ -254,3 +256,17 @@ def test_an_unchanged_offset_has_no_ranges(tmp_path: Path) -> None:
     again = planner.next(first)
     assert again == first
     assert planner.ranges(first, again) == []
+
+
+def test_a_budget_smaller_than_the_channel_count_starves_no_channel(tmp_path: Path) -> None:
+    log, planner = make(tmp_path, channels=4)
+    for c in ("c0", "c1", "c2", "c3"):
+        log.append(rows(50, 1000 * int(c[1:])), channel=c)
+    cur = planner.initial("earliest")
+    served: set[str] = set()
+    for _ in range(12):
+        end = planner.next(cur, max_records=1)
+        served |= {r.channel for r in planner.ranges(cur, end)}
+        assert total(planner, cur, end) == 1
+        cur = end
+    assert served == {"c0", "c1", "c2", "c3"}
