@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, ValidationError
 
@@ -149,5 +149,3 @@ def split_and_parse(
         parse(backend_model, backend_raw, what=f"backend {backend_name!r}"),
     )
 
-
-StartSpec = Literal["earliest", "latest"]
