@@ -16,7 +16,17 @@ column     type                         meaning
                                         local log; backend-defined elsewhere)
 key columns the table's types, not null the row's primary key (one or more columns)
 other columns the table's types, nullable the row's values after the change; null for a delete
+``_unchanged`` array<string>, nullable  only in a *partial* change schema (see below)
 ========== ============================ ===================================================================
+
+Partial changes. Some sources do not send the whole row after an update: a Tablestore ``UpdateRow``
+carries only the columns it sets or deletes. A backend whose records may be partial declares a
+``ChangeSchema(..., partial=True)``; its records then carry ``_unchanged``, the value columns the change
+leaves as they were (their values in the record are null and mean nothing). ``_unchanged`` is null (or
+empty) for a record that carries the whole row: every insert, delete and snapshot row, and updates that set
+every column. A column that a change sets to null (Tablestore: deletes) is not in ``_unchanged``. Sinks
+fold consecutive partial changes of a key in sequence order and keep the target's value for the columns
+that stay unchanged (see ``sinks.delta.semantics``).
 
 The Arrow schema (:func:`ChangeSchema.arrow`) and the Spark schema (:func:`ChangeSchema.spark`) agree
 exactly: ``pyspark``'s ``to_arrow_schema(spark())`` equals ``arrow()``, which is what a Python data source
@@ -47,6 +57,7 @@ SEQ = "_seq"
 COMMIT_TS = "_commit_ts"
 CHANNEL = "_channel"
 POSITION = "_position"
+UNCHANGED = "_unchanged"
 
 METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(OP, pa.string(), nullable=False),
@@ -56,6 +67,8 @@ METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(POSITION, pa.int64(), nullable=False),
 )
 METADATA_COLUMNS: tuple[str, ...] = tuple(f.name for f in METADATA_FIELDS)
+UNCHANGED_FIELD = pa.field(UNCHANGED, pa.list_(pa.string()), nullable=True)
+RESERVED_COLUMNS: frozenset[str] = frozenset((*METADATA_COLUMNS, UNCHANGED))
 
 # Arrow types that map one-to-one onto Spark SQL types (so the two schemas can agree exactly).
 _SUPPORTED = (
@@ -93,6 +106,7 @@ class ChangeSchema:
 
     table: pa.Schema
     keys: tuple[str, ...]
+    partial: bool = False
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -101,7 +115,7 @@ class ChangeSchema:
         for k in self.keys:
             if k not in names:
                 raise ValueError(f"key column {k!r} is not a column of the table ({', '.join(names)})")
-        clash = set(names) & set(METADATA_COLUMNS)
+        clash = set(names) & RESERVED_COLUMNS
         if clash:
             raise ValueError(f"table columns {sorted(clash)} collide with the change model's metadata columns")
         fields = []
@@ -110,13 +124,24 @@ class ChangeSchema:
         object.__setattr__(self, "table", pa.schema(fields))
 
     @classmethod
-    def of(cls, table: pa.Schema | Sequence[tuple[str, pa.DataType]], keys: Sequence[str]) -> ChangeSchema:
+    def of(
+        cls,
+        table: pa.Schema | Sequence[tuple[str, pa.DataType]],
+        keys: Sequence[str],
+        *,
+        partial: bool = False,
+    ) -> ChangeSchema:
         schema = table if isinstance(table, pa.Schema) else pa.schema(list(table))
-        return cls(schema, tuple(keys))
+        return cls(schema, tuple(keys), partial)
+
+    @property
+    def metadata_fields(self) -> tuple[pa.Field, ...]:
+        """The metadata columns of this schema: the five common ones, plus ``_unchanged`` when partial."""
+        return (*METADATA_FIELDS, UNCHANGED_FIELD) if self.partial else METADATA_FIELDS
 
     def arrow(self) -> pa.Schema:
         """The Arrow schema of change records, as a Python data source must yield them."""
-        return pa.schema(list(METADATA_FIELDS) + list(self.table))
+        return pa.schema(list(self.metadata_fields) + list(self.table))
 
     def spark(self) -> Any:
         """The Spark ``StructType`` that matches :meth:`arrow` exactly."""
@@ -129,11 +154,14 @@ class ChangeSchema:
         return tuple(n for n in self.table.names if n not in self.keys)
 
     def to_json(self) -> dict[str, Any]:
-        return {"keys": list(self.keys), "schema": schema_to_json(self.table)}
+        out: dict[str, Any] = {"keys": list(self.keys), "schema": schema_to_json(self.table)}
+        if self.partial:
+            out["partial"] = True
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ChangeSchema:
-        return cls(schema_from_json(data["schema"]), tuple(data["keys"]))
+        return cls(schema_from_json(data["schema"]), tuple(data["keys"]), bool(data.get("partial", False)))
 
 
 def schema_to_json(schema: pa.Schema) -> str:

@@ -34,12 +34,21 @@ def test_change_schema_arrow_and_spark_agree_exactly() -> None:
     assert ChangeSchema.from_json(cs.to_json()) == cs
 
 
+def test_partial_change_schema_adds_unchanged_and_agrees_with_spark() -> None:
+    cs = ChangeSchema.of([("id", pa.int64()), ("name", pa.string())], ["id"], partial=True)
+    assert cs.arrow().names == ["_op", "_seq", "_commit_ts", "_channel", "_position", "_unchanged", "id", "name"]
+    assert to_arrow_schema(cs.spark(), timezone="UTC") == cs.arrow()
+    assert ChangeSchema.from_json(cs.to_json()) == cs
+    assert "_unchanged" not in ChangeSchema.of([("id", pa.int64())], ["id"]).arrow().names
+
+
 @pytest.mark.parametrize(
     ("table", "keys", "message"),
     [
         ([("id", pa.int64())], [], "at least one key"),
         ([("id", pa.int64())], ["nope"], "not a column"),
         ([("_seq", pa.int64())], ["_seq"], "collide"),
+        ([("id", pa.int64()), ("_unchanged", pa.string())], ["id"], "collide"),
         ([("id", pa.int64()), ("t", pa.timestamp("us"))], ["id"], "naive timestamps"),
         ([("id", pa.int64()), ("l", pa.list_(pa.int64()))], ["id"], "not supported"),
     ],
