@@ -54,6 +54,38 @@ def options_cmd(backend: str | None) -> None:
             click.echo(f"| `{info.alias or name}` | {default} | {info.description or ''} |")
 
 
+@main.command("offsets")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
+@click.option("--batch", "batch_id", type=int, default=None, help="A batch id (default: the last committed batch).")
+@click.option("--source", "source_index", type=int, default=0, show_default=True, help="Which source of the query.")
+@click.option("--starting-offsets", "as_start", is_flag=True, help="Print only the startingOffsets JSON for a new query.")
+def offsets_cmd(checkpoint: str, batch_id: int | None, source_index: int, as_start: bool) -> None:
+    """Show where the streaming query of CHECKPOINT is: each channel's position after a batch.
+
+    With --starting-offsets, print the `startingOffsets` value that starts a new query (a new checkpoint)
+    right after that batch.
+    """
+    from cdc.checkpoint import CheckpointError, last_committed, read_batch
+
+    try:
+        batch = last_committed(checkpoint) if batch_id is None else read_batch(checkpoint, batch_id)
+        offset = batch.source(source_index)
+        if as_start:
+            from cdc.checkpoint import starting_offsets
+
+            click.echo(json.dumps(starting_offsets(offset), sort_keys=True))
+            return
+    except CheckpointError as e:
+        raise click.ClickException(str(e)) from e
+    latest = read_batch(checkpoint)
+    click.echo(f"batch {batch.batch_id} ({'committed' if batch.committed else 'not committed'}); "
+               f"last batch in the offset log: {latest.batch_id} "
+               f"({'committed' if latest.committed else 'planned, replayed on restart'})")
+    for cid, entry in sorted(offset["channels"].items()):
+        flags = [name for name in ("done", "snapshot") if entry.get(name)]
+        click.echo(json.dumps({"channel": cid, "pos": entry["pos"], **({"flags": flags} if flags else {})}))
+
+
 @main.group("log")
 def log_group() -> None:
     """Local change logs."""

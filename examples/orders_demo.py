@@ -20,6 +20,7 @@ import shutil
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -42,7 +43,8 @@ class OrderSource:
         self.log, self.rng, self.rows, self.next_id = log, random.Random(seed), {}, 1
         self.changes = 0
 
-    def burst(self, n: int) -> None:
+    def burst(self, n: int, commit_ts: datetime | None = None) -> None:
+        """Make ``n`` random changes (half inserts, 40% updates, 10% deletes), committed at ``commit_ts``."""
         batch = []
         for _ in range(n):
             roll = self.rng.random()
@@ -62,7 +64,7 @@ class OrderSource:
                 oid = self.rng.choice(list(self.rows))
                 del self.rows[oid]
                 batch.append({"order_id": oid, "_op": "delete"})
-        self.log.append(batch)
+        self.log.append(batch, commit_ts=commit_ts)
         self.changes += n
 
 

@@ -1,0 +1,100 @@
+"""Read a streaming query's positions from its Spark checkpoint (offset recovery).
+
+Every batch's end position for every channel lives in Spark's own offset log (``<checkpoint>/offsets/<N>``),
+and a batch is committed when ``<checkpoint>/commits/<N>`` exists. Restarting the query with the same
+checkpoint replays an uncommitted batch exactly; nothing else is needed for exactly-once. This module is for
+the other cases: inspecting where a query is, or starting a *new* query (new checkpoint, new sink, a
+re-deployed job whose checkpoint cannot be reused) where an old one left off, by turning the last committed
+batch's end offset into a ``startingOffsets`` value.
+
+Spark's offset file format (``OffsetSeqLog``, version 1): the line ``v1``, a line of batch metadata JSON,
+then one line per source of the query in the order of the query plan (``-`` for a source without offset).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_BATCH_FILE = re.compile(r"^\d+$")
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot answer the question asked (missing, not a cdc query, mid-snapshot, ...)."""
+
+
+@dataclass(frozen=True)
+class BatchOffsets:
+    """The end offsets of one batch of a query, as Spark logged them."""
+
+    batch_id: int
+    committed: bool
+    metadata: dict[str, Any]
+    sources: tuple[dict[str, Any] | None, ...]
+
+    def source(self, index: int = 0) -> dict[str, Any]:
+        if not 0 <= index < len(self.sources):
+            raise CheckpointError(f"batch {self.batch_id} has {len(self.sources)} sources; no source #{index}")
+        offset = self.sources[index]
+        if offset is None or not isinstance(offset.get("channels"), dict):
+            raise CheckpointError(f"source #{index} of batch {self.batch_id} is not a cdc source")
+        return offset
+
+
+def _batch_ids(directory: Path) -> list[int]:
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if _BATCH_FILE.match(p.name))
+
+
+def read_batch(checkpoint: str | Path, batch_id: int | None = None) -> BatchOffsets:
+    """The offsets of ``batch_id`` (default: the last batch in the offset log, committed or not)."""
+    root = Path(checkpoint)
+    ids = _batch_ids(root / "offsets")
+    if not ids:
+        raise CheckpointError(f"{root}: no offset log (is this a streaming query's checkpointLocation?)")
+    bid = ids[-1] if batch_id is None else batch_id
+    path = root / "offsets" / str(bid)
+    if not path.is_file():
+        raise CheckpointError(f"{root}: batch {bid} is not in the offset log (it holds {ids[0]}..{ids[-1]})")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines or lines[0].strip() != "v1":
+        raise CheckpointError(f"{path}: unknown offset log version {lines[0] if lines else '(empty)'!r}")
+    metadata = json.loads(lines[1]) if len(lines) > 1 else {}
+    sources = tuple(None if line.strip() == "-" else json.loads(line) for line in lines[2:])
+    committed = (root / "commits" / str(bid)).is_file()
+    return BatchOffsets(bid, committed, metadata, sources)
+
+
+def last_committed(checkpoint: str | Path) -> BatchOffsets:
+    """The last batch whose offsets are logged and whose commit is logged too."""
+    root = Path(checkpoint)
+    committed = set(_batch_ids(root / "commits"))
+    for bid in reversed(_batch_ids(root / "offsets")):
+        if bid in committed:
+            return read_batch(root, bid)
+    raise CheckpointError(f"{root}: no committed batch yet; a new query should start where the old one was told to")
+
+
+def starting_offsets(offset: dict[str, Any]) -> dict[str, Any]:
+    """Turn a batch's end offset into a ``startingOffsets`` JSON object for a new query.
+
+    Every channel starts at its logged end position. A finished channel read to its end keeps its final
+    position (so its children may start). Refused while a snapshot is being delivered: a snapshot's chunks are
+    not change channels, and a new query cannot resume one half-read; it should start with
+    ``startingOffsets=snapshot`` again.
+    """
+    out: dict[str, Any] = {}
+    for cid, entry in offset["channels"].items():
+        if entry.get("snapshot"):
+            if not entry.get("done"):
+                raise CheckpointError(
+                    f"the batch ended inside a snapshot (chunk {cid!r} not finished); a new query cannot resume a "
+                    "half-read snapshot: start it with startingOffsets=snapshot, or use a later batch"
+                )
+            continue
+        out[cid] = entry["pos"]
+    return out
