@@ -63,9 +63,11 @@ def run_query(log_path: str, out: str, checkpoint: str, starting: str, drain: bo
                .option("startingOffsets", starting).option("maxRecordsPerTrigger", BATCH).load())
     writer = changes.writeStream.format("parquet").option("path", out).option("checkpointLocation", checkpoint)
     if drain:
-        writer.trigger(availableNow=True).start().awaitTermination()
+        query = writer.trigger(availableNow=True).start()
     else:  # runs until it is killed
-        writer.trigger(processingTime="200 milliseconds").start().awaitTermination()
+        query = writer.trigger(processingTime="200 milliseconds").start()
+    query.awaitTermination()
+    query.stop()
     spark.stop()
 
 
