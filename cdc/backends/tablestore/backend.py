@@ -3,6 +3,30 @@
 Channels are the tunnel's channels. A BaseData channel's records become ``snapshot`` changes; a stream
 channel's PUT_ROW / UPDATE_ROW / DELETE_ROW become ``insert`` / ``update`` / ``delete``.
 
+Row images: what a change says about the row
+---------------------------------------------
+The backend declares a *partial* change schema (``_unchanged``, see :mod:`cdc.model`):
+
+* ``PUT_ROW`` replaces the whole row in Tablestore: an ``insert`` whose columns absent from the record
+  are null, ``_unchanged`` null.
+* ``UPDATE_ROW`` carries only the columns it touches: an ``update`` whose ``_unchanged`` lists the
+  catalog's value columns the record does not mention (null when it mentions all). A PUT cell gives
+  the column's new value; a ``DELETE_ALL_VERSION`` or ``DELETE_ONE_VERSION`` cell sets it to null (the
+  column is present, not unchanged).
+* ``DELETE_ROW`` is a ``delete`` (values null, ``_unchanged`` null); base-data rows are whole
+  ``snapshot`` rows.
+* The EMR columns agree: ``__ots_column_type_<col>`` is ``PUT`` / ``DELETE_ONE_VERSION`` /
+  ``DELETE_ALL_VERSION`` exactly for the columns the record mentions, null for the others (so an
+  update's ``_unchanged`` is its value columns whose column type is null).
+
+``DELETE_ONE_VERSION`` and ``max_versions > 1``: deleting a column's newest version makes an older
+version visible, but the stream record names only the deleted version's timestamp, never the value
+that becomes visible (and reading the row now would give a later value, not the one at this change, so
+a batch would no longer be a function of its offsets). The backend delivers such a column as null, the
+exact answer for tables that keep one version (the default, and what a table read as a change log
+should use), and warns at start-up when the table keeps more versions; ``__ots_column_type_<col> =
+DELETE_ONE_VERSION`` marks the records concerned so a pipeline can re-read those rows.
+
 Deterministic batches: the design
 =================================
 
@@ -292,7 +316,14 @@ class RecordLayout:
             commit_us, record_type, record_ts = info.timestamp, _RECORD_TYPES[action], info.timestamp
             if action == pb.DELETE_ROW:
                 values, kinds = {}, {}
+        # Only an UPDATE_ROW is partial: the columns it does not mention keep their values. PUT_ROW
+        # replaces the whole row (absent columns are gone), DELETE_ROW and base-data rows are whole.
+        unchanged = None
+        if not base and action == pb.UPDATE_ROW:
+            unchanged = [name for name in self.value_columns if name not in kinds] or None
         out: list[Any] = [op, seq, commit_us, channel, n]
+        if self.schema.partial:
+            out.append(unchanged)
         pk = dict(row.primary_key)
         for key in self.schema.keys:
             if key not in pk:
@@ -523,7 +554,8 @@ class TablestoreBackend(Backend):
         from tablestore.error import OTSClientError, OTSServiceError
 
         try:
-            meta = self.client.ots.describe_table(self.table).table_meta
+            described = self.client.ots.describe_table(self.table)
+            meta = described.table_meta
         except OTSServiceError as exc:
             if exc.code == "OTSObjectNotExist":
                 raise OptionError(
@@ -534,6 +566,15 @@ class TablestoreBackend(Backend):
             ) from None
         except OTSClientError as exc:
             raise ProtocolError(f"DescribeTable: {exc}", "ProtocolError") from None
+        max_versions = getattr(described.table_options, "max_version", None) or 1
+        if max_versions > 1:
+            log.warning(
+                "table %s keeps %d versions per column: a DELETE_ONE_VERSION change is delivered as the "
+                "column becoming null, although an older version may become visible (see "
+                "__ots_column_type_<col>)",
+                self.table,
+                max_versions,
+            )
         keys: list[tuple[str, pa.DataType]] = []
         for entry in meta.schema_of_primary_key:
             name, kind = entry[0], str(entry[1]).upper()
@@ -565,7 +606,7 @@ class TablestoreBackend(Backend):
             columns += [(RECORD_TYPE_COLUMN, pa.string()), (RECORD_TIMESTAMP_COLUMN, pa.int64())]
             columns += [(COLUMN_TYPE_PREFIX + name, pa.string()) for name, _ in values]
         try:
-            schema = ChangeSchema.of(columns, [k for k, _ in keys])
+            schema = ChangeSchema.of(columns, [k for k, _ in keys], partial=True)
         except ValueError as exc:
             raise OptionError(f"option 'catalog': {exc}", "catalog") from None
         quarantine = self.options.quarantine_path if self.options.on_malformed == "quarantine" else None
