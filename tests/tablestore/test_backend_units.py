@@ -273,7 +273,11 @@ def test_update_row_lists_the_columns_it_leaves_unchanged() -> None:
         rec(pb.UPDATE_ROW, Row((("id", 1),), (Cell("name", "b"),), sequence_info=seq(1))),
         rec(
             pb.UPDATE_ROW,
-            Row((("id", 1),), (Cell("score", cell_type=DELETE_ONE_VERSION, timestamp=3),), sequence_info=seq(2)),
+            Row(
+                (("id", 1),),
+                (Cell("score", cell_type=DELETE_ONE_VERSION, timestamp=3),),
+                sequence_info=seq(2),
+            ),
         ),
         rec(pb.UPDATE_ROW, Row((("id", 1),), (Cell("other", "not in the catalog"),), sequence_info=seq(3))),
         rec(pb.PUT_ROW, Row((("id", 1),), (Cell("name", "c"),), sequence_info=seq(4))),

@@ -20,7 +20,14 @@ from tests.tablestore.world import World, drain
 
 COLUMNS = ("v", "n", "w")
 CATALOG = json.dumps(
-    {"columns": {"id": {"type": "long"}, "v": {"type": "string"}, "n": {"type": "long"}, "w": {"type": "string"}}}
+    {
+        "columns": {
+            "id": {"type": "long"},
+            "v": {"type": "string"},
+            "n": {"type": "long"},
+            "w": {"type": "string"},
+        }
+    }
 )
 IGNORE = ots.Condition(ots.RowExistenceExpectation.IGNORE)
 
@@ -134,7 +141,9 @@ def table_now(w: World) -> dict[int, dict[str, Any]]:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(WRITE, min_size=1, max_size=25))
-def test_folding_partial_changes_gives_the_table(server: TablestoreProcess, writes: list[tuple[Any, ...]]) -> None:
+def test_folding_partial_changes_gives_the_table(
+    server: TablestoreProcess, writes: list[tuple[Any, ...]]
+) -> None:
     w = World(server, tunnel_type="Stream", extra_options={"catalog": CATALOG})
     w.create_tunnel()
     for i, write in enumerate(writes):
