@@ -24,7 +24,14 @@ from cdc.backends.tablestore.plainbuffer import (
     SequenceInfo,
     encode_row,
 )
-from cdc.errors import MalformedRecordError, OptionError, PositionError, TerminalError, TransientError
+from cdc.errors import (
+    DataLossError,
+    MalformedRecordError,
+    OptionError,
+    PositionError,
+    TerminalError,
+    TransientError,
+)
 from cdc.model import ChangeSchema
 from cdc.options import parse
 
@@ -106,6 +113,16 @@ def test_error_codes_map_to_typed_picklable_errors(code: str, status: int, cls: 
     assert type(back) is cls and str(back) == str(err)
     assert (back.code, back.http_status, back.request_id) == (code, status, "req-1")
     assert isinstance(err, E.RETRYABLE) == (kind is TransientError and cls is not E.ResourceGoneError)
+
+
+def test_trimmed_data_as_the_service_reports_it_is_data_loss_not_retried() -> None:
+    """The service answers HTTP 400 OTSTunnelServerUnavailable with an OTSTrimmedDataAccess message."""
+    message = "/tunnel/readrecords: OTSTrimmedDataAccess Requested stream data is already trimmed or does not exist."
+    err = E.error_for("OTSTunnelServerUnavailable", message, 400, "req-2")
+    assert type(err) is E.TrimmedDataError and isinstance(err, DataLossError)
+    assert not isinstance(err, E.RETRYABLE)
+    assert type(E.error_for("OTSTrimmedDataAccess", "gone", 400)) is E.TrimmedDataError
+    assert type(E.error_for("OTSTunnelServerUnavailable", "busy", 503)) is E.TunnelServerUnavailableError
 
 
 # ------------------------------------------------------------------ protobuf

@@ -81,6 +81,23 @@ Correctness never depends on the tunnel's checkpoints: Spark's offset log holds 
 
 A channel's earliest position is its ``start_token`` (local server), else the tunnel's checkpoint (the
 real service cannot name a channel's beginning once its checkpoint moved).
+
+Expired records and tunnels
+---------------------------
+The service drops stream records older than the stream's retention. Reading a token inside the dropped
+part fails (HTTP 400 ``OTSTunnelServerUnavailable``, message ``OTSTrimmedDataAccess ...``; not retried):
+:class:`~.errors.TrimmedDataError`, a :class:`~cdc.errors.DataLossError` naming the tunnel and channel.
+A batch's plan always reads its start token (even when a summary of that response is cached), so the
+loss surfaces while planning, where ``failOnDataLoss`` decides: by default the query fails; with
+``failOnDataLoss=false`` the planner logs it and restarts the channel at :meth:`earliest` (the
+``start_token``, which the local server moves to the first record still held), recording that position
+in the offset (``from``) so replays read the same records; ``n`` goes on from where the loss was found,
+so ``_position`` keeps increasing. Against the real service, which names no earliest held record, the
+earliest is the tunnel's checkpoint, which may itself have expired: the skip then fails with the same
+error. Records that expire between planning and reading fail the read (the batch can no longer be
+produced). A tunnel whose incremental log expired before it was consumed (a BaseAndStream tunnel whose
+base data took longer than the retention) answers ``OTSTunnelExpired``: nothing can be skipped to, so
+that is a terminal :class:`~.errors.TunnelExpiredError` naming the tunnel and telling to recreate it.
 """
 
 from __future__ import annotations
@@ -107,6 +124,8 @@ from cdc.backends.tablestore.errors import (
     ResourceGoneError,
     SequenceNumberMismatchError,
     TablestoreError,
+    TrimmedDataError,
+    TunnelExpiredError,
     error_for,
 )
 from cdc.backends.tablestore.options import TablestoreOptions
@@ -357,17 +376,25 @@ def _mismatch(name: str, value: Any, table: pa.Schema) -> MalformedRecordError:
 class _Session:
     """One tunnel client id plus the calls both the driver and executors make."""
 
-    def __init__(self, client: TunnelClient, tunnel_id: str, client_id: str | None, timeout_s: int) -> None:
+    def __init__(
+        self, client: TunnelClient, tunnel_id: str, client_id: str | None, timeout_s: int, label: str = ""
+    ) -> None:
         self.client = client
         self.tunnel_id = tunnel_id
         self.client_id = client_id
         self.timeout_s = timeout_s
+        self.label = label or f"tunnel {tunnel_id!r}"
         self._lock = threading.Lock()
 
     def ensure_client(self) -> str:
         with self._lock:
             if self.client_id is None:
-                self.client_id = self.client.connect(self.tunnel_id, self.timeout_s, client_tag="cdc-tunnel")
+                try:
+                    self.client_id = self.client.connect(
+                        self.tunnel_id, self.timeout_s, client_tag="cdc-tunnel"
+                    )
+                except TunnelExpiredError as exc:
+                    raise expired(self.label, exc) from None
                 log.info("connected to tunnel %s as client %s", self.tunnel_id, self.client_id)
             return self.client_id
 
@@ -380,14 +407,28 @@ class _Session:
     def call(self, fn: Any, *args: Any) -> Any:
         cid = self.ensure_client()
         try:
-            return fn(self.tunnel_id, cid, *args)
-        except ResourceGoneError:
-            log.info("tunnel client %s expired; reconnecting", cid)
-            return fn(self.tunnel_id, self.reconnect(cid), *args)
+            try:
+                return fn(self.tunnel_id, cid, *args)
+            except ResourceGoneError:
+                log.info("tunnel client %s expired; reconnecting", cid)
+                return fn(self.tunnel_id, self.reconnect(cid), *args)
+        except TunnelExpiredError as exc:
+            raise expired(self.label, exc) from None
 
     def read(self, channel: str, token: str) -> RecordPage:
         page: RecordPage = self.call(self.client.read_records, channel, token)
         return page
+
+
+def expired(label: str, cause: Exception | str) -> TunnelExpiredError:
+    """The error for a tunnel the service expired: it names the tunnel and the way out."""
+    return TunnelExpiredError(
+        f"{label} has expired on the service ({cause}): its incremental log outlived the stream retention "
+        "before it was consumed (for a BaseAndStream tunnel: the base data took longer than the retention), "
+        "so it can deliver no more changes. Nothing can be skipped to; delete it and create a new one "
+        "(createTunnelIfMissing=true), and start the query again with a new checkpoint location.",
+        "OTSTunnelExpired",
+    )
 
 
 class TablestoreRangeReader(RangeReader):
@@ -501,13 +542,17 @@ class TablestoreBackend(Backend):
         self.table = options.table_name
         self.layout = self._layout()  # first: a missing table is reported as such
         self.tunnel_name, self.tunnel_id, self.tunnel_type = self._resolve_tunnel()
-        self.session = _Session(self.client, self.tunnel_id, None, options.client_timeout)
+        self.session = _Session(self.client, self.tunnel_id, None, options.client_timeout, self._label())
         self._channels: dict[str, Any] = {}  # channel id -> pb.ChannelInfo, from the last describe
         self._known_finished: set[str] = set()
+        self._lost_at: dict[str, int] = {}  # channel -> n where expired records were found (see earliest)
         self._heads: dict[str, Position] = {}
         self._pages: OrderedDict[tuple[str, str], _PageSummary] = OrderedDict()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+
+    def _label(self) -> str:
+        return f"tunnel {self.tunnel_name or self.tunnel_id!r} (id {self.tunnel_id}) of table {self.table!r}"
 
     def __repr__(self) -> str:
         return f"TablestoreBackend(table={self.table!r}, tunnel={self.tunnel_name or self.tunnel_id!r})"
@@ -518,6 +563,9 @@ class TablestoreBackend(Backend):
         if o.tunnel_id and not o.tunnel_name:
             for info in self.client.list_tunnels(self.table):
                 if info.tunnel_id == o.tunnel_id:
+                    if info.expired:
+                        label = f"tunnel {info.tunnel_name!r} (id {info.tunnel_id}) of table {self.table!r}"
+                        raise expired(label, "ListTunnel")
                     return str(info.tunnel_name), str(info.tunnel_id), str(info.tunnel_type)
             raise OptionError(
                 f"option 'tunnel.id': no tunnel {o.tunnel_id!r} on table {self.table!r}", "tunnel.id"
@@ -535,6 +583,11 @@ class TablestoreBackend(Backend):
             tunnel_id = self.client.create_tunnel(self.table, name, o.tunnel_type)
             return name, tunnel_id, o.tunnel_type
         info = resp.tunnel
+        if info.expired:
+            raise expired(
+                f"tunnel {name or info.tunnel_id!r} (id {info.tunnel_id}) of table {self.table!r}",
+                "DescribeTunnel",
+            )
         if "tunnel_type" in o.model_fields_set and info.tunnel_type != o.tunnel_type:
             log.warning(
                 "tunnel %s is of type %s; option 'tunnel.type' (%s) only applies to a tunnel created by "
@@ -658,11 +711,17 @@ class TablestoreBackend(Backend):
         return out
 
     def earliest(self, channel: str) -> Position:
-        info = self._info(channel)
+        # After a skip over expired records (failOnDataLoss=false) the count goes on from where the lost
+        # range began, so _position stays increasing in the channel; the planner records the position
+        # it skips to in the offset ("from"), so a replay never asks again.
+        n = self._lost_at.get(channel, 0)
+        info = self._describe().get(channel) if channel in self._lost_at else self._info(channel)
+        if info is None:
+            raise PositionError(f"tunnel {self.tunnel_name or self.tunnel_id!r} has no channel {channel!r}")
         if info.HasField("start_token") and info.start_token:
-            return Pos(info.start_token).to_json()
+            return Pos(info.start_token, 0, n).to_json()
         token, _ = self.session.call(self.client.get_checkpoint, channel)
-        return Pos(token).to_json()
+        return Pos(token, 0, n).to_json()
 
     def latest(self, channel: str) -> Position:
         info = self._info(channel)
@@ -673,7 +732,10 @@ class TablestoreBackend(Backend):
             begin = Pos.parse(channel, self.earliest(channel))
             return Pos(begin.token, begin.skip, begin.n, (TIME_BOUND, time.time_ns() // 1000)).to_json()
         start = self._heads.get(channel) or self.earliest(channel)
-        end = self._plan(channel, start, None, None, open_waiting=False).end
+        try:
+            end = self._plan(channel, start, None, None, open_waiting=False).end
+        except TrimmedDataError:  # the head walked from expired records: walk from the first held one
+            end = self._plan(channel, self.earliest(channel), None, None, open_waiting=False).end
         self._heads[channel] = end
         return end
 
@@ -696,7 +758,21 @@ class TablestoreBackend(Backend):
     def plan(
         self, channel: str, start: Position, max_records: int | None = None, until: Position | None = None
     ) -> PlannedRange:
-        return self._plan(channel, start, max_records, until, open_waiting=True)
+        try:
+            return self._plan(channel, start, max_records, until, open_waiting=True)
+        except TrimmedDataError as exc:
+            s = Pos.parse(channel, start)
+            self._lost_at[channel] = s.n
+            lost = TrimmedDataError(
+                f"tunnel {self.tunnel_name or self.tunnel_id!r}, channel {channel!r}: the records after position "
+                f"{s.n} have expired on the service ({exc}); set failOnDataLoss=false to skip to the first "
+                "record still held",
+                exc.code,
+                exc.http_status,
+                exc.request_id,
+            )
+            lost.channel = channel
+            raise lost from None
 
     def _plan(
         self,
@@ -729,8 +805,13 @@ class TablestoreBackend(Backend):
             end = Pos(FINISHED if finished else token, 0 if finished else skip, n, last)
             return PlannedRange(end.to_json(), taken, finished)
 
+        # A batch's plan reads its start token even when a summary of it is known: a summary stays true,
+        # but the records it describes may have expired since (OTSTrimmedDataAccess), and that data loss
+        # must surface here, where failOnDataLoss decides, not in an executor.
+        verify = open_waiting
         while True:
-            summary = self._pages.get((channel, token))
+            summary = None if verify else self._pages.get((channel, token))
+            verify = False
             if summary is not None and skip <= summary.count:
                 # A response read before, summarised: consume it whole without reading it again when
                 # neither the budget nor the bound ends the range inside it.
