@@ -79,6 +79,12 @@ child (it only does once every parent is completely delivered by durable, planne
 checkpoints those parents ``"finished"`` right away instead of costing two more micro-batches.
 Correctness never depends on the tunnel's checkpoints: Spark's offset log holds every position.
 
+After a crash, the dead run's tunnel client keeps its channels until ``tunnel.client.timeoutSeconds``
+pass, and until then their checkpoints cannot move (WAIT children wait). The backend tags its clients
+with its process's identity and, when it connects (and when finishing a WAIT child's parents fails),
+shuts down the clients holding channels that are provably leftovers: of a process on this host that is
+gone, or of another process with the same ``tunnel.client.tag`` (see :mod:`.handover`).
+
 A channel's earliest position is its ``start_token`` (local server), else the tunnel's checkpoint (the
 real service cannot name a channel's beginning once its checkpoint moved).
 
@@ -115,6 +121,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
+from cdc.backends.tablestore import handover
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.client import RecordPage, RetrySettings, TunnelClient
 from cdc.backends.tablestore.errors import (
@@ -377,22 +384,28 @@ class _Session:
     """One tunnel client id plus the calls both the driver and executors make."""
 
     def __init__(
-        self, client: TunnelClient, tunnel_id: str, client_id: str | None, timeout_s: int, label: str = ""
+        self,
+        client: TunnelClient,
+        tunnel_id: str,
+        client_id: str | None,
+        timeout_s: int,
+        label: str = "",
+        query_tag: str | None = None,
     ) -> None:
         self.client = client
         self.tunnel_id = tunnel_id
         self.client_id = client_id
         self.timeout_s = timeout_s
         self.label = label or f"tunnel {tunnel_id!r}"
+        self.query_tag = query_tag
         self._lock = threading.Lock()
 
     def ensure_client(self) -> str:
         with self._lock:
             if self.client_id is None:
                 try:
-                    self.client_id = self.client.connect(
-                        self.tunnel_id, self.timeout_s, client_tag="cdc-tunnel"
-                    )
+                    tag = handover.this_process(self.query_tag).tag()
+                    self.client_id = self.client.connect(self.tunnel_id, self.timeout_s, client_tag=tag)
                 except TunnelExpiredError as exc:
                     raise expired(self.label, exc) from None
                 log.info("connected to tunnel %s as client %s", self.tunnel_id, self.client_id)
@@ -442,6 +455,7 @@ class TablestoreRangeReader(RangeReader):
         timeout_s: int,
         layout: RecordLayout,
         base_channels: frozenset[str],
+        query_tag: str | None = None,
     ) -> None:
         self.client = client
         self.tunnel_id = tunnel_id
@@ -449,6 +463,7 @@ class TablestoreRangeReader(RangeReader):
         self.timeout_s = timeout_s
         self.layout = layout
         self.base_channels = base_channels
+        self.query_tag = query_tag
 
     def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
         s, e = Pos.parse(channel, start), Pos.parse(channel, end)
@@ -457,7 +472,9 @@ class TablestoreRangeReader(RangeReader):
             raise PositionError(f"channel {channel!r}: range end {end!r} lies before its start {start!r}")
         if count == 0:
             return
-        session = _Session(self.client, self.tunnel_id, self.client_id, self.timeout_s)
+        session = _Session(
+            self.client, self.tunnel_id, self.client_id, self.timeout_s, query_tag=self.query_tag
+        )
         base = channel in self.base_channels
         token, skip, produced = s.token, s.skip, 0
         last_record: Any = None
@@ -542,7 +559,9 @@ class TablestoreBackend(Backend):
         self.table = options.table_name
         self.layout = self._layout()  # first: a missing table is reported as such
         self.tunnel_name, self.tunnel_id, self.tunnel_type = self._resolve_tunnel()
-        self.session = _Session(self.client, self.tunnel_id, None, options.client_timeout, self._label())
+        self.session = _Session(
+            self.client, self.tunnel_id, None, options.client_timeout, self._label(), options.client_tag
+        )
         self._channels: dict[str, Any] = {}  # channel id -> pb.ChannelInfo, from the last describe
         self._known_finished: set[str] = set()
         self._lost_at: dict[str, int] = {}  # channel -> n where expired records were found (see earliest)
@@ -665,9 +684,33 @@ class TablestoreBackend(Backend):
         quarantine = self.options.quarantine_path if self.options.on_malformed == "quarantine" else None
         return RecordLayout(schema, tuple(n for n, _ in values), self.options.ots_columns, quarantine)
 
+    def _take_over_stale_clients(self) -> list[str]:
+        """Shut down the tunnel clients a crashed run left holding channels (see :mod:`.handover`)."""
+        me = handover.this_process(self.options.client_tag)
+        ours = self.session.ensure_client()
+        taken: list[str] = []
+        owners = {c.client_id for c in self._describe().values() if c.client_id and c.client_id != ours}
+        for owner in sorted(owners):
+            why = handover.is_stale(owner, me)
+            if why is None:
+                continue
+            try:
+                self.client.shutdown(self.tunnel_id, owner)
+            except ResourceGoneError:
+                pass  # it expired meanwhile
+            except TablestoreError as exc:
+                log.warning("could not shut down the stale tunnel client %s (%s): %s", owner, why, exc)
+                continue
+            log.info("shut down tunnel client %s, left by an earlier run: %s", owner, why)
+            taken.append(owner)
+        if taken:
+            self._describe()
+        return taken
+
     def _start_heartbeat(self) -> None:
         if self._heartbeat is not None:
             return
+        self._take_over_stale_clients()
         interval = max(1.0, self.options.client_timeout / 3)
 
         def beat() -> None:
@@ -753,6 +796,7 @@ class TablestoreBackend(Backend):
             self.options.client_timeout,
             self.layout,
             base,
+            self.options.client_tag,
         )
 
     def plan(
@@ -880,8 +924,15 @@ class TablestoreBackend(Backend):
             for p in parents:
                 self._checkpoint(p, FINISHED)
         except TablestoreError as exc:  # e.g. a parent still held by a live client of an earlier run
-            log.info("channel %s waits: finishing its parents' checkpoints failed: %s", channel, exc)
-            return False
+            if not self._take_over_stale_clients():
+                log.info("channel %s waits: finishing its parents' checkpoints failed: %s", channel, exc)
+                return False
+            try:
+                for p in parents:
+                    self._checkpoint(p, FINISHED)
+            except TablestoreError as again:
+                log.info("channel %s waits: finishing its parents' checkpoints failed: %s", channel, again)
+                return False
         return self._describe().get(channel) is not None and self._channels[channel].channel_status != "WAIT"
 
     def _checkpoint(self, channel: str, token: str) -> None:

@@ -996,7 +996,8 @@ class Store:
         with self._txn() as db:
             self._tunnel(tunnel_id)
             self._not_expired(tunnel_id)
-            client_id = f"{tunnel_id}-{uuid.uuid4().hex[:16]}"
+            # like the service: the client tag (the Java worker's default: the hostname), then a random string
+            client_id = f"{tag}{uuid.uuid4().hex[:16]}" if tag else f"{tunnel_id}-{uuid.uuid4().hex[:16]}"
             db.execute(
                 "INSERT INTO clients VALUES (?, ?, ?, ?, ?)",
                 (client_id, tunnel_id, timeout_s if timeout_s > 0 else 300, time.time(), tag),
