@@ -844,8 +844,10 @@ class TablestoreBackend(Backend):
         def stop(finished: bool = False) -> PlannedRange:
             if taken == 0 and not finished:
                 return PlannedRange(start, 0, False)
-            if bound is not None and last == bound.last:
+            if bound is not None and last == bound.last and n == bound.n:
                 return PlannedRange(until, taken, finished)
+            # (a bound counted from another origin, e.g. computed before a skip over expired records,
+            # is met by its ordering key; the end then counts from this range's origin)
             end = Pos(FINISHED if finished else token, 0 if finished else skip, n, last)
             return PlannedRange(end.to_json(), taken, finished)
 
