@@ -5,12 +5,14 @@ server, faults."""
 from __future__ import annotations
 
 import pickle
+import time
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from cdc.backends.tablestore import TablestoreBackend
+from cdc.backends.tablestore.errors import TunnelExpiredError
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.errors import DataLossError, OptionError
 from cdc.local.tablestore import TablestoreProcess
@@ -254,17 +256,75 @@ def test_missing_table_names_the_option(tablestore_server: TablestoreProcess) ->
             TablestoreBackend(parse(TablestoreOptions, {**raw, **extra}, what="x"))
 
 
-def test_expired_records_are_data_loss(tablestore_server: TablestoreProcess) -> None:
+def _read(backend: TablestoreBackend, start: dict[str, Any], end: dict[str, Any]) -> list[tuple[Any, ...]]:
+    reader = pickle.loads(pickle.dumps(backend.reader()))
+    rows: list[tuple[Any, ...]] = []
+    for r in Planner.ranges(start, end):
+        for batch in reader.read(r.channel, r.start, r.end):
+            rows += [(x["_position"], x["id"], x["v"]) for x in batch.to_pylist()]
+    return rows
+
+
+def test_expired_records_are_data_loss_or_skipped(tablestore_server: TablestoreProcess) -> None:
+    """The service expired records the query has not read: by default a DataLossError naming the tunnel,
+    the channel and the option; with failOnDataLoss=false the batch skips to the first record still held,
+    the offset records where it skipped to, and a replay (another backend, as after a restart) reads the
+    very same records."""
     w = World(tablestore_server, tunnel_type="Stream")
     w.create_tunnel()
     w.put_many([(i, "old") for i in range(20)])
     backend = w.backend()
     (ch,) = [c.id for c in backend.list_channels()]
-    start = backend.earliest(ch)
+    planner = Planner(backend)
+    first = planner.next(planner.initial("earliest"), 5)
+    assert [p for p, _, _ in _read(backend, planner.initial("earliest"), first)] == [0, 1, 2, 3, 4]
+    time.sleep(0.01)
     tablestore_server.trim(w.table)  # the service expired the change log
+    w.put_many([(i, "new") for i in range(100, 105)])
+
     with pytest.raises(DataLossError) as info:
-        backend.plan(ch, start)
-    assert "OTSTrimmedDataAccess" in str(info.value)
-    with pytest.raises(DataLossError):
-        Planner(backend).next(Planner(backend).initial("earliest"))
+        planner.next(first)
+    message = str(info.value)
+    assert "OTSTrimmedDataAccess" in message and repr(ch) in message and "'cdc'" in message
+    assert "failOnDataLoss=false" in message and info.value.channel == ch
+
+    skipping = Planner(backend, fail_on_data_loss=False)
+    end = skipping.next(first)
+    entry = end["channels"][ch]
+    assert entry["from"] == backend.earliest(ch) and entry["from"]["n"] == 5
+    got = _read(backend, first, end)
+    assert got == [(5 + i, 100 + i, "new") for i in range(5)]  # positions go on increasing
     backend.close()
+
+    replay = w.backend()  # a restarted query replays the batch from its offsets alone
+    try:
+        assert _read(replay, first, end) == got
+        assert Planner(replay).next(end) == end  # and nothing more
+    finally:
+        replay.close()
+
+    # Trigger.AvailableNow: the target was taken (latest) before the skip, counting from another origin;
+    # it is met by its ordering key and the end still counts on from the skip
+    bounded = w.backend()
+    try:
+        target = {ch: bounded.latest(ch)}
+        end2 = Planner(bounded, fail_on_data_loss=False).next(first, None, target)
+        assert end2["channels"][ch]["pos"]["n"] == 10 and _read(bounded, first, end2) == got
+    finally:
+        bounded.close()
+
+
+def test_expired_tunnel_is_a_clear_error(tablestore_server: TablestoreProcess) -> None:
+    w = World(tablestore_server, tunnel_type="BaseAndStream")
+    w.put_many([(i, "base") for i in range(10)])
+    w.create_tunnel()
+    backend = w.backend()
+    w.put_many([(i, "change") for i in range(3)])
+    time.sleep(0.01)
+    tablestore_server.trim(w.table)  # the stream log expires before the base data was consumed
+    with pytest.raises(TunnelExpiredError, match=r"tunnel 'cdc' .*has expired.*delete it") as info:
+        Planner(backend).next(Planner(backend).initial("earliest"))
+    assert not isinstance(info.value, DataLossError)  # nothing to skip to: the tunnel is gone for good
+    backend.close()
+    with pytest.raises(TunnelExpiredError, match=r"tunnel 'cdc' .*has expired"):
+        w.backend()

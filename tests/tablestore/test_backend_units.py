@@ -24,7 +24,14 @@ from cdc.backends.tablestore.plainbuffer import (
     SequenceInfo,
     encode_row,
 )
-from cdc.errors import MalformedRecordError, OptionError, PositionError, TerminalError, TransientError
+from cdc.errors import (
+    DataLossError,
+    MalformedRecordError,
+    OptionError,
+    PositionError,
+    TerminalError,
+    TransientError,
+)
 from cdc.model import ChangeSchema
 from cdc.options import parse
 
@@ -108,6 +115,16 @@ def test_error_codes_map_to_typed_picklable_errors(code: str, status: int, cls: 
     assert isinstance(err, E.RETRYABLE) == (kind is TransientError and cls is not E.ResourceGoneError)
 
 
+def test_trimmed_data_as_the_service_reports_it_is_data_loss_not_retried() -> None:
+    """The service answers HTTP 400 OTSTunnelServerUnavailable with an OTSTrimmedDataAccess message."""
+    message = "/tunnel/readrecords: OTSTrimmedDataAccess Requested stream data is already trimmed or does not exist."
+    err = E.error_for("OTSTunnelServerUnavailable", message, 400, "req-2")
+    assert type(err) is E.TrimmedDataError and isinstance(err, DataLossError)
+    assert not isinstance(err, E.RETRYABLE)
+    assert type(E.error_for("OTSTrimmedDataAccess", "gone", 400)) is E.TrimmedDataError
+    assert type(E.error_for("OTSTunnelServerUnavailable", "busy", 503)) is E.TunnelServerUnavailableError
+
+
 # ------------------------------------------------------------------ protobuf
 def test_field_numbers_match_the_java_proto() -> None:
     def num(msg: object, field: str) -> int:
@@ -178,7 +195,7 @@ def layout(ots: bool = True) -> RecordLayout:
             ("__ots_column_type_name", pa.string()),
             ("__ots_column_type_score", pa.string()),
         ]
-    return RecordLayout(ChangeSchema.of(cols, ["id"]), ("name", "score"), ots)
+    return RecordLayout(ChangeSchema.of(cols, ["id"], partial=True), ("name", "score"), ots)
 
 
 def rec(action: int, row: Row) -> object:
@@ -217,6 +234,7 @@ def test_stream_records_become_changes_with_ots_columns() -> None:
     assert t[1]["name"] is None and t[1]["__ots_column_type_name"] == "DELETE_ALL_VERSION"
     assert t[1]["__ots_column_type_score"] == "DELETE_ONE_VERSION"
     assert [r["__ots_record_type__"] for r in t] == ["PUT", "UPDATE", "DELETE"]
+    assert [r["_unchanged"] for r in t] == [None, None, None]  # the update mentions every column
     assert t[2]["__ots_record_timestamp__"] == ts + 1 and t[2]["_commit_ts"].timestamp() == (ts + 1) / 1e6
 
 
@@ -263,3 +281,35 @@ def test_quarantine_needs_a_path() -> None:
         opts(onMalformed="quarantine")
     with pytest.raises(OptionError, match="onMalformed"):
         opts(onMalformed="ignore")
+
+
+def test_update_row_lists_the_columns_it_leaves_unchanged() -> None:
+    """An UPDATE_ROW is partial: unmentioned columns are in _unchanged (their column type null); a
+    deleted column is present and null; PUT_ROW replaces the row (absent columns null, not unchanged)."""
+    records = [
+        rec(pb.UPDATE_ROW, Row((("id", 1),), (Cell("name", "b"),), sequence_info=seq(1))),
+        rec(
+            pb.UPDATE_ROW,
+            Row(
+                (("id", 1),),
+                (Cell("score", cell_type=DELETE_ONE_VERSION, timestamp=3),),
+                sequence_info=seq(2),
+            ),
+        ),
+        rec(pb.UPDATE_ROW, Row((("id", 1),), (Cell("other", "not in the catalog"),), sequence_info=seq(3))),
+        rec(pb.PUT_ROW, Row((("id", 1),), (Cell("name", "c"),), sequence_info=seq(4))),
+    ]
+    for ots in (True, False):
+        t = pa.Table.from_batches([layout(ots).to_batch("ch", False, 0, records)]).to_pylist()
+        assert [r["_unchanged"] for r in t] == [["score"], ["name"], ["name", "score"], None]
+        assert (t[0]["name"], t[0]["score"]) == ("b", None)
+        assert (t[1]["name"], t[1]["score"]) == (None, None)
+        assert (t[3]["name"], t[3]["score"]) == ("c", None)
+        if ots:
+            # the column types say the same: null exactly for the columns the record does not mention
+            for r in t:
+                types = {c: r[f"__ots_column_type_{c}"] for c in ("name", "score")}
+                if r["_op"] == "update":
+                    assert sorted(c for c, k in types.items() if k is None) == r["_unchanged"]
+            assert t[1]["__ots_column_type_score"] == "DELETE_ONE_VERSION"
+    assert layout().arrow().names[:6] == ["_op", "_seq", "_commit_ts", "_channel", "_position", "_unchanged"]

@@ -130,6 +130,46 @@ def test_trimmed_log_gives_trimmed_data_access(tablestore_server: TablestoreProc
     client.put_row("t", Row([("id", 9)], [("v", 9)]), IGNORE)
     with pytest.raises(ServiceError) as lost:
         tunnel.read(tid, cid, held.channel_id, start)
-    assert lost.value.code == "OTSTrimmedDataAccess"
+    # as the service reports it: code OTSTunnelServerUnavailable, message starting OTSTrimmedDataAccess
+    assert lost.value.code == "OTSTunnelServerUnavailable"
+    assert str(lost.value).startswith(
+        "OTSTunnelServerUnavailable: OTSTrimmedDataAccess Requested stream data"
+    )
     after = tunnel.read(tid, cid, held.channel_id, first.next_token)  # at the trim point: still readable
     assert [r.action_type for r in after.records] == [pb.PUT_ROW]
+    # the channel's start token (our extension) moved to the first record still held
+    assert tunnel.channels(tid)[held.channel_id].start_token == first.next_token
+    assert not tunnel.describe(tid).tunnel.expired  # a Stream tunnel does not expire: its reads fail
+
+
+def test_base_and_stream_tunnel_expires_when_its_stream_log_is_trimmed_during_base_data(
+    tablestore_server: TablestoreProcess,
+) -> None:
+    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
+    client.create_table(
+        TableMeta("t", [("id", "INTEGER")]), TableOptions(), ReservedThroughput(CapacityUnit(0, 0))
+    )
+    client.put_row("t", Row([("id", 0)], [("v", 0)]), IGNORE)
+    done = tunnel.create("t", "done", pb.BaseAndStream)
+    tid = tunnel.create("t", "cdc", pb.BaseAndStream)
+    cid = tunnel.connect(tid)
+    # "done" finishes its base data: its stream stage has begun, so a trim is only data loss for it
+    dcid = tunnel.connect(done)
+    for ch in tunnel.channels(done).values():
+        if ch.channel_type == "BaseData":
+            tunnel.checkpoint(done, dcid, ch.channel_id, "finished", 1)
+    assert tunnel.describe(done).tunnel.stage == "ProcessStream"
+    client.put_row("t", Row([("id", 1)], [("v", 1)]), IGNORE)
+    tablestore_server.trim("t")
+    info = tunnel.describe(tid)
+    assert info.tunnel.expired and info.tunnel.stage == "ProcessBaseData"
+    for call in (lambda: tunnel.connect(tid), lambda: tunnel.heartbeat(tid, cid)):
+        with pytest.raises(ServiceError) as gone:
+            call()
+        assert gone.value.code == "OTSTunnelExpired" and tid in str(gone.value)
+    assert not tunnel.describe(done).tunnel.expired
+    tunnel.call("delete", pb.DeleteTunnelRequest(table_name="t", tunnel_name="cdc"), pb.DeleteTunnelResponse)
+    assert [
+        t.tunnel_name
+        for t in tunnel.call("list", pb.ListTunnelRequest(table_name="t"), pb.ListTunnelResponse).tunnels
+    ] == ["done"]

@@ -149,11 +149,13 @@ def test_kill_9_of_driver_and_server_then_restart_is_exactly_once(
     out, ck = tmp_path / "out", tmp_path / "ck"
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    # Credentials from the standard environment variables (not options); a short client timeout so
-    # the killed driver's tunnel client expires quickly and the restarted one can take its channels.
+    # Credentials from the standard environment variables (not options). A long client timeout: the
+    # killed driver's tunnel client stays alive on the server for 3 minutes, holding the split parent,
+    # so the restart must take it over (crash hand-over) rather than wait for it to expire.
+    timeout_s = 180
     options = {
         k: v
-        for k, v in w.options(**{"tunnel.client.timeoutSeconds": "5"}).items()
+        for k, v in w.options(**{"tunnel.client.timeoutSeconds": str(timeout_s)}).items()
         if not k.startswith("access")
     }
     env = {
@@ -193,6 +195,7 @@ def test_kill_9_of_driver_and_server_then_restart_is_exactly_once(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
     server.kill()
     server.start()
     update("x", range(1, 300, 5))
@@ -204,6 +207,11 @@ def test_kill_9_of_driver_and_server_then_restart_is_exactly_once(
         stderr=subprocess.DEVNULL,
         timeout=300,
     )
+    took = time.monotonic() - killed
+    print(
+        f"restart after kill -9: the AvailableNow run finished {took:.1f}s after the kill (client timeout {timeout_s}s)"
+    )
+    assert took < timeout_s, "the restart waited for the dead driver's tunnel client to expire"
 
     got = spark.read.parquet(str(out)).select("_channel", "_position", "_seq", "_op", "id", "v").collect()
     assert len(got) == len({(r["_channel"], r["_position"]) for r in got}), "duplicates after kill -9"
@@ -211,3 +219,50 @@ def test_kill_9_of_driver_and_server_then_restart_is_exactly_once(
     for r in got:
         per_key.setdefault(r["id"], []).append((r["_seq"], r["_op"], r["v"]))
     assert {k: [(op, v) for _, op, v in sorted(rs)] for k, rs in per_key.items()} == expected
+
+
+def test_fail_on_data_loss_in_spark(spark: Any, tablestore_server: TablestoreProcess, tmp_path: Path) -> None:
+    """Records the service expired before the query read them: the query fails with a DataLossError
+    naming the tunnel and the option; with failOnDataLoss=false it skips to the first record still held."""
+    server = tablestore_server
+    w = World(server, tunnel_type="Stream")
+    w.create_tunnel()
+    w.put_many([(k, "a") for k in range(20)])
+    out, ck = tmp_path / "out", tmp_path / "ck"
+
+    def run(**extra: str) -> Any:
+        reader = spark.readStream.format("cdc").option("backend", "tablestore")
+        for k, v in {**w.options(), **extra}.items():
+            reader = reader.option(k, v)
+        q = (
+            reader.load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(ck))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            q.awaitTermination(180)
+        except Exception:  # noqa: BLE001 - the failure is checked through q.exception()
+            pass
+        return q.exception()
+
+    assert run() is None
+    w.put_many([(k, "lost") for k in range(100, 110)])
+    time.sleep(0.01)
+    server.trim(w.table)
+    w.put_many([(k, "new") for k in range(200, 205)])
+    error = run()
+    assert error is not None
+    assert (
+        "OTSTrimmedDataAccess" in str(error)
+        and "failOnDataLoss=false" in str(error)
+        and "'cdc'" in str(error)
+    )
+    assert run(failOnDataLoss="false") is None
+    got = spark.read.parquet(str(out)).select("_position", "id", "v").collect()
+    assert sorted((r["id"], r["v"]) for r in got) == [(k, "a") for k in range(20)] + [
+        (k, "new") for k in range(200, 205)
+    ]
+    assert sorted(r["_position"] for r in got) == list(range(25))  # positions go on after the skip

@@ -3,6 +3,30 @@
 Channels are the tunnel's channels. A BaseData channel's records become ``snapshot`` changes; a stream
 channel's PUT_ROW / UPDATE_ROW / DELETE_ROW become ``insert`` / ``update`` / ``delete``.
 
+Row images: what a change says about the row
+---------------------------------------------
+The backend declares a *partial* change schema (``_unchanged``, see :mod:`cdc.model`):
+
+* ``PUT_ROW`` replaces the whole row in Tablestore: an ``insert`` whose columns absent from the record
+  are null, ``_unchanged`` null.
+* ``UPDATE_ROW`` carries only the columns it touches: an ``update`` whose ``_unchanged`` lists the
+  catalog's value columns the record does not mention (null when it mentions all). A PUT cell gives
+  the column's new value; a ``DELETE_ALL_VERSION`` or ``DELETE_ONE_VERSION`` cell sets it to null (the
+  column is present, not unchanged).
+* ``DELETE_ROW`` is a ``delete`` (values null, ``_unchanged`` null); base-data rows are whole
+  ``snapshot`` rows.
+* The EMR columns agree: ``__ots_column_type_<col>`` is ``PUT`` / ``DELETE_ONE_VERSION`` /
+  ``DELETE_ALL_VERSION`` exactly for the columns the record mentions, null for the others (so an
+  update's ``_unchanged`` is its value columns whose column type is null).
+
+``DELETE_ONE_VERSION`` and ``max_versions > 1``: deleting a column's newest version makes an older
+version visible, but the stream record names only the deleted version's timestamp, never the value
+that becomes visible (and reading the row now would give a later value, not the one at this change, so
+a batch would no longer be a function of its offsets). The backend delivers such a column as null, the
+exact answer for tables that keep one version (the default, and what a table read as a change log
+should use), and warns at start-up when the table keeps more versions; ``__ots_column_type_<col> =
+DELETE_ONE_VERSION`` marks the records concerned so a pipeline can re-read those rows.
+
 Deterministic batches: the design
 =================================
 
@@ -55,8 +79,31 @@ child (it only does once every parent is completely delivered by durable, planne
 checkpoints those parents ``"finished"`` right away instead of costing two more micro-batches.
 Correctness never depends on the tunnel's checkpoints: Spark's offset log holds every position.
 
+After a crash, the dead run's tunnel client keeps its channels until ``tunnel.client.timeoutSeconds``
+pass, and until then their checkpoints cannot move (WAIT children wait). The backend tags its clients
+with its process's identity and, when it connects (and when finishing a WAIT child's parents fails),
+shuts down the clients holding channels that are provably leftovers: of a process on this host that is
+gone, or of another process with the same ``tunnel.client.tag`` (see :mod:`.handover`).
+
 A channel's earliest position is its ``start_token`` (local server), else the tunnel's checkpoint (the
 real service cannot name a channel's beginning once its checkpoint moved).
+
+Expired records and tunnels
+---------------------------
+The service drops stream records older than the stream's retention. Reading a token inside the dropped
+part fails (HTTP 400 ``OTSTunnelServerUnavailable``, message ``OTSTrimmedDataAccess ...``; not retried):
+:class:`~.errors.TrimmedDataError`, a :class:`~cdc.errors.DataLossError` naming the tunnel and channel.
+A batch's plan always reads its start token (even when a summary of that response is cached), so the
+loss surfaces while planning, where ``failOnDataLoss`` decides: by default the query fails; with
+``failOnDataLoss=false`` the planner logs it and restarts the channel at :meth:`earliest` (the
+``start_token``, which the local server moves to the first record still held), recording that position
+in the offset (``from``) so replays read the same records; ``n`` goes on from where the loss was found,
+so ``_position`` keeps increasing. Against the real service, which names no earliest held record, the
+earliest is the tunnel's checkpoint, which may itself have expired: the skip then fails with the same
+error. Records that expire between planning and reading fail the read (the batch can no longer be
+produced). A tunnel whose incremental log expired before it was consumed (a BaseAndStream tunnel whose
+base data took longer than the retention) answers ``OTSTunnelExpired``: nothing can be skipped to, so
+that is a terminal :class:`~.errors.TunnelExpiredError` naming the tunnel and telling to recreate it.
 """
 
 from __future__ import annotations
@@ -74,6 +121,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
+from cdc.backends.tablestore import handover
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.client import RecordPage, RetrySettings, TunnelClient
 from cdc.backends.tablestore.errors import (
@@ -83,6 +131,8 @@ from cdc.backends.tablestore.errors import (
     ResourceGoneError,
     SequenceNumberMismatchError,
     TablestoreError,
+    TrimmedDataError,
+    TunnelExpiredError,
     error_for,
 )
 from cdc.backends.tablestore.options import TablestoreOptions
@@ -292,7 +342,14 @@ class RecordLayout:
             commit_us, record_type, record_ts = info.timestamp, _RECORD_TYPES[action], info.timestamp
             if action == pb.DELETE_ROW:
                 values, kinds = {}, {}
+        # Only an UPDATE_ROW is partial: the columns it does not mention keep their values. PUT_ROW
+        # replaces the whole row (absent columns are gone), DELETE_ROW and base-data rows are whole.
+        unchanged = None
+        if not base and action == pb.UPDATE_ROW:
+            unchanged = [name for name in self.value_columns if name not in kinds] or None
         out: list[Any] = [op, seq, commit_us, channel, n]
+        if self.schema.partial:
+            out.append(unchanged)
         pk = dict(row.primary_key)
         for key in self.schema.keys:
             if key not in pk:
@@ -326,17 +383,31 @@ def _mismatch(name: str, value: Any, table: pa.Schema) -> MalformedRecordError:
 class _Session:
     """One tunnel client id plus the calls both the driver and executors make."""
 
-    def __init__(self, client: TunnelClient, tunnel_id: str, client_id: str | None, timeout_s: int) -> None:
+    def __init__(
+        self,
+        client: TunnelClient,
+        tunnel_id: str,
+        client_id: str | None,
+        timeout_s: int,
+        label: str = "",
+        query_tag: str | None = None,
+    ) -> None:
         self.client = client
         self.tunnel_id = tunnel_id
         self.client_id = client_id
         self.timeout_s = timeout_s
+        self.label = label or f"tunnel {tunnel_id!r}"
+        self.query_tag = query_tag
         self._lock = threading.Lock()
 
     def ensure_client(self) -> str:
         with self._lock:
             if self.client_id is None:
-                self.client_id = self.client.connect(self.tunnel_id, self.timeout_s, client_tag="cdc-tunnel")
+                try:
+                    tag = handover.this_process(self.query_tag).tag()
+                    self.client_id = self.client.connect(self.tunnel_id, self.timeout_s, client_tag=tag)
+                except TunnelExpiredError as exc:
+                    raise expired(self.label, exc) from None
                 log.info("connected to tunnel %s as client %s", self.tunnel_id, self.client_id)
             return self.client_id
 
@@ -349,14 +420,28 @@ class _Session:
     def call(self, fn: Any, *args: Any) -> Any:
         cid = self.ensure_client()
         try:
-            return fn(self.tunnel_id, cid, *args)
-        except ResourceGoneError:
-            log.info("tunnel client %s expired; reconnecting", cid)
-            return fn(self.tunnel_id, self.reconnect(cid), *args)
+            try:
+                return fn(self.tunnel_id, cid, *args)
+            except ResourceGoneError:
+                log.info("tunnel client %s expired; reconnecting", cid)
+                return fn(self.tunnel_id, self.reconnect(cid), *args)
+        except TunnelExpiredError as exc:
+            raise expired(self.label, exc) from None
 
     def read(self, channel: str, token: str) -> RecordPage:
         page: RecordPage = self.call(self.client.read_records, channel, token)
         return page
+
+
+def expired(label: str, cause: Exception | str) -> TunnelExpiredError:
+    """The error for a tunnel the service expired: it names the tunnel and the way out."""
+    return TunnelExpiredError(
+        f"{label} has expired on the service ({cause}): its incremental log outlived the stream retention "
+        "before it was consumed (for a BaseAndStream tunnel: the base data took longer than the retention), "
+        "so it can deliver no more changes. Nothing can be skipped to; delete it and create a new one "
+        "(createTunnelIfMissing=true), and start the query again with a new checkpoint location.",
+        "OTSTunnelExpired",
+    )
 
 
 class TablestoreRangeReader(RangeReader):
@@ -370,6 +455,7 @@ class TablestoreRangeReader(RangeReader):
         timeout_s: int,
         layout: RecordLayout,
         base_channels: frozenset[str],
+        query_tag: str | None = None,
     ) -> None:
         self.client = client
         self.tunnel_id = tunnel_id
@@ -377,6 +463,7 @@ class TablestoreRangeReader(RangeReader):
         self.timeout_s = timeout_s
         self.layout = layout
         self.base_channels = base_channels
+        self.query_tag = query_tag
 
     def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
         s, e = Pos.parse(channel, start), Pos.parse(channel, end)
@@ -385,7 +472,9 @@ class TablestoreRangeReader(RangeReader):
             raise PositionError(f"channel {channel!r}: range end {end!r} lies before its start {start!r}")
         if count == 0:
             return
-        session = _Session(self.client, self.tunnel_id, self.client_id, self.timeout_s)
+        session = _Session(
+            self.client, self.tunnel_id, self.client_id, self.timeout_s, query_tag=self.query_tag
+        )
         base = channel in self.base_channels
         token, skip, produced = s.token, s.skip, 0
         last_record: Any = None
@@ -470,13 +559,19 @@ class TablestoreBackend(Backend):
         self.table = options.table_name
         self.layout = self._layout()  # first: a missing table is reported as such
         self.tunnel_name, self.tunnel_id, self.tunnel_type = self._resolve_tunnel()
-        self.session = _Session(self.client, self.tunnel_id, None, options.client_timeout)
+        self.session = _Session(
+            self.client, self.tunnel_id, None, options.client_timeout, self._label(), options.client_tag
+        )
         self._channels: dict[str, Any] = {}  # channel id -> pb.ChannelInfo, from the last describe
         self._known_finished: set[str] = set()
+        self._lost_at: dict[str, int] = {}  # channel -> n where expired records were found (see earliest)
         self._heads: dict[str, Position] = {}
         self._pages: OrderedDict[tuple[str, str], _PageSummary] = OrderedDict()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+
+    def _label(self) -> str:
+        return f"tunnel {self.tunnel_name or self.tunnel_id!r} (id {self.tunnel_id}) of table {self.table!r}"
 
     def __repr__(self) -> str:
         return f"TablestoreBackend(table={self.table!r}, tunnel={self.tunnel_name or self.tunnel_id!r})"
@@ -487,6 +582,9 @@ class TablestoreBackend(Backend):
         if o.tunnel_id and not o.tunnel_name:
             for info in self.client.list_tunnels(self.table):
                 if info.tunnel_id == o.tunnel_id:
+                    if info.expired:
+                        label = f"tunnel {info.tunnel_name!r} (id {info.tunnel_id}) of table {self.table!r}"
+                        raise expired(label, "ListTunnel")
                     return str(info.tunnel_name), str(info.tunnel_id), str(info.tunnel_type)
             raise OptionError(
                 f"option 'tunnel.id': no tunnel {o.tunnel_id!r} on table {self.table!r}", "tunnel.id"
@@ -504,6 +602,11 @@ class TablestoreBackend(Backend):
             tunnel_id = self.client.create_tunnel(self.table, name, o.tunnel_type)
             return name, tunnel_id, o.tunnel_type
         info = resp.tunnel
+        if info.expired:
+            raise expired(
+                f"tunnel {name or info.tunnel_id!r} (id {info.tunnel_id}) of table {self.table!r}",
+                "DescribeTunnel",
+            )
         if "tunnel_type" in o.model_fields_set and info.tunnel_type != o.tunnel_type:
             log.warning(
                 "tunnel %s is of type %s; option 'tunnel.type' (%s) only applies to a tunnel created by "
@@ -523,7 +626,8 @@ class TablestoreBackend(Backend):
         from tablestore.error import OTSClientError, OTSServiceError
 
         try:
-            meta = self.client.ots.describe_table(self.table).table_meta
+            described = self.client.ots.describe_table(self.table)
+            meta = described.table_meta
         except OTSServiceError as exc:
             if exc.code == "OTSObjectNotExist":
                 raise OptionError(
@@ -534,6 +638,15 @@ class TablestoreBackend(Backend):
             ) from None
         except OTSClientError as exc:
             raise ProtocolError(f"DescribeTable: {exc}", "ProtocolError") from None
+        max_versions = getattr(described.table_options, "max_version", None) or 1
+        if max_versions > 1:
+            log.warning(
+                "table %s keeps %d versions per column: a DELETE_ONE_VERSION change is delivered as the "
+                "column becoming null, although an older version may become visible (see "
+                "__ots_column_type_<col>)",
+                self.table,
+                max_versions,
+            )
         keys: list[tuple[str, pa.DataType]] = []
         for entry in meta.schema_of_primary_key:
             name, kind = entry[0], str(entry[1]).upper()
@@ -565,15 +678,39 @@ class TablestoreBackend(Backend):
             columns += [(RECORD_TYPE_COLUMN, pa.string()), (RECORD_TIMESTAMP_COLUMN, pa.int64())]
             columns += [(COLUMN_TYPE_PREFIX + name, pa.string()) for name, _ in values]
         try:
-            schema = ChangeSchema.of(columns, [k for k, _ in keys])
+            schema = ChangeSchema.of(columns, [k for k, _ in keys], partial=True)
         except ValueError as exc:
             raise OptionError(f"option 'catalog': {exc}", "catalog") from None
         quarantine = self.options.quarantine_path if self.options.on_malformed == "quarantine" else None
         return RecordLayout(schema, tuple(n for n, _ in values), self.options.ots_columns, quarantine)
 
+    def _take_over_stale_clients(self) -> list[str]:
+        """Shut down the tunnel clients a crashed run left holding channels (see :mod:`.handover`)."""
+        me = handover.this_process(self.options.client_tag)
+        ours = self.session.ensure_client()
+        taken: list[str] = []
+        owners = {c.client_id for c in self._describe().values() if c.client_id and c.client_id != ours}
+        for owner in sorted(owners):
+            why = handover.is_stale(owner, me)
+            if why is None:
+                continue
+            try:
+                self.client.shutdown(self.tunnel_id, owner)
+            except ResourceGoneError:
+                pass  # it expired meanwhile
+            except TablestoreError as exc:
+                log.warning("could not shut down the stale tunnel client %s (%s): %s", owner, why, exc)
+                continue
+            log.info("shut down tunnel client %s, left by an earlier run: %s", owner, why)
+            taken.append(owner)
+        if taken:
+            self._describe()
+        return taken
+
     def _start_heartbeat(self) -> None:
         if self._heartbeat is not None:
             return
+        self._take_over_stale_clients()
         interval = max(1.0, self.options.client_timeout / 3)
 
         def beat() -> None:
@@ -617,11 +754,17 @@ class TablestoreBackend(Backend):
         return out
 
     def earliest(self, channel: str) -> Position:
-        info = self._info(channel)
+        # After a skip over expired records (failOnDataLoss=false) the count goes on from where the lost
+        # range began, so _position stays increasing in the channel; the planner records the position
+        # it skips to in the offset ("from"), so a replay never asks again.
+        n = self._lost_at.get(channel, 0)
+        info = self._describe().get(channel) if channel in self._lost_at else self._info(channel)
+        if info is None:
+            raise PositionError(f"tunnel {self.tunnel_name or self.tunnel_id!r} has no channel {channel!r}")
         if info.HasField("start_token") and info.start_token:
-            return Pos(info.start_token).to_json()
+            return Pos(info.start_token, 0, n).to_json()
         token, _ = self.session.call(self.client.get_checkpoint, channel)
-        return Pos(token).to_json()
+        return Pos(token, 0, n).to_json()
 
     def latest(self, channel: str) -> Position:
         info = self._info(channel)
@@ -632,7 +775,10 @@ class TablestoreBackend(Backend):
             begin = Pos.parse(channel, self.earliest(channel))
             return Pos(begin.token, begin.skip, begin.n, (TIME_BOUND, time.time_ns() // 1000)).to_json()
         start = self._heads.get(channel) or self.earliest(channel)
-        end = self._plan(channel, start, None, None, open_waiting=False).end
+        try:
+            end = self._plan(channel, start, None, None, open_waiting=False).end
+        except TrimmedDataError:  # the head walked from expired records: walk from the first held one
+            end = self._plan(channel, self.earliest(channel), None, None, open_waiting=False).end
         self._heads[channel] = end
         return end
 
@@ -650,12 +796,27 @@ class TablestoreBackend(Backend):
             self.options.client_timeout,
             self.layout,
             base,
+            self.options.client_tag,
         )
 
     def plan(
         self, channel: str, start: Position, max_records: int | None = None, until: Position | None = None
     ) -> PlannedRange:
-        return self._plan(channel, start, max_records, until, open_waiting=True)
+        try:
+            return self._plan(channel, start, max_records, until, open_waiting=True)
+        except TrimmedDataError as exc:
+            s = Pos.parse(channel, start)
+            self._lost_at[channel] = s.n
+            lost = TrimmedDataError(
+                f"tunnel {self.tunnel_name or self.tunnel_id!r}, channel {channel!r}: the records after position "
+                f"{s.n} have expired on the service ({exc}); set failOnDataLoss=false to skip to the first "
+                "record still held",
+                exc.code,
+                exc.http_status,
+                exc.request_id,
+            )
+            lost.channel = channel
+            raise lost from None
 
     def _plan(
         self,
@@ -683,13 +844,20 @@ class TablestoreBackend(Backend):
         def stop(finished: bool = False) -> PlannedRange:
             if taken == 0 and not finished:
                 return PlannedRange(start, 0, False)
-            if bound is not None and last == bound.last:
+            if bound is not None and last == bound.last and n == bound.n:
                 return PlannedRange(until, taken, finished)
+            # (a bound counted from another origin, e.g. computed before a skip over expired records,
+            # is met by its ordering key; the end then counts from this range's origin)
             end = Pos(FINISHED if finished else token, 0 if finished else skip, n, last)
             return PlannedRange(end.to_json(), taken, finished)
 
+        # A batch's plan reads its start token even when a summary of it is known: a summary stays true,
+        # but the records it describes may have expired since (OTSTrimmedDataAccess), and that data loss
+        # must surface here, where failOnDataLoss decides, not in an executor.
+        verify = open_waiting
         while True:
-            summary = self._pages.get((channel, token))
+            summary = None if verify else self._pages.get((channel, token))
+            verify = False
             if summary is not None and skip <= summary.count:
                 # A response read before, summarised: consume it whole without reading it again when
                 # neither the budget nor the bound ends the range inside it.
@@ -758,8 +926,15 @@ class TablestoreBackend(Backend):
             for p in parents:
                 self._checkpoint(p, FINISHED)
         except TablestoreError as exc:  # e.g. a parent still held by a live client of an earlier run
-            log.info("channel %s waits: finishing its parents' checkpoints failed: %s", channel, exc)
-            return False
+            if not self._take_over_stale_clients():
+                log.info("channel %s waits: finishing its parents' checkpoints failed: %s", channel, exc)
+                return False
+            try:
+                for p in parents:
+                    self._checkpoint(p, FINISHED)
+            except TablestoreError as again:
+                log.info("channel %s waits: finishing its parents' checkpoints failed: %s", channel, again)
+                return False
         return self._describe().get(channel) is not None and self._channels[channel].channel_status != "WAIT"
 
     def _checkpoint(self, channel: str, token: str) -> None:

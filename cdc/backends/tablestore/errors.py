@@ -78,11 +78,17 @@ class ProtocolError(TablestoreError, TerminalError):
 
 
 class TrimmedDataError(TablestoreError, DataLossError):
-    """``OTSTrimmedDataAccess``: a token points at records the service no longer holds."""
+    """``OTSTrimmedDataAccess``: a token points at records the service no longer holds.
+
+    The service reports it as HTTP 400 with code ``OTSTunnelServerUnavailable`` and a message that
+    starts with ``OTSTrimmedDataAccess`` (its error-code reference, "HTTP 400 errors: stream": "Stream logs
+    have expired and data has not been pulled for a long period", not retryable); :func:`error_for`
+    recognises both that form and the bare code.
+    """
 
     def __init__(self, message: str, code: str = "", http_status: int = 0, request_id: str = "") -> None:
         TablestoreError.__init__(self, message, code, http_status, request_id)
-        self.channel = None
+        self.channel: str | None = None
 
 
 _BY_CODE: dict[str, type[TablestoreError]] = {
@@ -104,6 +110,8 @@ _BY_CODE: dict[str, type[TablestoreError]] = {
     "OTSTrimmedDataAccess": TrimmedDataError,
 }
 
+TRIMMED = "OTSTrimmedDataAccess"
+
 RETRYABLE: tuple[type[BaseException], ...] = (TablestoreTransientError,)
 """What the client retries on its own (``ResourceGoneError`` is transient but needs a reconnect first)."""
 
@@ -111,6 +119,8 @@ RETRYABLE: tuple[type[BaseException], ...] = (TablestoreTransientError,)
 def error_for(code: str, message: str, http_status: int, request_id: str = "") -> TablestoreError:
     """The typed error for a service error code; unknown codes are transient on HTTP 5xx, else terminal."""
     cls = _BY_CODE.get(code)
+    if code == "OTSTunnelServerUnavailable" and TRIMMED in message:
+        cls = TrimmedDataError  # not transient: retrying never brings expired records back
     if cls is None:
         cls = TablestoreTransientError if http_status >= 500 else TablestoreServiceError
     text = f"{code}: {message} (HTTP {http_status}{', request ' + request_id if request_id else ''})"

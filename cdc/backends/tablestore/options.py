@@ -113,7 +113,17 @@ class TablestoreOptions(BackendOptions):
         alias="tunnel.client.timeoutSeconds",
         description="Tunnel client expiry after its last call. A query restarted after a crash cannot move "
         "the checkpoints of channels the crashed run's client still holds (children of split/merged channels "
-        "then wait) until that client expired.",
+        "then wait) until that client expired, unless the restart can take them over: a client of a process "
+        "on the same host that is gone, or of another process with the same tunnel.client.tag.",
+    )
+    client_tag: str | None = Field(
+        None,
+        alias="tunnel.client.tag",
+        pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="A name for this query (letters, digits, '.', '_', '-'). A restarted run then shuts down "
+        "the tunnel clients an earlier run of the same tag left behind, even on another host, instead of "
+        "waiting tunnel.client.timeoutSeconds for them to expire. Never give two queries running at the "
+        "same time the same tag.",
     )
     socket_timeout: float = Field(30.0, alias="socket.timeoutSeconds", description="HTTP socket timeout.")
     max_attempts: PositiveInt = Field(

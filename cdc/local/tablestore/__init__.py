@@ -49,7 +49,11 @@ readrecords|checkpoint``, messages of :mod:`cdc.backends.tablestore.tunnel_pb`):
 * clients expire ``ClientConfig.timeout`` seconds (default 300) after their last call; any call by an
   expired or unknown client fails with ``OTSResourceGone`` and its channels are freed;
 * change logs are kept until an admin ``trim`` (what stream expiration does): reading a stream channel
-  from a position inside the trimmed part fails with ``OTSTrimmedDataAccess``.
+  from a position inside the trimmed part fails as the service fails it (HTTP 400, code
+  ``OTSTunnelServerUnavailable``, message starting ``OTSTrimmedDataAccess``) and the channel's
+  ``start_token`` moves to the first record still held; a BaseAndStream tunnel still in its base-data
+  stage whose stream log loses records expires: ``expired`` in Describe/ListTunnel, and Connect and
+  every client call fail with ``OTSTunnelExpired`` (delete it and create another).
 
 **Lineage, which the public protocol lacks**: DescribeTunnel's ``ChannelInfo`` carries three extension
 fields (numbers >= 100, so clients of the real service skip them; see :mod:`~cdc.backends.tablestore.tunnel_pb`):

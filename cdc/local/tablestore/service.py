@@ -294,7 +294,7 @@ def _tunnel_info(msg: Any, info: dict[str, Any], instance: str) -> None:
     msg.instance_name = instance
     msg.stream_id = info["stream_id"]
     msg.stage = info["stage"]
-    msg.expired = False
+    msg.expired = bool(info["expired"])
     msg.tunnel_name = info["name"]
     msg.create_time = info["created_ms"]
 
@@ -347,7 +347,7 @@ def describe_tunnel(store: Store, body: bytes) -> bytes:
 
 
 def _start_token(channel: dict[str, Any]) -> str:
-    return make_token(channel["channel_id"], channel["start_pos"])
+    return make_token(channel["channel_id"], channel["held_from"])
 
 
 def connect(store: Store, body: bytes) -> bytes:

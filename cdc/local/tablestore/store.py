@@ -110,6 +110,7 @@ CREATE TABLE IF NOT EXISTS channels(
 CREATE TABLE IF NOT EXISTS base(tunnel_id TEXT NOT NULL, channel_id TEXT NOT NULL, idx INTEGER NOT NULL,
     record BLOB NOT NULL, PRIMARY KEY(tunnel_id, channel_id, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS trims(shard_id TEXT PRIMARY KEY, upto INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS expired_tunnels(tunnel_id TEXT PRIMARY KEY, reason TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS clients(client_id TEXT PRIMARY KEY, tunnel_id TEXT NOT NULL,
     timeout_s INTEGER NOT NULL, last_seen REAL NOT NULL, tag TEXT);
 """
@@ -649,8 +650,13 @@ class Store:
     def trim(self, table: str, before_ms: int) -> dict[str, int]:
         """Drop change-log records committed before ``before_ms`` (what stream expiration does).
 
-        Reading a stream channel from a position inside the dropped part then fails with
-        ``OTSTrimmedDataAccess``. Returns, per shard, the last dropped position.
+        Reading a stream channel from a position inside the dropped part then fails the way the service
+        fails it: HTTP 400, code ``OTSTunnelServerUnavailable``, message ``OTSTrimmedDataAccess Requested
+        stream data is already trimmed or does not exist.``; the channel's ``start_token`` moves to the
+        first record still held. A BaseAndStream tunnel still in its base-data stage whose stream channels
+        lose records they have not delivered expires (``OTSTunnelExpired``, as when the service's
+        incremental logs outlive the 7-day retention before the full data was consumed). Returns, per
+        shard, the last dropped position.
         """
         cutoff = before_ms * 1000
         out: dict[str, int] = {}
@@ -668,6 +674,23 @@ class Store:
                     (shard_id, row[0]),
                 )
                 out[shard_id] = int(row[0])
+                for (tunnel_id,) in db.execute(
+                    "SELECT c.tunnel_id FROM channels c JOIN tunnels t ON t.tunnel_id=c.tunnel_id "
+                    "WHERE c.shard_id=? AND c.kind='Stream' AND c.start_pos<? AND t.type='BaseAndStream' "
+                    "AND t.stage='ProcessBaseData'",
+                    (shard_id, row[0]),
+                ).fetchall():
+                    db.execute(
+                        "INSERT OR IGNORE INTO expired_tunnels VALUES (?, ?)",
+                        (
+                            tunnel_id,
+                            f"the incremental log of shard {shard_id} expired before the tunnel finished its "
+                            "base data",
+                        ),
+                    )
+                    log.info(
+                        "tunnel %s expired: its stream log was trimmed during its base-data stage", tunnel_id
+                    )
         log.info("trimmed the change log of table %s before %d ms: %s", table, before_ms, out)
         return out
 
@@ -818,6 +841,7 @@ class Store:
             "DELETE FROM channels WHERE tunnel_id=?",
             "DELETE FROM clients WHERE tunnel_id=?",
             "DELETE FROM tunnels WHERE tunnel_id=?",
+            "DELETE FROM expired_tunnels WHERE tunnel_id=?",
         ):
             db.execute(sql, (tunnel_id,))
 
@@ -832,7 +856,17 @@ class Store:
                 "stage": stage,
                 "created_ms": created,
                 "stream_id": self._tables[table].stream.get("stream_id", ""),
+                "expired": self._expiry(tid) is not None,
             }
+
+    def _expiry(self, tunnel_id: str) -> str | None:
+        r = self.db.execute("SELECT reason FROM expired_tunnels WHERE tunnel_id=?", (tunnel_id,)).fetchone()
+        return None if r is None else str(r[0])
+
+    def _not_expired(self, tunnel_id: str) -> None:
+        reason = self._expiry(tunnel_id)
+        if reason is not None:
+            raise OTSError("OTSTunnelExpired", f"tunnel {tunnel_id} has expired: {reason}", 400)
 
     def list_tunnels(self, table: str | None) -> list[dict[str, Any]]:
         with self.lock:
@@ -866,6 +900,11 @@ class Store:
 
     def _set_status(self, c: dict[str, Any], finished: set[str]) -> None:
         c["sealed"] = c["kind"] == "BaseData" or self._is_sealed(c["shard_id"])
+        c["held_from"] = c["start_pos"]  # the first position still readable (records after it are held)
+        if c["kind"] != "BaseData":
+            trimmed = self.db.execute("SELECT upto FROM trims WHERE shard_id=?", (c["shard_id"],)).fetchone()
+            if trimmed is not None:
+                c["held_from"] = max(c["start_pos"], int(trimmed[0]))
         if c["checkpoint"] == FINISHED:
             c["status"] = "TERMINATED"
         elif any(p not in finished for p in c["parents"]):
@@ -944,6 +983,7 @@ class Store:
 
     def _live_client(self, tunnel_id: str, client_id: str) -> None:
         self._tunnel(tunnel_id)
+        self._not_expired(tunnel_id)
         self._expire_clients()
         r = self.db.execute("SELECT tunnel_id FROM clients WHERE client_id=?", (client_id,)).fetchone()
         if r is None or r[0] != tunnel_id:
@@ -955,7 +995,9 @@ class Store:
     def connect(self, tunnel_id: str, timeout_s: int, tag: str | None) -> str:
         with self._txn() as db:
             self._tunnel(tunnel_id)
-            client_id = f"{tunnel_id}-{uuid.uuid4().hex[:16]}"
+            self._not_expired(tunnel_id)
+            # like the service: the client tag (the Java worker's default: the hostname), then a random string
+            client_id = f"{tag}{uuid.uuid4().hex[:16]}" if tag else f"{tunnel_id}-{uuid.uuid4().hex[:16]}"
             db.execute(
                 "INSERT INTO clients VALUES (?, ?, ?, ?, ?)",
                 (client_id, tunnel_id, timeout_s if timeout_s > 0 else 300, time.time(), tag),
@@ -1090,10 +1132,13 @@ class Store:
                     "SELECT upto FROM trims WHERE shard_id=?", (c["shard_id"],)
                 ).fetchone()
                 if trimmed is not None and position < trimmed[0]:
+                    # What the service answers (its error-code reference, "HTTP 400 errors: stream"): the
+                    # code is OTSTunnelServerUnavailable, the message starts with OTSTrimmedDataAccess.
                     raise OTSError(
-                        "OTSTrimmedDataAccess",
-                        f"channel {channel_id}: records up to position {trimmed[0]} have expired; "
-                        f"the token points at position {position}",
+                        "OTSTunnelServerUnavailable",
+                        "OTSTrimmedDataAccess Requested stream data is already trimmed or does not exist. "
+                        f"(channel {channel_id}: records up to position {trimmed[0]} have expired; the token "
+                        f"points at position {position})",
                         400,
                     )
                 rows = self.db.execute(
