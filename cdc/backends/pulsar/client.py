@@ -174,6 +174,8 @@ class TopicIndex:
         self.parts: dict[int, _PartitionIds] = {}
         self.floor: dict[int, Key] = {}  # ids at or below the floor were trimmed (nothing before is known)
         self._reader: pulsar.Reader | None = None
+        self._inclusive = False
+        self._confirmed = False  # the last round ended at a head the broker confirmed
         self._lock = threading.Lock()
         self.partitions: list[int] = []  # set by the backend from the topic's metadata
 
@@ -184,44 +186,80 @@ class TopicIndex:
             self._reader = self.client.create_reader(
                 self.topic, pulsar.MessageId.earliest, receiver_queue_size=self.receiver_queue_size
             )
+            self._inclusive = False
         return self._reader
 
-    def _reopen(self) -> pulsar.Reader:
+    def _reopen(self, *, from_earliest: bool = False) -> pulsar.Reader:
         """A new reader that resumes every partition at or before its last indexed id.
 
         A Reader on a partitioned topic applies its start id to every partition, comparing (ledger,
         entry). Starting at the smallest last id of all partitions therefore resumes each partition at or
         before its own last id (later messages only live in later entries); messages already indexed are
-        skipped. Until every partition has an id, the new reader starts from earliest.
+        skipped. Until every partition has an id, or when ``from_earliest`` (a resumed reader that stalled
+        too: on pulsar-lite only a reader from earliest was seen to get past such a stall), the new reader
+        starts from earliest.
         """
         import pulsar
 
-        self.close()
+        self._close_reader()
         lasts = [(self.parts[p].last, p) for p in self.partitions if p in self.parts and self.parts[p].keys]
-        if not self.partitions or len(lasts) < len(self.partitions):
+        if from_earliest or not self.partitions or len(lasts) < len(self.partitions):
             return self._open()
         (ledger, entry, _), p = min(lasts)
+        # Inclusive, from the entry's start (pulsar-lite delivered nothing to an exclusive Reader started
+        # at the entry before). pulsar-client then answers has_message_available with a false "yes"
+        # at the head, so this reader's silences are judged by time only.
         self._reader = self.client.create_reader(
             self.topic,
             pulsar.MessageId(p, ledger, entry, -1),
             receiver_queue_size=self.receiver_queue_size,
             start_message_id_inclusive=True,
         )
+        self._inclusive = True
         return self._reader
 
-    def catch_up(self) -> None:
-        """Read ids until the broker has nothing more for ``catchUpMs`` or messages newer than now arrive.
+    def _all_partitions_hold_ids(self) -> bool:
+        return bool(self.partitions) and all(self.parts.get(p) and self.parts[p].keys for p in self.partitions)
 
-        pulsar-lite's dispatcher can stall a multi-partition reader (silent although messages remain).
-        So a silence right after new ids flowed gets a longer wait and then a new reader (see
-        :meth:`_reopen`; at most 3 per round), and a reader that has brought nothing new for
-        ``idle_reopen_s`` is replaced too.
+    def _broker_has_more(self, raw: Any) -> bool | None:
+        """Whether the broker holds messages after the ones this reader delivered; ``None``: unknown.
+
+        Asked only when every partition holds a message: pulsar-lite fails ``getLastMessageId`` on an
+        empty partition (and pulsar-client 3.13 aborts the process when two partitions fail at once).
+        """
+        if self._inclusive or not self._all_partitions_hold_ids():
+            return None
+        try:
+            return bool(raw.has_message_available())
+        except Exception:  # noqa: BLE001 - the C++ core raises its own types
+            log.debug("has_message_available failed on %s", self.topic, exc_info=True)
+            return None
+
+    def catch_up(self) -> None:
+        """Read ids up to the broker's head as of now.
+
+        The head is reached when the reader has nothing queued and the broker confirms it holds nothing
+        after what was delivered (``has_message_available``, one request per partition): planning then
+        waits no longer than one short poll. Where the broker does not confirm (a partition without
+        messages yet, or a reader resumed inclusively, which gets a false "yes"), ``catchUpMs`` of silence counts as the
+        head. Messages published after this round began end it early (they belong to the next round).
+        A reader whose last round was not confirmed and that brought nothing new for ``idle_reopen_s``
+        is replaced at the next round (it may be stalled).
+
+        pulsar-lite's dispatcher can stall a reader (silent although the broker holds more): a silence
+        right after new ids gets a longer wait (4 x ``catchUpMs``, 10 x for a replaced reader) and then a
+        new reader (see :meth:`_reopen`: first resuming where the index is, then from earliest; at most 3
+        per round). If all fail, the round plans with what it has (the next round goes on from there).
         """
         import pulsar
 
         with self._lock:
             now = time.monotonic()
-            if self._reader is not None and now - self._progress_at > self.idle_reopen_s:
+            if (
+                self._reader is not None
+                and now - self._progress_at > self.idle_reopen_s
+                and not self._confirmed
+            ):
                 log.info("index reader of %s idle for %.0f s; opening a new one", self.topic, now - self._progress_at)
                 self._reopen()
                 self._progress_at = now
@@ -230,37 +268,59 @@ class TopicIndex:
             began_ms = int(time.time() * 1000)
             deadline = now + self.max_catch_up_s
             since = self.starting_time_ms
+            parts = self.parts
             n = 0
-            flowing = waited = False
             reopens = 0
-            while time.monotonic() < deadline:
+            flowing = False
+            poll_ms = min(self.catch_up_ms, 50)
+            silent_since: float | None = None
+            self._confirmed = False
+            while True:
                 try:
-                    msg = raw.read_next(3 * self.catch_up_ms if waited else self.catch_up_ms)
+                    msg = raw.read_next(poll_ms)
                 except pulsar.Timeout:
-                    if flowing and not waited:
-                        waited = True
+                    t = time.monotonic()
+                    if t > deadline:
+                        break
+                    silent_since = silent_since or t - poll_ms / 1000
+                    silent = t - silent_since
+                    if self._broker_has_more(raw) is False:
+                        log.debug("index of %s at the head the broker confirms", self.topic)
+                        self._confirmed = True
+                        break
+                    # Not confirmed (pulsar-lite's answer is sometimes a false "yes"). A silence right
+                    # after new ids may be a stall (pulsar-lite can serve one partition and hold back
+                    # another): wait longer, then try a new reader; otherwise silence counts as the head.
+                    patience = self.catch_up_ms
+                    if flowing:  # longer after new ids, longer still for a new reader (it reads again first)
+                        patience *= 4 if not reopens else 10
+                    if silent * 1000 < patience:
                         continue
-                    if flowing and reopens < 3:
-                        log.info("index reader of %s went silent after new messages; opening a new one", self.topic)
-                        reader = self._reopen()
-                        raw = getattr(reader, "_reader", reader)
-                        reopens += 1
-                        flowing = waited = False
-                        continue
-                    break
-                publish = msg.publish_timestamp()
-                if since is not None and publish < since:
+                    if not flowing or reopens >= 3:
+                        log.debug("index of %s: %.2f s of silence taken as the head", self.topic, silent)
+                        break
+                    log.info("index reader of %s went silent after new messages; opening a new one", self.topic)
+                    reader = self._reopen(from_earliest=reopens > 0)
+                    raw = getattr(reader, "_reader", reader)
+                    reopens += 1
+                    silent_since = None  # the new reader gets the longer wait too
+                    continue
+                silent_since = None
+                if since is not None and msg.publish_timestamp() < since:
                     continue
                 mid = msg.message_id()
-                part = self.parts.setdefault(mid.partition(), _PartitionIds())
-                k = key_of(mid)
+                k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+                part = parts.get(mid.partition())
+                if part is None:
+                    part = parts[mid.partition()] = _PartitionIds()
                 if k > part.last:
                     part.keys.append(k)
                     part.last = k
                     n += 1
-                    flowing, waited = True, False
-                if publish > began_ms:
-                    break  # the rest is newer than this planning round
+                    flowing = True
+                    # Now and then: a message newer than this round ends it (the rest is the next round's).
+                    if not n & 1023 and msg.publish_timestamp() > began_ms:
+                        break
             if n:
                 self._progress_at = time.monotonic()
                 log.debug("indexed %d new message ids of %s", n, self.topic)
@@ -289,13 +349,16 @@ class TopicIndex:
     def covers(self, partition: int, start: Key) -> bool:
         return start >= self.floor.get(partition, (-1, -1, -1))
 
-    def close(self) -> None:
+    def _close_reader(self) -> None:
         if self._reader is not None:
             try:
                 self._reader.close()
             except Exception:  # noqa: BLE001 - closing a dead reader is not worth an error
                 log.debug("closing the index reader of %s failed", self.topic, exc_info=True)
             self._reader = None
+
+    def close(self) -> None:
+        self._close_reader()
 
 
 def count_between(keys: list[Key], start: Key, until: Key | None, max_records: int | None) -> tuple[int, int]:
