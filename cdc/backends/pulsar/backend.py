@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
-from cdc.backends.pulsar.admin import AdminClient, match_topics
+from cdc.backends.pulsar.admin import AdminClient, match_topics, registry_schema
 from cdc.backends.pulsar.client import (
     START,
     Channel,
@@ -300,6 +300,11 @@ class PulsarBackend(Backend):
     def __init__(self, options: PulsarOptions) -> None:
         super().__init__(options)
         self._admin = AdminClient(options.admin_url, _token(options)) if options.admin_url else None
+        if options.value_format in ("json", "avro") and not options.value_schema:
+            # Read once per query from the schema registry; executors get it inside the options.
+            assert self._admin is not None  # the options model requires admin.url here
+            text = registry_schema(self._admin, self.topics(), options.value_format)
+            options = self.options = options.model_copy(update={"value_schema": text})
         self._decoder = Decoder(options.value_format, options.value_schema, options.change_keys)
         self._client: Any = None
         self._indexes: dict[str, TopicIndex] = {}
