@@ -85,8 +85,9 @@ class PulsarOptions(BackendOptions):
     catch_up_ms: PositiveInt = Field(
         200,
         alias="catchUpMs",
-        description="Planning: how long the driver waits for more messages before taking what it has seen "
-        "as the head of each partition.",
+        description="Planning: when the broker cannot confirm the head (a partition without messages yet, "
+        "or right after a stalled reader was replaced), how long the driver waits for more messages "
+        "before taking what it has seen as the head of each partition (4x that right after new messages).",
     )
     receiver_queue_size: PositiveInt = Field(
         20_000,
