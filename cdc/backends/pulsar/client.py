@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 START: list[int] = [-1, -1, -1]
+_NONE: tuple[int, int, int] = (-1, -1, -1)
 _PARTITION_SUFFIX = "-partition-"
 
 
@@ -146,7 +147,7 @@ class _PartitionIds:
 
 
 class TopicIndex:
-    """The ids of a topic's messages, per partition, read by one tailing Reader on the driver.
+    """The ids of a topic's messages, per partition, read by tailing Readers on the driver.
 
     Keeps every id from the topic's start (or ``starting_time_ms``), minus ids below a partition's
     trim point. Duplicates and backwards ids (the broker may redeliver) are dropped.
@@ -173,61 +174,70 @@ class TopicIndex:
         self._progress_at = time.monotonic()
         self.parts: dict[int, _PartitionIds] = {}
         self.floor: dict[int, Key] = {}  # ids at or below the floor were trimmed (nothing before is known)
-        self._reader: pulsar.Reader | None = None
-        self._inclusive = False
+        self._readers: list[Any] = []  # one from earliest; after a stall, one per partition (see _reopen)
+        self._scoped = False
         self._confirmed = False  # the last round ended at a head the broker confirmed
         self._lock = threading.Lock()
         self.partitions: list[int] = []  # set by the backend from the topic's metadata
 
-    def _open(self) -> pulsar.Reader:
+    def _open(self) -> list[Any]:
         import pulsar
 
-        if self._reader is None:
-            self._reader = self.client.create_reader(
-                self.topic, pulsar.MessageId.earliest, receiver_queue_size=self.receiver_queue_size
-            )
-            self._inclusive = False
-        return self._reader
+        if not self._readers:
+            self._readers = [
+                self.client.create_reader(
+                    self.topic, pulsar.MessageId.earliest, receiver_queue_size=self.receiver_queue_size
+                )
+            ]
+            self._scoped = False
+        return self._readers
 
-    def _reopen(self, *, from_earliest: bool = False) -> pulsar.Reader:
-        """A new reader that resumes every partition at or before its last indexed id.
+    def _reopen(self) -> list[Any]:
+        """New readers after a stall: one per partition, each resuming at that partition's last id.
 
-        A Reader on a partitioned topic applies its start id to every partition, comparing (ledger,
-        entry). Starting at the smallest last id of all partitions therefore resumes each partition at or
-        before its own last id (later messages only live in later entries); messages already indexed are
-        skipped. Until every partition has an id, or when ``from_earliest`` (a resumed reader that stalled
-        too: on pulsar-lite only a reader from earliest was seen to get past such a stall), the new reader
-        starts from earliest.
+        pulsar-lite serves a Reader started at one partition's message id that partition only (a single
+        Reader resumed at the smallest id left the other partitions stalled for good), while Pulsar also
+        serves the partitions whose ledgers come later (their messages are dropped by id). Each reader
+        starts inclusively at the start of the last indexed entry, so nothing after the last id is
+        skipped; while a partition holds no id yet, one more reader reads from earliest.
         """
         import pulsar
 
-        self._close_reader()
-        lasts = [(self.parts[p].last, p) for p in self.partitions if p in self.parts and self.parts[p].keys]
-        if from_earliest or not self.partitions or len(lasts) < len(self.partitions):
-            return self._open()
-        (ledger, entry, _), p = min(lasts)
-        # Inclusive, from the entry's start (pulsar-lite delivered nothing to an exclusive Reader started
-        # at the entry before). pulsar-client then answers has_message_available with a false "yes"
-        # at the head, so this reader's silences are judged by time only.
-        self._reader = self.client.create_reader(
-            self.topic,
-            pulsar.MessageId(p, ledger, entry, -1),
-            receiver_queue_size=self.receiver_queue_size,
-            start_message_id_inclusive=True,
-        )
-        self._inclusive = True
-        return self._reader
+        self._close_readers()
+        readers = []
+        held = [p for p in self.partitions or sorted(self.parts) if self.ids(p).last != _NONE]
+        for p in held:
+            ledger, entry, _ = self.parts[p].last
+            readers.append(
+                self.client.create_reader(
+                    self.topic,
+                    pulsar.MessageId(p, ledger, entry, -1),
+                    receiver_queue_size=self.receiver_queue_size,
+                    start_message_id_inclusive=True,
+                )
+            )
+        if not held or len(held) < len(self.partitions):
+            readers.append(
+                self.client.create_reader(
+                    self.topic, pulsar.MessageId.earliest, receiver_queue_size=self.receiver_queue_size
+                )
+            )
+        self._readers = readers
+        self._scoped = True
+        return readers
 
     def _all_partitions_hold_ids(self) -> bool:
-        return bool(self.partitions) and all(self.parts.get(p) and self.parts[p].keys for p in self.partitions)
+        return bool(self.partitions) and all(self.ids(p).last != _NONE for p in self.partitions)
 
     def _broker_has_more(self, raw: Any) -> bool | None:
-        """Whether the broker holds messages after the ones this reader delivered; ``None``: unknown.
+        """Whether the broker holds messages after the ones the reader delivered; ``None``: unknown.
 
-        Asked only when every partition holds a message: pulsar-lite fails ``getLastMessageId`` on an
-        empty partition (and pulsar-client 3.13 aborts the process when two partitions fail at once).
+        Asked only of the reader from earliest (pulsar-client answers a false "yes" at the head for a
+        Reader started inclusively), and only when every partition holds a message: pulsar-lite fails
+        ``getLastMessageId`` on an empty partition (and pulsar-client 3.13 aborts the process when two
+        partitions fail at once).
         """
-        if self._inclusive or not self._all_partitions_hold_ids():
+        if self._scoped or not self._all_partitions_hold_ids():
             return None
         try:
             return bool(raw.has_message_available())
@@ -241,71 +251,78 @@ class TopicIndex:
         The head is reached when the reader has nothing queued and the broker confirms it holds nothing
         after what was delivered (``has_message_available``, one request per partition): planning then
         waits no longer than one short poll. Where the broker does not confirm (a partition without
-        messages yet, or a reader resumed inclusively, which gets a false "yes"), ``catchUpMs`` of silence counts as the
-        head. Messages published after this round began end it early (they belong to the next round).
-        A reader whose last round was not confirmed and that brought nothing new for ``idle_reopen_s``
-        is replaced at the next round (it may be stalled).
+        messages yet, or readers resumed after a stall), ``catchUpMs`` of silence counts as the head.
+        Messages published after this round began end it early (they belong to the next round). Readers
+        whose last round was not confirmed and that brought nothing new for ``idle_reopen_s`` are
+        replaced at the next round (they may be stalled).
 
-        pulsar-lite's dispatcher can stall a reader (silent although the broker holds more): a silence
-        right after new ids gets a longer wait (4 x ``catchUpMs``, 10 x for a replaced reader) and then a
-        new reader (see :meth:`_reopen`: first resuming where the index is, then from earliest; at most 3
-        per round). If all fail, the round plans with what it has (the next round goes on from there).
+        pulsar-lite's dispatcher can stall a reader (silent although the broker holds more, typically
+        on one partition while the others flow): a silence right after new ids gets a longer wait
+        (4 x ``catchUpMs``; 10 x for new readers that have delivered nothing yet) and then new readers,
+        one per partition (see :meth:`_reopen`; at most 3 times per round). If all fail, the round plans with what it has (the
+        next round goes on from there).
         """
         import pulsar
 
         with self._lock:
             now = time.monotonic()
-            if (
-                self._reader is not None
-                and now - self._progress_at > self.idle_reopen_s
-                and not self._confirmed
-            ):
-                log.info("index reader of %s idle for %.0f s; opening a new one", self.topic, now - self._progress_at)
+            if self._readers and now - self._progress_at > self.idle_reopen_s and not self._confirmed:
+                log.info("index readers of %s idle for %.0f s; opening new ones", self.topic, now - self._progress_at)
                 self._reopen()
                 self._progress_at = now
-            reader = self._open()
-            raw = getattr(reader, "_reader", reader)  # the C++ reader: no Python wrapper per message
+            # The C++ readers: no Python wrapper per message.
+            raws = [getattr(r, "_reader", r) for r in self._open()]
+            current = 0
             began_ms = int(time.time() * 1000)
             deadline = now + self.max_catch_up_s
             since = self.starting_time_ms
             parts = self.parts
             n = 0
             reopens = 0
-            flowing = False
+            flowing = False  # new ids since the last (re)open
+            delivered = 0  # messages (new or not) since the last (re)open
             poll_ms = min(self.catch_up_ms, 50)
             silent_since: float | None = None
             self._confirmed = False
             while True:
                 try:
-                    msg = raw.read_next(poll_ms)
+                    if len(raws) == 1:
+                        msg = raws[0].read_next(poll_ms)
+                    else:
+                        msg = _next_of(raws, current, poll_ms)
                 except pulsar.Timeout:
                     t = time.monotonic()
                     if t > deadline:
                         break
                     silent_since = silent_since or t - poll_ms / 1000
                     silent = t - silent_since
-                    if self._broker_has_more(raw) is False:
+                    if len(raws) == 1 and self._broker_has_more(raws[0]) is False:
                         log.debug("index of %s at the head the broker confirms", self.topic)
                         self._confirmed = True
                         break
-                    # Not confirmed (pulsar-lite's answer is sometimes a false "yes"). A silence right
-                    # after new ids may be a stall (pulsar-lite can serve one partition and hold back
-                    # another): wait longer, then try a new reader; otherwise silence counts as the head.
+                    # Not confirmed. A silence right after new ids may be a stall: wait longer, then
+                    # try new readers; otherwise silence counts as the head.
                     patience = self.catch_up_ms
-                    if flowing:  # longer after new ids, longer still for a new reader (it reads again first)
-                        patience *= 4 if not reopens else 10
+                    if reopens and not delivered:
+                        patience *= 10  # new readers that have not started delivering yet
+                    elif flowing:
+                        patience *= 4
                     if silent * 1000 < patience:
                         continue
-                    if not flowing or reopens >= 3:
+                    if not (flowing or (reopens and not delivered)) or reopens >= 3:
                         log.debug("index of %s: %.2f s of silence taken as the head", self.topic, silent)
                         break
-                    log.info("index reader of %s went silent after new messages; opening a new one", self.topic)
-                    reader = self._reopen(from_earliest=reopens > 0)
-                    raw = getattr(reader, "_reader", reader)
+                    log.info("index reader of %s went silent after new messages; opening one per partition", self.topic)
+                    raws = [getattr(r, "_reader", r) for r in self._reopen()]
                     reopens += 1
-                    silent_since = None  # the new reader gets the longer wait too
+                    silent_since = None
+                    flowing = False
+                    delivered = 0
                     continue
                 silent_since = None
+                delivered += 1
+                if isinstance(msg, tuple):
+                    current, msg = msg
                 if since is not None and msg.publish_timestamp() < since:
                     continue
                 mid = msg.message_id()
@@ -349,16 +366,32 @@ class TopicIndex:
     def covers(self, partition: int, start: Key) -> bool:
         return start >= self.floor.get(partition, (-1, -1, -1))
 
-    def _close_reader(self) -> None:
-        if self._reader is not None:
+    def _close_readers(self) -> None:
+        for reader in self._readers:
             try:
-                self._reader.close()
+                reader.close()
             except Exception:  # noqa: BLE001 - closing a dead reader is not worth an error
-                log.debug("closing the index reader of %s failed", self.topic, exc_info=True)
-            self._reader = None
+                log.debug("closing an index reader of %s failed", self.topic, exc_info=True)
+        self._readers = []
 
     def close(self) -> None:
-        self._close_reader()
+        self._close_readers()
+
+
+def _next_of(raws: list[Any], current: int, poll_ms: int) -> tuple[int, Any]:
+    """The next queued message of several readers, staying with ``current`` while it has some;
+    (reader index, message). Waits ``poll_ms`` on one reader when none has a message queued."""
+    import pulsar
+
+    count = len(raws)
+    for step in range(count):
+        i = (current + step) % count
+        try:
+            return i, raws[i].read_next(0)
+        except pulsar.Timeout:
+            continue
+    i = (current + 1) % count
+    return i, raws[i].read_next(poll_ms)
 
 
 def count_between(keys: list[Key], start: Key, until: Key | None, max_records: int | None) -> tuple[int, int]:
