@@ -17,7 +17,7 @@ Why the driver reads message ids
 --------------------------------
 Pulsar cannot count the messages between two ids without reading them (an entry may hold a batch of
 any size, and ledgers roll). The driver therefore keeps one tailing Reader per topic that records the id
-of every message (ids only, 8-byte-ish ints, trimmed as batches are planned). Planning is then exact:
+of every message (ids only, trimmed as batches are planned; after a stall, one Reader per partition). Planning is then exact:
 ``plan(max_records=n)`` ends on the n-th message id, so admission control holds, and the id that ends a
 batch is a real message id stored in Spark's offset log, so a replay reads exactly the same messages.
 The cost is one extra read of each message on the driver.
@@ -30,7 +30,8 @@ partition by (ledger, entry); each pulsar-lite partition has its own ledger, so 
 also receives the partitions whose ledger id is higher than p's, and drops them: read amplification
 up to the number of partitions (``reader.topic=partition`` avoids it on real Pulsar). Its dispatcher also
 redelivers (ids go backwards: dropped by id) and sometimes stalls a reader for good: silent readers are
-replaced by new ones (never ``seek``), see :meth:`TopicIndex.catch_up` and the executor's read loop.
+replaced by new ones (never ``seek``; the index resumes each partition with its own Reader), see
+:meth:`TopicIndex.catch_up` and the executor's read loop.
 """
 
 from __future__ import annotations
