@@ -1,7 +1,8 @@
 """The few Pulsar admin REST calls the backend needs (documented API: ``/admin/v2/...``).
 
-Only ``topicsPattern`` needs them: the binary protocol has no reliable topic listing (and pulsar-lite, the
-broker that runs in tests, has no admin API at all; tests serve recorded responses on loopback).
+``topicsPattern`` needs them (the binary protocol has no reliable topic listing), and so does a
+``valueSchema`` read from the schema registry. pulsar-lite, the broker that runs in tests, has no admin
+API at all; tests serve recorded responses on loopback.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class AdminClient:
         wait=wait_exponential(multiplier=0.2, max=3),
         reraise=True,
     )
-    def get(self, path: str) -> Any:
+    def get(self, path: str, *, missing_ok: bool = False) -> Any:
+        """The JSON answer of ``GET path``; ``None`` for HTTP 404 when ``missing_ok``."""
         request = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
         if self._token:
             request.add_header("Authorization", f"Bearer {self._token}")
@@ -47,6 +49,8 @@ class AdminClient:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
+            if exc.code == 404 and missing_ok:
+                return None
             if exc.code >= 500:
                 raise BackendUnavailableError(f"Pulsar admin GET {path}: HTTP {exc.code}") from None
             raise OptionError(
@@ -73,6 +77,56 @@ class AdminClient:
         rest = topic.split("://", 1)[1]
         meta = self.get(f"/admin/v2/persistent/{rest}/partitions") or {}
         return int(meta.get("partitions", 0))
+
+
+    def topic_schema(self, topic: str) -> dict[str, Any] | None:
+        """The latest schema of a topic from the schema registry (``GetSchemaResponse``: ``type``,
+        ``data``, ``version``...), or ``None`` when the topic has none."""
+        rest = topic.split("://", 1)[1]
+        answer = self.get(f"/admin/v2/schemas/{rest}/schema", missing_ok=True)
+        if answer is not None and not isinstance(answer, dict):
+            raise BackendUnavailableError(f"Pulsar admin GET schema of {topic}: unexpected answer {str(answer)[:200]}")
+        return answer
+
+
+_REGISTRY_TYPE = {"json": "JSON", "avro": "AVRO"}
+
+
+def registry_schema(admin: AdminClient, topics: list[str], value_format: str) -> str:
+    """The record schema (JSON text) that every topic of the query has in the schema registry."""
+    wanted = _REGISTRY_TYPE[value_format]
+    found: dict[str, list[str]] = {}
+    for topic in topics:
+        answer = admin.topic_schema(topic)
+        if answer is None:
+            raise OptionError(
+                f"option 'valueSchema': topic {topic} has no schema in the schema registry at {admin.url}; "
+                "give option valueSchema",
+                "valueSchema",
+            )
+        kind = str(answer.get("type", "")).upper()
+        if kind != wanted:
+            raise OptionError(
+                f"option 'valueFormat': topic {topic} has a {kind or 'untyped'} schema in the schema registry, "
+                f"valueFormat={value_format} needs {wanted}; accepted: {', '.join(f'{k} ({v})' for k, v in _REGISTRY_TYPE.items())}",
+                "valueFormat",
+            )
+        data = answer.get("data")
+        if not isinstance(data, str):
+            raise OptionError(f"option 'valueSchema': the registry's schema of {topic} holds no definition", "valueSchema")
+        found.setdefault(json.dumps(json.loads(data), sort_keys=True), []).append(topic)
+    if not found:
+        raise OptionError("option 'valueSchema': no topic to read a schema from; give option valueSchema", "valueSchema")
+    if len(found) > 1:
+        groups = "; ".join(", ".join(ts) for ts in found.values())
+        raise OptionError(
+            f"option 'valueSchema': the topics of one query must share one schema; the registry has different "
+            f"schemas for: {groups}",
+            "valueSchema",
+        )
+    text = next(iter(found))
+    log.info("valueSchema read from the schema registry for %s", ", ".join(topics))
+    return text
 
 
 def match_topics(admin: AdminClient, pattern: str) -> list[str]:

@@ -1,10 +1,28 @@
 """``backend=pulsar``: channels are topic partitions, positions are message ids.
 
-See :mod:`cdc.backends.pulsar.client` for what a position is and why the driver reads message ids.
-Executors read a planned range ``(start, end]`` with the Reader API from the stored start id (a new Reader
-each time, never ``seek``), drop any message whose id is not greater than the last one delivered (brokers
-may redeliver), stop at the planned end id, and fail with a stall error when no message arrives for
-``pollTimeoutMs`` before the end is reached.
+The read path
+-------------
+*Planning (driver).* Batch ends must be real message ids fixed before any executor reads, and Pulsar
+cannot count messages between two ids, so the driver keeps one tailing Reader per topic that records
+every message id (:class:`~cdc.backends.pulsar.client.TopicIndex`; ids only, trimmed once planned). Each
+planning round reads the new ids up to the head and stops as soon as the broker confirms there is nothing
+more (``has_message_available``), so a round costs one read of the new messages' ids, not a fixed wait.
+(``getLastMessageId`` would give the head without reading, but counts for ``maxRecordsPerTrigger`` still
+need the ids, and pulsar-lite only answers it for non-partitioned topics, without the batch index.)
+
+*Reading (executors).* One Spark partition per topic partition: a new Reader from the stored start id
+(never ``seek``), a loop that does per message only what decides membership (``message_id``, drop ids not
+greater than the last delivered: brokers may redeliver; stop at the planned end), and the Arrow columns
+built per batch of 8192 kept messages, one pass per column (:class:`_Columns`). A read that gets no
+message for ``reopenAfterMs`` short of its end opens a new Reader after the last delivered message; one
+that gets nothing for ``pollTimeoutMs`` fails with :class:`StallError`. A large receiver queue (20000)
+avoids most of pulsar-lite's redeliveries.
+
+Cost model: the reference (one Python Reader loop over the topic) touches each message once; this source
+touches its id on the driver and then reads it on an executor (about 10 calls into pulsar-client per
+message for the value and metadata columns), so on one machine it stays below the reference; where the
+broker can serve a Reader per ``<topic>-partition-N`` (``reader.topic=partition``, real Pulsar) the
+executors read without the cross-partition amplification described in :mod:`cdc.backends.pulsar.client`.
 """
 
 from __future__ import annotations
@@ -16,9 +34,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
-from cdc.backends.pulsar.admin import AdminClient, match_topics
+from cdc.backends.pulsar.admin import AdminClient, match_topics, registry_schema
 from cdc.backends.pulsar.client import (
     START,
     Channel,
@@ -27,7 +46,6 @@ from cdc.backends.pulsar.client import (
     before,
     count_between,
     is_start,
-    key_of,
     open_client,
     partitions_of,
     to_key,
@@ -93,26 +111,27 @@ def _open_reader(client: Any, options: PulsarOptions, ch: Channel, start: Key) -
 
 
 def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, end: Key) -> Iterator[pa.RecordBatch]:
+    """The read loop: per message only what decides whether it belongs to the range; the columns are
+    taken from the kept messages in bulk, per Arrow batch (see :class:`_Columns`)."""
     import pulsar
 
-    decoder = Decoder(options.value_format, options.value_schema, options.change_keys)
-    schema = decoder.schema()
-    change = decoder.change is not None
+    columns = _Columns(client, options, ch)
     since = options.starting_time_ms
     reader, check_first = _open_reader(client, options, ch, start)
     opened_at = start
-    quarantine: Any = None
-    poll_ms = min(1000, options.poll_timeout_ms)
+    poll_ms = min(250, options.poll_timeout_ms, options.reopen_after_ms)
     last = start
-    rows: list[list[Any]] = []
-    raw_bytes = decoder.value_format == "bytes"
-    meta = _Meta()
+    # A Reader on the parent topic also delivers other partitions (see cdc.backends.pulsar.client).
+    partition = ch.partition if ch.partition >= 0 and options.reader_topic == "parent" else None
+    msgs: list[Any] = []
+    mids: list[Any] = []
+    reopen_error: BackendUnavailableError | None = None
     progress = opened = time.monotonic()
     try:
+        read_next = getattr(reader, "_reader", reader).read_next  # C++ reader: no Python wrapper per message
         while True:
             try:
-                # The C++ reader directly: pulsar.Reader wraps every message in a Python object first.
-                msg = getattr(reader, "_reader", reader).read_next(poll_ms)
+                msg = read_next(poll_ms)
             except pulsar.Timeout:
                 now = time.monotonic()
                 waited = now - progress
@@ -120,20 +139,28 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
                     raise StallError(
                         f"channel {ch.id!r}: no message for {waited:.0f} s while reading ({list(last)}, "
                         f"{list(end)}] (option pollTimeoutMs={options.poll_timeout_ms}); is the broker up?"
+                        + (f" Reopening the reader failed: {reopen_error}" if reopen_error else "")
                     ) from None
                 if (now - opened) * 1000 >= options.reopen_after_ms:
-                    # A silent reader short of the planned end: open a new one after the last delivered
-                    # message (never seek; pulsar-lite's dispatcher can stall a reader for good).
+                    # Short of the planned end, silence is a stall: open a new reader after the last
+                    # delivered message (never seek; pulsar-lite's dispatcher can stall a reader for good).
+                    # The old one is kept if that fails (it reconnects by itself when the broker returns).
                     log.info("channel %s: reader silent at %s, reopening it", ch.id, list(last))
+                    opened = now
+                    try:
+                        fresh, scoped = _open_reader(client, options, ch, last)
+                    except BackendUnavailableError as exc:
+                        reopen_error = exc
+                        continue
                     reader.close()
-                    reader, check_first = _open_reader(client, options, ch, last)
-                    opened, opened_at = now, last
+                    reader, check_first, opened_at = fresh, scoped, last
+                    read_next = getattr(reader, "_reader", reader).read_next
                 continue
-            progress = opened = time.monotonic()
+            progress = opened = time.monotonic()  # any message: other partitions' may come first for long
             mid = msg.message_id()
-            if ch.partition >= 0 and mid.partition() != ch.partition:
-                continue  # a reader on the parent topic from earliest sees every partition
-            k = key_of(mid)
+            if partition is not None and mid.partition() != partition:
+                continue
+            k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
             if check_first:
                 check_first = False
                 if (k[0], k[1]) > (opened_at[0], opened_at[1]):
@@ -147,106 +174,120 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
             if k > end:
                 break
             last = k
-            payload = msg.data()
-            publish_ms = msg.publish_timestamp()
-            if since is None or publish_ms >= since:
-                try:
-                    if change:
-                        op, commit, values = decoder.decode_change(payload, publish_ms)
-                        seq = sequence_of(*k)
-                        rows.append([op, seq, commit, ch.id, seq, *values])
-                    else:
-                        if raw_bytes:
-                            meta.values.append(payload)
-                        else:
-                            rows.append(decoder.decode_value(payload))
-                        meta.add(msg, mid, publish_ms)
-                except Malformed as exc:
-                    where = f"channel {ch.id!r} message {list(k)} (key {msg.partition_key() or None!r})"
-                    if options.on_malformed == "fail":
-                        raise MalformedRecordError(
-                            f"{where} does not decode as {options.value_format}: {exc}; set onMalformed=quarantine "
-                            "with quarantineTopic to set such messages aside"
-                        ) from None
-                    if quarantine is None:
-                        quarantine = client.create_producer(options.quarantine_topic, batching_enabled=False)
-                    quarantine.send(
-                        payload,
-                        properties={
-                            **msg.properties(),
-                            "cdc.error": str(exc)[:1000],
-                            "cdc.topic": ch.id,
-                            "cdc.messageId": ",".join(map(str, k)),
-                        },
-                        partition_key=msg.partition_key() or None,
-                    )
-                    log.warning("%s quarantined to %s: %s", where, options.quarantine_topic, exc)
-            if len(rows) + len(meta.ids) >= ROWS_PER_BATCH:
-                yield _batch(schema, rows, meta, change, ch.id)
-                rows, meta = [], _Meta()
+            if since is None or msg.publish_timestamp() >= since:
+                msgs.append(msg)
+                mids.append(mid)
+                if len(msgs) >= ROWS_PER_BATCH:
+                    batch = columns.batch(msgs, mids)
+                    msgs, mids = [], []
+                    if batch is not None:
+                        yield batch
             if k == end:
                 break
-        if rows or meta.ids:
-            yield _batch(schema, rows, meta, change, ch.id)
+        if msgs:
+            batch = columns.batch(msgs, mids)
+            if batch is not None:
+                yield batch
     finally:
-        if quarantine is not None:
-            quarantine.flush()
-            quarantine.close()
+        columns.close()
         reader.close()
 
 
-class _Meta:
-    """Column lists of the metadata columns (and of ``value`` in bytes mode) for one Arrow batch."""
+class _Columns:
+    """Builds one Arrow batch from a list of kept messages, column by column (one pass per column, no
+    per-row Python objects besides what decoding needs), and sets malformed messages aside."""
 
-    __slots__ = ("values", "keys", "ids", "publish", "event", "props", "any_props")
+    def __init__(self, client: Any, options: PulsarOptions, ch: Channel) -> None:
+        self.client, self.options, self.ch = client, options, ch
+        self.decoder = Decoder(options.value_format, options.value_schema, options.change_keys)
+        self.schema = self.decoder.schema()
+        self.change = self.decoder.change is not None
+        self._quarantine: Any = None
 
-    def __init__(self) -> None:
-        self.values: list[bytes] = []
-        self.keys: list[str | None] = []
-        self.ids: list[bytes] = []
-        self.publish: list[int] = []
-        self.event: list[int | None] = []
-        self.props: list[list[tuple[str, str]]] = []
-        self.any_props = False
-
-    def add(self, msg: Any, mid: Any, publish_ms: int) -> None:
-        self.keys.append(msg.partition_key() or None)
-        self.ids.append(mid.serialize())
-        self.publish.append(publish_ms * 1000)
-        event_ms = msg.event_timestamp()
-        self.event.append(event_ms * 1000 if event_ms else None)
-        props = msg.properties()
-        if props:
-            self.any_props = True
-            self.props.append(list(props.items()))
+    def batch(self, msgs: list[Any], mids: list[Any]) -> pa.RecordBatch | None:
+        if self.decoder.value_format == "bytes":
+            data = [pa.array([m.data() for m in msgs], type=pa.binary())]
         else:
-            self.props.append([])
+            msgs, mids, data = self._decode(msgs, mids)
+            if not msgs:
+                return None
+        if not self.change:
+            data += _metadata(self.schema, msgs, mids, self.ch.id)
+        return pa.RecordBatch.from_arrays(data, schema=self.schema)
+
+    def _decode(self, msgs: list[Any], mids: list[Any]) -> tuple[list[Any], list[Any], list[pa.Array]]:
+        rows: list[list[Any]] = []
+        kept: list[int] = []
+        decoder, change, ch = self.decoder, self.change, self.ch.id
+        for i, msg in enumerate(msgs):
+            try:
+                if change:
+                    mid = mids[i]
+                    seq = sequence_of(mid.ledger_id(), mid.entry_id(), mid.batch_index())
+                    op, commit, values = decoder.decode_change(msg.data(), msg.publish_timestamp())
+                    rows.append([op, seq, commit, ch, seq, *values])
+                else:
+                    rows.append(decoder.decode_value(msg.data()))
+                kept.append(i)
+            except Malformed as exc:
+                self._malformed(msg, mids[i], exc)
+        if len(kept) < len(msgs):
+            msgs, mids = [msgs[i] for i in kept], [mids[i] for i in kept]
+        types = [f.type for f in self.schema]
+        arrays = [pa.array(col, type=types[j]) for j, col in enumerate(zip(*rows, strict=True))] if rows else []
+        return msgs, mids, arrays
+
+    def _malformed(self, msg: Any, mid: Any, exc: Malformed) -> None:
+        options = self.options
+        k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+        where = f"channel {self.ch.id!r} message {list(k)} (key {msg.partition_key() or None!r})"
+        if options.on_malformed == "fail":
+            raise MalformedRecordError(
+                f"{where} does not decode as {options.value_format}: {exc}; set onMalformed=quarantine "
+                "with quarantineTopic to set such messages aside"
+            ) from None
+        if self._quarantine is None:
+            self._quarantine = self.client.create_producer(options.quarantine_topic, batching_enabled=False)
+        self._quarantine.send(
+            msg.data(),
+            properties={
+                **msg.properties(),
+                "cdc.error": str(exc)[:1000],
+                "cdc.topic": self.ch.id,
+                "cdc.messageId": ",".join(map(str, k)),
+            },
+            partition_key=msg.partition_key() or None,
+        )
+        log.warning("%s quarantined to %s: %s", where, options.quarantine_topic, exc)
+
+    def close(self) -> None:
+        if self._quarantine is not None:
+            self._quarantine.flush()
+            self._quarantine.close()
 
 
-def _batch(schema: pa.Schema, rows: list[list[Any]], meta: _Meta, change: bool, channel: str) -> pa.RecordBatch:
-    if change or rows:
-        columns = list(zip(*rows, strict=True))
-        arrays = [pa.array(col, type=schema.field(i).type) for i, col in enumerate(columns)]
-    else:
-        arrays = [pa.array(meta.values, type=pa.binary())]
-    if not change:
-        n = len(meta.ids)
-        props_type = schema.field(PROPERTIES).type
-        if meta.any_props:
-            props = pa.array(meta.props, type=props_type)
-        else:  # the common case: build the empty maps without converting n Python lists
-            props = pa.MapArray.from_arrays(
-                pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), pa.array([], pa.string())
-            )
-        arrays += [
-            pa.array(meta.keys, type=pa.string()),
-            pa.array([channel] * n, type=pa.string()),
-            pa.array(meta.ids, type=pa.binary()),
-            pa.array(meta.publish, type=TS),
-            pa.array(meta.event, type=TS),
-            props,
-        ]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+def _metadata(schema: pa.Schema, msgs: list[Any], mids: list[Any], channel: str) -> list[pa.Array]:
+    """``__key``, ``__topic``, ``__messageId``, ``__publishTime``, ``__eventTime``, ``__properties``."""
+    n = len(msgs)
+    publish = pa.array([m.publish_timestamp() for m in msgs], type=pa.int64())
+    event = pa.array([m.event_timestamp() for m in msgs], type=pa.int64())
+    props = [m.properties() for m in msgs]
+    props_type = schema.field(PROPERTIES).type
+    if any(props):
+        props_array = pa.array([list(p.items()) for p in props], type=props_type)
+    else:  # the common case: build the empty maps without converting n Python lists
+        props_array = pa.MapArray.from_arrays(
+            pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), pa.array([], pa.string())
+        )
+    return [
+        pa.array([m.partition_key() or None for m in msgs], type=pa.string()),
+        pa.repeat(pa.scalar(channel, pa.string()), n),
+        pa.array([mid.serialize() for mid in mids], type=pa.binary()),
+        pc.multiply(publish, 1000).cast(TS),
+        # event time 0 means "not set" in Pulsar
+        pc.if_else(pc.equal(event, 0), None, pc.multiply(event, 1000)).cast(TS),
+        props_array,
+    ]
 
 
 class PulsarBackend(Backend):
@@ -258,12 +299,17 @@ class PulsarBackend(Backend):
 
     def __init__(self, options: PulsarOptions) -> None:
         super().__init__(options)
+        self._admin = AdminClient(options.admin_url, _token(options)) if options.admin_url else None
+        if options.value_format in ("json", "avro") and not options.value_schema:
+            # Read once per query from the schema registry; executors get it inside the options.
+            assert self._admin is not None  # the options model requires admin.url here
+            text = registry_schema(self._admin, self.topics(), options.value_format)
+            options = self.options = options.model_copy(update={"value_schema": text})
         self._decoder = Decoder(options.value_format, options.value_schema, options.change_keys)
         self._client: Any = None
         self._indexes: dict[str, TopicIndex] = {}
         self._channels: dict[str, Channel] = {}
         self._consumers: dict[str, Any] = {}
-        self._admin = AdminClient(options.admin_url, _token(options)) if options.admin_url else None
 
     def __repr__(self) -> str:
         return f"PulsarBackend({self.options.service_url!r}, topics={self._topics_hint()})"
@@ -271,10 +317,13 @@ class PulsarBackend(Backend):
     def _topics_hint(self) -> str:
         return self.options.topics_pattern or ",".join(self.options.topic_list())
 
+    def _new_client(self) -> Any:
+        return open_client(self.options.service_url, _token(self.options), self.options.operation_timeout_s)
+
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = open_client(self.options.service_url, _token(self.options), self.options.operation_timeout_s)
+            self._client = self._new_client()
         return self._client
 
     def schema(self) -> pa.Schema:
@@ -286,7 +335,7 @@ class PulsarBackend(Backend):
             return match_topics(self._admin, self.options.topics_pattern)
         return self.options.topic_list()
 
-    def _index(self, topic: str) -> TopicIndex:
+    def _index(self, topic: str, partitions: Sequence[Channel] | None = None) -> TopicIndex:
         index = self._indexes.get(topic)
         if index is None:
             index = self._indexes[topic] = TopicIndex(
@@ -296,6 +345,8 @@ class PulsarBackend(Backend):
                 receiver_queue_size=self.options.receiver_queue_size,
                 catch_up_ms=self.options.catch_up_ms,
             )
+            chans = partitions_of(self.client, topic) if partitions is None else partitions
+            index.partitions = [ch.partition for ch in chans]
             index.catch_up()
         return index
 
@@ -309,9 +360,9 @@ class PulsarBackend(Backend):
                 self._channels[ch.id] = ch
                 out.append(ChannelInfo(ch.id))
             fresh = topic not in self._indexes
-            index = self._index(topic)
-            index.partitions = [ch.partition for ch in chans]
+            index = self._index(topic, chans)
             if not fresh:
+                index.partitions = [ch.partition for ch in chans]
                 index.catch_up()
         return out
 

@@ -17,7 +17,7 @@ Why the driver reads message ids
 --------------------------------
 Pulsar cannot count the messages between two ids without reading them (an entry may hold a batch of
 any size, and ledgers roll). The driver therefore keeps one tailing Reader per topic that records the id
-of every message (ids only, 8-byte-ish ints, trimmed as batches are planned). Planning is then exact:
+of every message (ids only, trimmed as batches are planned; after a stall, one Reader per partition). Planning is then exact:
 ``plan(max_records=n)`` ends on the n-th message id, so admission control holds, and the id that ends a
 batch is a real message id stored in Spark's offset log, so a replay reads exactly the same messages.
 The cost is one extra read of each message on the driver.
@@ -30,7 +30,8 @@ partition by (ledger, entry); each pulsar-lite partition has its own ledger, so 
 also receives the partitions whose ledger id is higher than p's, and drops them: read amplification
 up to the number of partitions (``reader.topic=partition`` avoids it on real Pulsar). Its dispatcher also
 redelivers (ids go backwards: dropped by id) and sometimes stalls a reader for good: silent readers are
-replaced by new ones (never ``seek``), see :meth:`TopicIndex.catch_up` and the executor's read loop.
+replaced by new ones (never ``seek``; the index resumes each partition with its own Reader), see
+:meth:`TopicIndex.catch_up` and the executor's read loop.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 START: list[int] = [-1, -1, -1]
+_NONE: tuple[int, int, int] = (-1, -1, -1)
 _PARTITION_SUFFIX = "-partition-"
 
 
@@ -146,7 +148,7 @@ class _PartitionIds:
 
 
 class TopicIndex:
-    """The ids of a topic's messages, per partition, read by one tailing Reader on the driver.
+    """The ids of a topic's messages, per partition, read by tailing Readers on the driver.
 
     Keeps every id from the topic's start (or ``starting_time_ms``), minus ids below a partition's
     trim point. Duplicates and backwards ids (the broker may redeliver) are dropped.
@@ -173,94 +175,170 @@ class TopicIndex:
         self._progress_at = time.monotonic()
         self.parts: dict[int, _PartitionIds] = {}
         self.floor: dict[int, Key] = {}  # ids at or below the floor were trimmed (nothing before is known)
-        self._reader: pulsar.Reader | None = None
+        self._readers: list[Any] = []  # one from earliest; after a stall, one per partition (see _reopen)
+        self._scoped = False
+        self._confirmed = False  # the last round ended at a head the broker confirmed
         self._lock = threading.Lock()
         self.partitions: list[int] = []  # set by the backend from the topic's metadata
 
-    def _open(self) -> pulsar.Reader:
+    def _open(self) -> list[Any]:
         import pulsar
 
-        if self._reader is None:
-            self._reader = self.client.create_reader(
-                self.topic, pulsar.MessageId.earliest, receiver_queue_size=self.receiver_queue_size
-            )
-        return self._reader
+        if not self._readers:
+            self._readers = [
+                self.client.create_reader(
+                    self.topic, pulsar.MessageId.earliest, receiver_queue_size=self.receiver_queue_size
+                )
+            ]
+            self._scoped = False
+        return self._readers
 
-    def _reopen(self) -> pulsar.Reader:
-        """A new reader that resumes every partition at or before its last indexed id.
+    def _reopen(self) -> list[Any]:
+        """New readers after a stall: one per partition, each resuming at that partition's last id.
 
-        A Reader on a partitioned topic applies its start id to every partition, comparing (ledger,
-        entry). Starting at the smallest last id of all partitions therefore resumes each partition at or
-        before its own last id (later messages only live in later entries); messages already indexed are
-        skipped. Until every partition has an id, the new reader starts from earliest.
+        pulsar-lite serves a Reader started at one partition's message id that partition only (a single
+        Reader resumed at the smallest id left the other partitions stalled for good), while Pulsar also
+        serves the partitions whose ledgers come later (their messages are dropped by id). Each reader
+        starts inclusively at the start of the last indexed entry, so nothing after the last id is
+        skipped; while a partition holds no id yet, one more reader reads from earliest.
         """
         import pulsar
 
-        self.close()
-        lasts = [(self.parts[p].last, p) for p in self.partitions if p in self.parts and self.parts[p].keys]
-        if not self.partitions or len(lasts) < len(self.partitions):
-            return self._open()
-        (ledger, entry, _), p = min(lasts)
-        self._reader = self.client.create_reader(
-            self.topic,
-            pulsar.MessageId(p, ledger, entry, -1),
-            receiver_queue_size=self.receiver_queue_size,
-            start_message_id_inclusive=True,
-        )
-        return self._reader
+        self._close_readers()
+        readers = []
+        held = [p for p in self.partitions or sorted(self.parts) if self.ids(p).last != _NONE]
+        for p in held:
+            ledger, entry, _ = self.parts[p].last
+            readers.append(
+                self.client.create_reader(
+                    self.topic,
+                    pulsar.MessageId(p, ledger, entry, -1),
+                    receiver_queue_size=self.receiver_queue_size,
+                    start_message_id_inclusive=True,
+                )
+            )
+        if not held or len(held) < len(self.partitions):
+            readers.append(
+                self.client.create_reader(
+                    self.topic, pulsar.MessageId.earliest, receiver_queue_size=self.receiver_queue_size
+                )
+            )
+        self._readers = readers
+        self._scoped = True
+        return readers
+
+    def _all_partitions_hold_ids(self) -> bool:
+        return bool(self.partitions) and all(self.ids(p).last != _NONE for p in self.partitions)
+
+    def _broker_has_more(self, raw: Any) -> bool | None:
+        """Whether the broker holds messages after the ones the reader delivered; ``None``: unknown.
+
+        Asked only of the reader from earliest (pulsar-client answers a false "yes" at the head for a
+        Reader started inclusively), and only when every partition holds a message: pulsar-lite fails
+        ``getLastMessageId`` on an empty partition (and pulsar-client 3.13 aborts the process when two
+        partitions fail at once).
+        """
+        if self._scoped or not self._all_partitions_hold_ids():
+            return None
+        try:
+            return bool(raw.has_message_available())
+        except Exception:  # noqa: BLE001 - the C++ core raises its own types
+            log.debug("has_message_available failed on %s", self.topic, exc_info=True)
+            return None
 
     def catch_up(self) -> None:
-        """Read ids until the broker has nothing more for ``catchUpMs`` or messages newer than now arrive.
+        """Read ids up to the broker's head as of now.
 
-        pulsar-lite's dispatcher can stall a multi-partition reader (silent although messages remain).
-        So a silence right after new ids flowed gets a longer wait and then a new reader (see
-        :meth:`_reopen`; at most 3 per round), and a reader that has brought nothing new for
-        ``idle_reopen_s`` is replaced too.
+        The head is reached when the reader has nothing queued and the broker confirms it holds nothing
+        after what was delivered (``has_message_available``, one request per partition): planning then
+        waits no longer than one short poll. Where the broker does not confirm (a partition without
+        messages yet, or readers resumed after a stall), ``catchUpMs`` of silence counts as the head.
+        Messages published after this round began end it early (they belong to the next round). Readers
+        whose last round was not confirmed and that brought nothing new for ``idle_reopen_s`` are
+        replaced at the next round (they may be stalled).
+
+        pulsar-lite's dispatcher can stall a reader (silent although the broker holds more, typically
+        on one partition while the others flow): a silence right after new ids gets a longer wait
+        (4 x ``catchUpMs``; 10 x for new readers that have delivered nothing yet) and then new readers,
+        one per partition (see :meth:`_reopen`; at most 3 times per round). If all fail, the round plans with what it has (the
+        next round goes on from there).
         """
         import pulsar
 
         with self._lock:
             now = time.monotonic()
-            if self._reader is not None and now - self._progress_at > self.idle_reopen_s:
-                log.info("index reader of %s idle for %.0f s; opening a new one", self.topic, now - self._progress_at)
+            if self._readers and now - self._progress_at > self.idle_reopen_s and not self._confirmed:
+                log.info("index readers of %s idle for %.0f s; opening new ones", self.topic, now - self._progress_at)
                 self._reopen()
                 self._progress_at = now
-            reader = self._open()
-            raw = getattr(reader, "_reader", reader)  # the C++ reader: no Python wrapper per message
+            # The C++ readers: no Python wrapper per message.
+            raws = [getattr(r, "_reader", r) for r in self._open()]
+            current = 0
             began_ms = int(time.time() * 1000)
             deadline = now + self.max_catch_up_s
             since = self.starting_time_ms
+            parts = self.parts
             n = 0
-            flowing = waited = False
             reopens = 0
-            while time.monotonic() < deadline:
+            flowing = False  # new ids since the last (re)open
+            delivered = 0  # messages (new or not) since the last (re)open
+            poll_ms = min(self.catch_up_ms, 50)
+            silent_since: float | None = None
+            self._confirmed = False
+            while True:
                 try:
-                    msg = raw.read_next(3 * self.catch_up_ms if waited else self.catch_up_ms)
+                    if len(raws) == 1:
+                        msg = raws[0].read_next(poll_ms)
+                    else:
+                        msg = _next_of(raws, current, poll_ms)
                 except pulsar.Timeout:
-                    if flowing and not waited:
-                        waited = True
+                    t = time.monotonic()
+                    if t > deadline:
+                        break
+                    silent_since = silent_since or t - poll_ms / 1000
+                    silent = t - silent_since
+                    if len(raws) == 1 and self._broker_has_more(raws[0]) is False:
+                        log.debug("index of %s at the head the broker confirms", self.topic)
+                        self._confirmed = True
+                        break
+                    # Not confirmed. A silence right after new ids may be a stall: wait longer, then
+                    # try new readers; otherwise silence counts as the head.
+                    patience = self.catch_up_ms
+                    if reopens and not delivered:
+                        patience *= 10  # new readers that have not started delivering yet
+                    elif flowing:
+                        patience *= 4
+                    if silent * 1000 < patience:
                         continue
-                    if flowing and reopens < 3:
-                        log.info("index reader of %s went silent after new messages; opening a new one", self.topic)
-                        reader = self._reopen()
-                        raw = getattr(reader, "_reader", reader)
-                        reopens += 1
-                        flowing = waited = False
-                        continue
-                    break
-                publish = msg.publish_timestamp()
-                if since is not None and publish < since:
+                    if not (flowing or (reopens and not delivered)) or reopens >= 3:
+                        log.debug("index of %s: %.2f s of silence taken as the head", self.topic, silent)
+                        break
+                    log.info("index reader of %s went silent after new messages; opening one per partition", self.topic)
+                    raws = [getattr(r, "_reader", r) for r in self._reopen()]
+                    reopens += 1
+                    silent_since = None
+                    flowing = False
+                    delivered = 0
+                    continue
+                silent_since = None
+                delivered += 1
+                if isinstance(msg, tuple):
+                    current, msg = msg
+                if since is not None and msg.publish_timestamp() < since:
                     continue
                 mid = msg.message_id()
-                part = self.parts.setdefault(mid.partition(), _PartitionIds())
-                k = key_of(mid)
+                k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+                part = parts.get(mid.partition())
+                if part is None:
+                    part = parts[mid.partition()] = _PartitionIds()
                 if k > part.last:
                     part.keys.append(k)
                     part.last = k
                     n += 1
-                    flowing, waited = True, False
-                if publish > began_ms:
-                    break  # the rest is newer than this planning round
+                    flowing = True
+                    # Now and then: a message newer than this round ends it (the rest is the next round's).
+                    if not n & 1023 and msg.publish_timestamp() > began_ms:
+                        break
             if n:
                 self._progress_at = time.monotonic()
                 log.debug("indexed %d new message ids of %s", n, self.topic)
@@ -289,13 +367,32 @@ class TopicIndex:
     def covers(self, partition: int, start: Key) -> bool:
         return start >= self.floor.get(partition, (-1, -1, -1))
 
-    def close(self) -> None:
-        if self._reader is not None:
+    def _close_readers(self) -> None:
+        for reader in self._readers:
             try:
-                self._reader.close()
+                reader.close()
             except Exception:  # noqa: BLE001 - closing a dead reader is not worth an error
-                log.debug("closing the index reader of %s failed", self.topic, exc_info=True)
-            self._reader = None
+                log.debug("closing an index reader of %s failed", self.topic, exc_info=True)
+        self._readers = []
+
+    def close(self) -> None:
+        self._close_readers()
+
+
+def _next_of(raws: list[Any], current: int, poll_ms: int) -> tuple[int, Any]:
+    """The next queued message of several readers, staying with ``current`` while it has some;
+    (reader index, message). Waits ``poll_ms`` on one reader when none has a message queued."""
+    import pulsar
+
+    count = len(raws)
+    for step in range(count):
+        i = (current + step) % count
+        try:
+            return i, raws[i].read_next(0)
+        except pulsar.Timeout:
+            continue
+    i = (current + 1) % count
+    return i, raws[i].read_next(poll_ms)
 
 
 def count_between(keys: list[Key], start: Key, until: Key | None, max_records: int | None) -> tuple[int, int]:
