@@ -25,6 +25,10 @@ Rules
 -----
 * Within a batch only the latest change per key (largest sequence) applies; for SCD type 2 a batch
   therefore adds at most one version per key.
+* Partial changes (``_unchanged``, see :mod:`cdc.model`): a batch holding any is folded per key in sequence
+  order by :func:`fold_partial` instead; the merge keeps the target's value of every column no newer change
+  of the batch set. A partial update on a missing key or a tombstone creates the row with the unchanged
+  columns null; SCD type 2 takes them from the current version. ``_unchanged`` is never stored.
 * Across batches a change applies only if its sequence is greater than the key's last applied sequence
   (live row, tombstone or current SCD2 version).
 * A change is a delete when ``apply_as_deletes`` (a SQL expression over the change record, default
@@ -47,7 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.errors import MalformedRecordError, OptionError, TerminalError
-from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, Op
+from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, UNCHANGED, Op
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,9 @@ DELETED_AT = "__cdc_deleted_at"
 IS_DELETE = "__cdc_is_delete"
 NOW = "__cdc_now"
 ACTION = "__cdc_action"
+#: Prefix of the per-column source columns a batch with partial changes carries: ``__cdc_set_<column>`` is
+#: the sequence of the change that last set the column in the batch (null: no change of the batch set it).
+SET_PREFIX = "__cdc_set_"
 VALID_FROM = "_valid_from"
 VALID_TO = "_valid_to"
 IS_CURRENT = "_is_current"
@@ -219,8 +226,15 @@ class SinkSpec:
                 raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({self._where(batch, c)})")
         drop = [c for c in batch.column_names if c in DROPPED_METADATA or c in self.except_columns]
         batch = batch.drop_columns(drop)
+        unchanged = batch.column(UNCHANGED) if UNCHANGED in batch.column_names else None
+        if unchanged is not None:
+            batch = batch.drop_columns([UNCHANGED])
         batch = batch.cast(pa.schema([pa.field(f.name, _normalise_type(f.type), f.nullable) for f in batch.schema]))
-        batch = latest_per_key(batch, self.keys, self.sequence_by)
+        if unchanged is not None and pc.max(pc.fill_null(pc.list_value_length(unchanged), 0)).as_py():
+            values = [c for c in batch.column_names if c not in self.keys and c not in (IS_DELETE, self.sequence_by, COMMIT_TS)]
+            batch = fold_partial(batch, unchanged, self.keys, self.sequence_by, values)
+        else:
+            batch = latest_per_key(batch, self.keys, self.sequence_by)
         return batch.append_column(NOW, pa.repeat(pa.scalar(now, TIMESTAMP), batch.num_rows))
 
     @staticmethod
@@ -237,7 +251,7 @@ class SinkSpec:
         for name in self.keys:
             out.append(pa.field(name, prepared.field(name).type, nullable=False))
         for f in prepared:
-            if f.name in self.keys or f.name in (IS_DELETE, NOW, ACTION):
+            if f.name in self.keys or f.name in (IS_DELETE, NOW, ACTION) or f.name.startswith(SET_PREFIX):
                 continue
             out.append(pa.field(f.name, f.type, nullable=True))
         return out
@@ -306,11 +320,23 @@ class SinkSpec:
         def from_source(c: str) -> str:
             return col(s, c) if c in present else "NULL"
 
-        def row(extra: Mapping[str, str], *, nulls: bool = False, keys: bool = True) -> dict[str, str]:
+        def overlay(c: str) -> str:
+            # A partial change (see fold_partial) keeps the target's value unless the batch set the column
+            # after the target row's last change.
+            if SET_PREFIX + c not in present:
+                return from_source(c)
+            return f"CASE WHEN {col(s, SET_PREFIX + c)} > {col(t, seq)} THEN {col(s, c)} ELSE {col(t, c)} END"
+
+        def row(
+            extra: Mapping[str, str], *, nulls: bool = False, keys: bool = True, over_target: bool = False
+        ) -> dict[str, str]:
             out = {quote(k): col(s, k) for k in self.keys} if keys else {}
             for c in values:
                 keep = c == seq or c == COMMIT_TS
-                out[quote(c)] = from_source(c) if (keep or not nulls) else "NULL"
+                if keep or not nulls:
+                    out[quote(c)] = overlay(c) if over_target and not keep else from_source(c)
+                else:
+                    out[quote(c)] = "NULL"
             out.update({quote(k): v for k, v in extra.items()})
             return out
 
@@ -320,7 +346,7 @@ class SinkSpec:
         if self.scd_type == 1:
             clauses = (
                 Clause("update", f"{newer} AND {is_delete}", row({DELETED_AT: col(s, NOW)}, nulls=True, keys=False)),
-                Clause("update", newer, row({DELETED_AT: "NULL"}, keys=False)),
+                Clause("update", newer, row({DELETED_AT: "NULL"}, keys=False, over_target=True)),
                 Clause("insert", is_delete, row({DELETED_AT: col(s, NOW)}, nulls=True)),
                 Clause("insert", None, row({DELETED_AT: "NULL"})),
             )
@@ -392,7 +418,8 @@ class SinkSpec:
         value_cols = [c for c in prepared.column_names if c not in self.keys and c not in (IS_DELETE, NOW, seq, COMMIT_TS)]
         tracked = list(self.track_history_columns) if self.track_history_columns is not None else value_cols
         tracked = [c for c in tracked if c in heads.column_names]
-        head_cols = [*tracked, seq, IS_CURRENT, DELETED_AT]
+        partial = [c for c in value_cols if SET_PREFIX + c in prepared.column_names and c in heads.column_names]
+        head_cols = [*dict.fromkeys([*tracked, *partial]), seq, IS_CURRENT, DELETED_AT]
         heads = heads.select([*self.keys, *head_cols]).rename_columns(
             [*self.keys, *(f"__h_{c}" for c in head_cols)]
         )
@@ -401,7 +428,13 @@ class SinkSpec:
         has_head = pc.is_valid(h_seq)
         fresh = pc.or_kleene(pc.invert(has_head), pc.greater(joined.column(seq), h_seq.cast(joined.schema.field(seq).type)))
         joined = joined.filter(fresh)
-        has_head = pc.is_valid(joined.column(f"__h_{seq}"))
+        h_seq = joined.column(f"__h_{seq}").cast(joined.schema.field(seq).type)
+        for c in partial:  # a partial change takes the columns it leaves unchanged from the current version
+            set_at = joined.column(SET_PREFIX + c)
+            newer = pc.fill_null(pc.and_kleene(pc.is_valid(set_at), pc.or_kleene(pc.is_null(h_seq), pc.greater(set_at, h_seq))), False)
+            resolved = pc.if_else(newer, joined.column(c), joined.column(f"__h_{c}").cast(joined.schema.field(c).type))
+            joined = joined.set_column(joined.column_names.index(c), c, resolved)
+        has_head = pc.is_valid(h_seq)
         is_current = pc.fill_null(joined.column(f"__h_{IS_CURRENT}").cast(pa.bool_()), False)
         is_tomb = pc.and_(has_head, pc.invert(is_current))
         is_delete = joined.column(IS_DELETE)
@@ -428,7 +461,7 @@ class SinkSpec:
             pc.make_struct(pc.and_(is_delete, is_current), pc.and_(pc.invert(is_delete), pc.and_(is_current, changed))),
             "tombstone", "open", pa.scalar(None, pa.string()),
         )
-        base = joined.select(prepared.column_names)
+        base = joined.select([c for c in prepared.column_names if not c.startswith(SET_PREFIX)])
         out = base.append_column(ACTION, first)
         extra_mask = pc.is_valid(second)
         extra = base.filter(extra_mask).append_column(ACTION, second.filter(extra_mask))
@@ -460,3 +493,85 @@ def latest_per_key(batch: pa.Table, keys: Sequence[str], sequence: str) -> pa.Ta
     # Exact duplicates (replays) tie on (key, sequence): keep one row of each.
     rows = winners.group_by([*keys, sequence]).aggregate([("__cdc_row", "max")]).column("__cdc_row_max")
     return batch.take(pc.take(rows, pc.sort_indices(rows)))
+
+
+def fold_partial(
+    batch: pa.Table, unchanged: pa.ChunkedArray, keys: Sequence[str], sequence: str, values: Sequence[str]
+) -> pa.Table:
+    """Fold each key's changes of a batch that holds partial changes into one change, in sequence order.
+
+    ``unchanged`` is the batch's ``_unchanged`` column (see :mod:`cdc.model`): per record, the value columns
+    it leaves as they were (null or empty: the record carries the whole row). A full row or a delete resets
+    the key; a partial update overlays the columns it sets. Per key the result is the key's latest change
+    (sequence, commit time, delete flag) with, for each value column ``c``, the value of the latest change
+    that set ``c`` (a delete sets every column to null) and that change's sequence in ``__cdc_set_<c>``;
+    when no change of the batch set ``c`` (a run of partial updates with no full row before it) the value is
+    null and ``__cdc_set_<c>`` is null: ``c`` stays unchanged.
+
+    The merge keeps the target's value of ``c`` unless ``__cdc_set_<c>`` is greater than the target row's
+    sequence. That makes the result exactly "apply, in sequence order, the batch's changes newer than the
+    target row onto it", even when the batch also carries stale changes (re-deliveries) that the fold saw:
+    the latest change to set ``c`` is then either newer than the target (and it is the one to keep) or not
+    (and then no newer change set ``c``). A partial update on a missing key or on a tombstone creates the
+    row with the unchanged columns null (Tablestore's ``UpdateRow``).
+
+    Vectorised: one sort, then per value column a numpy ``maximum.reduceat`` over the key groups.
+    """
+    n = batch.num_rows
+    order_cols = [*keys, sequence]
+    tagged = batch.select(order_cols).append_column("__cdc_row", pa.array(np.arange(n, dtype=np.int64)))
+    order = pc.sort_indices(tagged, sort_keys=[(c, "ascending") for c in [*order_cols, "__cdc_row"]])
+    batch = batch.take(order)
+    unchanged = pc.take(unchanged, order)
+    # Exact duplicates (same key and sequence: replays) are adjacent now: keep the first of each.
+    key_start = _key_starts(batch, keys)
+    if n > 1:
+        s = batch.column(sequence).combine_chunks()
+        keep = key_start.copy()
+        keep[1:] |= pc.not_equal(s.slice(1), s.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        if not keep.all():
+            batch = batch.filter(pa.array(keep))
+            unchanged = unchanged.filter(pa.array(keep))
+            key_start = key_start[keep]
+    starts = np.flatnonzero(key_start)
+    m = batch.num_rows
+    idx = np.arange(m, dtype=np.int64)
+    group = np.cumsum(key_start) - 1
+    lengths = np.diff(np.append(starts, m))
+    last = starts + lengths - 1
+    is_delete = batch.column(IS_DELETE).to_numpy(zero_copy_only=False).astype(bool)
+    u = unchanged.combine_chunks() if isinstance(unchanged, pa.ChunkedArray) else unchanged
+    if pa.types.is_large_list(u.type):
+        u = u.cast(pa.list_(pa.string()))
+    partial = pc.fill_null(pc.greater(pc.list_value_length(u), 0), False).to_numpy(zero_copy_only=False) & ~is_delete
+    full_idx = np.where(partial, -1, idx)
+    last_full = np.maximum.reduceat(full_idx, starts)
+    flat = pc.list_flatten(u).to_numpy(zero_copy_only=False)
+    parents = pc.list_parent_indices(u).to_numpy(zero_copy_only=False)
+    in_run = idx >= last_full[group]  # the changes from the key's last full change on
+    seqs = batch.column(sequence).combine_chunks()
+    out = batch.take(pa.array(last))
+    for c in values:
+        leaves = np.zeros(m, dtype=bool)
+        leaves[parents[flat == c]] = True
+        sets = in_run & ~(leaves & partial)
+        setter = np.maximum.reduceat(np.where(sets, idx, -1), starts)
+        take = pa.array(setter, mask=setter < 0)
+        column = batch.column(c).combine_chunks()
+        value = pc.if_else(pa.array(is_delete), pa.nulls(m, column.type), column)  # a delete nulls every column
+        out = out.set_column(out.column_names.index(c), c, pc.take(value, take))
+        out = out.append_column(SET_PREFIX + c, pc.take(seqs, take))
+    return out
+
+
+def _key_starts(batch: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """For a batch sorted by key: True where a row's key differs from the previous row's (and at row 0)."""
+    n = batch.num_rows
+    out = np.ones(n, dtype=bool)
+    if n > 1:
+        diff = np.zeros(n - 1, dtype=bool)
+        for k in keys:
+            c = batch.column(k).combine_chunks()
+            diff |= pc.not_equal(c.slice(1), c.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        out[1:] = diff
+    return out

@@ -227,3 +227,36 @@ def test_delta_spark_engine_reports_missing_jars(tmp_path: Path, spark: Any) -> 
     s = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], engine="delta-spark", app_id="a")
     with pytest.raises(TerminalError, match="io.delta Spark jars"):
         s.write(changes([("insert", 1, 1, "a", 1)]), 0)
+
+
+def partial(rows: list[tuple[Any, ...]]) -> pa.Table:
+    """rows: (op, seq, id, name, qty, unchanged columns or None)."""
+    t = changes([r[:5] for r in rows])
+    return t.append_column("_unchanged", pa.array([r[5] for r in rows], pa.list_(pa.string())))
+
+
+def current(path: Path) -> dict[int, tuple[str, int]]:
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return {r["id"]: (r["name"], r["qty"]) for r in rows if r[DELETED_AT] is None and r.get("_is_current", True)}
+
+
+@pytest.mark.parametrize("scd_type", [1, 2])
+def test_partial_changes_keep_unchanged_columns(tmp_path: Path, scd_type: int) -> None:
+    s = sink(tmp_path / "t", scd_type=scd_type)
+    s.write(partial([("insert", 1, 1, "a", 1, None), ("insert", 2, 2, "b", 2, None), ("insert", 3, 3, "c", 3, None)]), 0)
+    s.write(partial([
+        ("update", 4, 1, "JUNK", 10, ["name"]),  # a run of partials on an existing row: overlaid
+        ("update", 5, 1, "a2", 99, ["qty"]),
+        ("delete", 6, 2, None, None, None),  # a partial after a delete: created with the unchanged column null
+        ("update", 7, 2, "JUNK", 20, ["name"]),
+        ("update", 8, 4, "JUNK", 40, ["name"]),  # a partial on a missing row: created, unchanged column null
+        ("update", 9, 3, "c2", 30, []),  # an empty _unchanged is a full row
+    ]), 1)
+    got = current(tmp_path / "t")
+    assert got == {1: ("a2", 10), 2: (None, 20), 3: ("c2", 30), 4: (None, 40)}
+    # A stale re-delivery of row 1's insert (seq 1, full) next to a newer partial: the partial must overlay
+    # the table's row (seq 5), not the stale insert.
+    s.write(partial([("insert", 1, 1, "a", 1, None), ("update", 10, 1, "JUNK", 11, ["name"])]), 2)
+    got = current(tmp_path / "t")
+    assert got[1] == ("a2", 11)
+    assert "_unchanged" not in DeltaTable(str(tmp_path / "t")).schema().to_arrow().names
