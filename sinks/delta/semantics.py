@@ -340,15 +340,15 @@ class SinkSpec:
             out.update({quote(k): v for k, v in extra.items()})
             return out
 
-        is_delete = col(s, IS_DELETE)
         predicate = self._key_match()
         clauses: tuple[Clause, ...]
         if self.scd_type == 1:
+            # The source is staged (stage_scd1): deletes already carry null values and their tombstone time,
+            # so two plain clauses do (measured: cheaper than one clause per case).
+            deleted_at = {DELETED_AT: col(s, DELETED_AT)}
             clauses = (
-                Clause("update", f"{newer} AND {is_delete}", row({DELETED_AT: col(s, NOW)}, nulls=True, keys=False)),
-                Clause("update", newer, row({DELETED_AT: "NULL"}, keys=False, over_target=True)),
-                Clause("insert", is_delete, row({DELETED_AT: col(s, NOW)}, nulls=True)),
-                Clause("insert", None, row({DELETED_AT: "NULL"})),
+                Clause("update", newer, row(deleted_at, keys=False, over_target=True)),
+                Clause("insert", None, row(deleted_at)),
             )
         else:
             action = col(s, ACTION)
@@ -390,6 +390,20 @@ class SinkSpec:
                 ),
             )
         return MergePlan(predicate + self.key_range(source), clauses)
+
+    # ------------------------------------------------------------------ SCD type 1 staging
+    def stage_scd1(self, prepared: pa.Table) -> pa.Table:
+        """The SCD type 1 MERGE source: deletes get null values and ``__cdc_deleted_at`` (the tombstone's
+        time); other rows a null ``__cdc_deleted_at``."""
+        is_delete = prepared.column(IS_DELETE)
+        keep = {*self.keys, self.sequence_by, COMMIT_TS, IS_DELETE, NOW}
+        out = prepared
+        if pc.any(is_delete).as_py():
+            for i, f in enumerate(prepared.schema):
+                if f.name not in keep and not f.name.startswith(SET_PREFIX):
+                    out = out.set_column(i, f, pc.if_else(is_delete, pa.nulls(out.num_rows, f.type), out.column(i)))
+        stamp = pc.if_else(is_delete, prepared.column(NOW), pa.nulls(prepared.num_rows, TIMESTAMP))
+        return out.append_column(pa.field(DELETED_AT, TIMESTAMP), stamp)
 
     # ------------------------------------------------------------------ SCD type 2 staging
     def heads_condition(self, prepared: pa.Table) -> tuple[str, Any]:
