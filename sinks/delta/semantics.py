@@ -510,7 +510,7 @@ def latest_per_key(batch: pa.Table, keys: Sequence[str], sequence: str) -> pa.Ta
 
 
 def fold_partial(
-    batch: pa.Table, unchanged: pa.ChunkedArray, keys: Sequence[str], sequence: str, values: Sequence[str]
+    batch: pa.Table, unchanged: pa.ChunkedArray | None, keys: Sequence[str], sequence: str, values: Sequence[str]
 ) -> pa.Table:
     """Fold each key's changes of a batch that holds partial changes into one change, in sequence order.
 
@@ -528,16 +528,29 @@ def fold_partial(
     the latest change to set ``c`` is then either newer than the target (and it is the one to keep) or not
     (and then no newer change set ``c``). A partial update on a missing key or on a tombstone creates the
     row with the unchanged columns null (Tablestore's ``UpdateRow``).
+    """
+    rows, key_start = resolve_rows(batch, unchanged, keys, sequence, values)
+    last = np.append(np.flatnonzero(key_start)[1:], rows.num_rows) - 1
+    return rows.take(pa.array(last))
 
-    Vectorised: one sort, then per value column a numpy ``maximum.reduceat`` over the key groups.
+
+def resolve_rows(
+    batch: pa.Table, unchanged: pa.ChunkedArray | None, keys: Sequence[str], sequence: str, values: Sequence[str]
+) -> tuple[pa.Table, np.ndarray]:
+    """The batch sorted by key and sequence, exact duplicates (same key and sequence: replays) dropped, and,
+    when ``unchanged`` is given, every row resolved to the key's state after it (see :func:`fold_partial`),
+    with the ``__cdc_set_<c>`` columns. Also returns the key-start flags of the rows.
+
+    Vectorised: one sort, then per value column a numpy running maximum of the rows that set it.
     """
     n = batch.num_rows
     order_cols = [*keys, sequence]
     tagged = batch.select(order_cols).append_column("__cdc_row", pa.array(np.arange(n, dtype=np.int64)))
     order = pc.sort_indices(tagged, sort_keys=[(c, "ascending") for c in [*order_cols, "__cdc_row"]])
     batch = batch.take(order)
-    unchanged = pc.take(unchanged, order)
-    # Exact duplicates (same key and sequence: replays) are adjacent now: keep the first of each.
+    if unchanged is not None:
+        unchanged = pc.take(unchanged, order)
+    # Exact duplicates are adjacent now: keep the first of each.
     key_start = _key_starts(batch, keys)
     if n > 1:
         s = batch.column(sequence).combine_chunks()
@@ -545,37 +558,36 @@ def fold_partial(
         keep[1:] |= pc.not_equal(s.slice(1), s.slice(0, n - 1)).to_numpy(zero_copy_only=False)
         if not keep.all():
             batch = batch.filter(pa.array(keep))
-            unchanged = unchanged.filter(pa.array(keep))
+            if unchanged is not None:
+                unchanged = unchanged.filter(pa.array(keep))
             key_start = key_start[keep]
-    starts = np.flatnonzero(key_start)
+    if unchanged is None:
+        return batch, key_start
     m = batch.num_rows
     idx = np.arange(m, dtype=np.int64)
-    group = np.cumsum(key_start) - 1
-    lengths = np.diff(np.append(starts, m))
-    last = starts + lengths - 1
+    group_start = np.maximum.accumulate(np.where(key_start, idx, 0))
     is_delete = batch.column(IS_DELETE).to_numpy(zero_copy_only=False).astype(bool)
     u = unchanged.combine_chunks() if isinstance(unchanged, pa.ChunkedArray) else unchanged
     if pa.types.is_large_list(u.type):
         u = u.cast(pa.list_(pa.string()))
     partial = pc.fill_null(pc.greater(pc.list_value_length(u), 0), False).to_numpy(zero_copy_only=False) & ~is_delete
-    full_idx = np.where(partial, -1, idx)
-    last_full = np.maximum.reduceat(full_idx, starts)
     flat = pc.list_flatten(u).to_numpy(zero_copy_only=False)
     parents = pc.list_parent_indices(u).to_numpy(zero_copy_only=False)
-    in_run = idx >= last_full[group]  # the changes from the key's last full change on
     seqs = batch.column(sequence).combine_chunks()
-    out = batch.take(pa.array(last))
+    deletes = pa.array(is_delete)
+    out = batch
     for c in values:
         leaves = np.zeros(m, dtype=bool)
         leaves[parents[flat == c]] = True
-        sets = in_run & ~(leaves & partial)
-        setter = np.maximum.reduceat(np.where(sets, idx, -1), starts)
+        # The latest row of the key, up to each row, that set c (full rows and deletes set every column).
+        setter = np.maximum.accumulate(np.where(leaves & partial, -1, idx))
+        setter = np.where(setter >= group_start, setter, -1)
         take = pa.array(setter, mask=setter < 0)
         column = batch.column(c).combine_chunks()
-        value = pc.if_else(pa.array(is_delete), pa.nulls(m, column.type), column)  # a delete nulls every column
+        value = pc.if_else(deletes, pa.nulls(m, column.type), column)  # a delete nulls every column
         out = out.set_column(out.column_names.index(c), c, pc.take(value, take))
         out = out.append_column(SET_PREFIX + c, pc.take(seqs, take))
-    return out
+    return out, key_start
 
 
 def _key_starts(batch: pa.Table, keys: Sequence[str]) -> np.ndarray:
