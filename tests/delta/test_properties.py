@@ -86,6 +86,7 @@ class SinkMachine(RuleBasedStateMachine):
         self.now = datetime(2025, 1, 1, tzinfo=UTC)
         # The model: per key, the last applied sequence and row (None: a tombstone).
         self.applied: dict[tuple[Any, ...], tuple[int, tuple[Any, ...] | None]] = {}
+        self.versions: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         self.state_at: dict[tuple[tuple[Any, ...], int], tuple[Any, ...] | None] = {}
         self.purged = False
         self.any_partial = False
@@ -102,6 +103,20 @@ class SinkMachine(RuleBasedStateMachine):
             return DeltaTable(self.path).version()
         except Exception:
             return -1
+
+    def _model_version(self, key: tuple[Any, ...], seq: int, row: tuple[Any, ...] | None) -> None:
+        """SCD type 2 model: every applied change is a version, unless it changes no tracked column (then it
+        updates the open version in place); a delete closes the open version."""
+        versions = self.versions.setdefault(key, [])
+        open_ = versions[-1] if versions and versions[-1]["to"] is None else None
+        tracked = [VALUE_COLS.index(c) for c in (self.track or VALUE_COLS)]
+        if row is not None and open_ is not None and all(row[i] == open_["row"][i] for i in tracked):
+            open_.update(seq=seq, row=row)
+            return
+        if open_ is not None:
+            open_["to"] = seq
+        if row is not None:
+            versions.append({"from": seq, "to": None, "seq": seq, "row": row})
 
     # ------------------------------------------------------------------ the source
     @rule(ops=st.lists(st.tuples(st.sampled_from(KINDS), KEYS, VALUES, st.sets(st.sampled_from(VALUE_COLS), min_size=1)),
@@ -168,6 +183,9 @@ class SinkMachine(RuleBasedStateMachine):
             fresh = [changes[q] for q in sorted(changes) if last_seq is None or q > last_seq]
             for ch in fresh:
                 row = fold(row, ch)
+                self.state_at[(key, ch["_seq"])] = row
+                if self.scd_type == 2:
+                    self._model_version(key, ch["_seq"], row)
             if fresh:
                 self.applied[key] = (fresh[-1]["_seq"], row)
                 self.state_at[(key, fresh[-1]["_seq"])] = row
@@ -263,6 +281,7 @@ class SCD2Machine(SinkMachine):
             by_key.setdefault((r["k1"], r["k2"]), []).append(r)
         for key, vs in by_key.items():
             vs.sort(key=lambda r: r[VALID_FROM])
+            assert len({r[VALID_FROM] for r in vs}) == len(vs), f"{key}: two versions from the same change"
             assert sum(r[IS_CURRENT] for r in vs) <= 1, f"{key}: more than one current version"
             for r in vs:
                 assert (r[VALID_TO] is None) == r[IS_CURRENT], f"{key}: only the current version is open"
@@ -271,6 +290,10 @@ class SCD2Machine(SinkMachine):
                 src = self.by_seq[r["_seq"]]
                 assert (src["k1"], src["k2"]) == key
                 assert self.state_at[(key, r["_seq"])] == (r["a"], r["b"], r.get("c")), f"{key}: version values"
+            model = [(v["from"], v["to"], v["seq"], v["row"]) for v in self.versions.get(key, [])]
+            assert [(r[VALID_FROM], r[VALID_TO], r["_seq"], (r["a"], r["b"], r.get("c"))) for r in vs] == model, (
+                f"{key}: the history equals the model's versions"
+            )
             for older, newer in zip(vs, vs[1:], strict=False):
                 assert older[VALID_TO] is not None and older[VALID_TO] <= newer[VALID_FROM], f"{key}: overlapping versions"
                 if older[VALID_TO] == newer[VALID_FROM]:

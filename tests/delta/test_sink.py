@@ -218,6 +218,34 @@ def test_scd2_history_and_tracked_columns(tmp_path: Path) -> None:
     assert versions == [("a", 2, 1, 3, False), ("b", 3, 3, 4, False), ("c", 6, 6, None, True)]
 
 
+def test_scd2_every_change_of_a_batch_is_a_version_and_late_changes_are_ignored(tmp_path: Path) -> None:
+    s = sink(tmp_path / "t", scd_type=2, track_history_columns=["name"])
+    s.write(changes([("insert", 1, 1, "a", 1), ("insert", 1, 2, "x", 1)]), 0)
+    s.write(changes([
+        ("update", 3, 1, "b", 3), ("update", 2, 1, "a", 2),  # out of order inside the batch: both apply
+        ("update", 4, 1, "b", 4),  # untracked only: the version of seq 3 in place
+        ("delete", 5, 1, None, None), ("insert", 6, 1, "c", 6), ("delete", 7, 1, None, None),
+        ("insert", 8, 1, "d", 8), ("update", 2, 2, "late", 0),  # key 2: seq 2 is newer than its head (1)
+    ]), 1)
+    # Late changes older than the current version (or the tombstone) are ignored, not back-filled.
+    s.write(changes([("update", 7, 1, "late", 0), ("delete", 1, 2, None, None)]), 2)
+    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+    versions = sorted(
+        ((r["id"], r["name"], r["qty"], r["_seq"], r["_valid_from"], r["_valid_to"], r["_is_current"])
+         for r in rows if r[DELETED_AT] is None),
+        key=lambda v: (v[0], v[4]),
+    )
+    assert versions == [
+        (1, "a", 2, 2, 1, 3, False),  # seq 2 changed only qty: in place of the version from seq 1
+        (1, "b", 4, 4, 3, 5, False),
+        (1, "c", 6, 6, 6, 7, False),
+        (1, "d", 8, 8, 8, None, True),
+        (2, "x", 1, 1, 1, 2, False),
+        (2, "late", 0, 2, 2, None, True),
+    ]
+    assert not [r for r in rows if r[DELETED_AT] is not None], "no tombstone: each key's last change is live"
+
+
 def test_delta_spark_engine_reports_missing_jars(tmp_path: Path, spark: Any) -> None:
     from sinks.delta.spark import class_loadable, delta_jars_available
 
