@@ -23,8 +23,14 @@ The change-record metadata ``_op``, ``_channel`` and ``_position`` are delivery 
 
 Rules
 -----
-* Within a batch only the latest change per key (largest sequence) applies; for SCD type 2 a batch
-  therefore adds at most one version per key.
+* SCD type 1: within a batch only the latest change per key (largest sequence) applies.
+* SCD type 2: every change of a batch (replays dropped) newer than the key's head becomes a version, or
+  updates the version before it in place when it changes no tracked column (see :meth:`SinkSpec.stage_scd2`).
+  A change older than the key's current version or tombstone is ignored: history is not back-filled.
+* Partial changes (``_unchanged``, see :mod:`cdc.model`): a batch holding any is folded per key in sequence
+  order by :func:`fold_partial` instead; the merge keeps the target's value of every column no newer change
+  of the batch set. A partial update on a missing key or a tombstone creates the row with the unchanged
+  columns null; SCD type 2 takes them from the current version. ``_unchanged`` is never stored.
 * Across batches a change applies only if its sequence is greater than the key's last applied sequence
   (live row, tombstone or current SCD2 version).
 * A change is a delete when ``apply_as_deletes`` (a SQL expression over the change record, default
@@ -47,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.errors import MalformedRecordError, OptionError, TerminalError
-from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, Op
+from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, UNCHANGED, Op
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,11 @@ DELETED_AT = "__cdc_deleted_at"
 IS_DELETE = "__cdc_is_delete"
 NOW = "__cdc_now"
 ACTION = "__cdc_action"
+FROM = "__cdc_from"  # SCD type 2 staging: a version's valid-from / valid-to
+TO = "__cdc_to"
+#: Prefix of the per-column source columns a batch with partial changes carries: ``__cdc_set_<column>`` is
+#: the sequence of the change that last set the column in the batch (null: no change of the batch set it).
+SET_PREFIX = "__cdc_set_"
 VALID_FROM = "_valid_from"
 VALID_TO = "_valid_to"
 IS_CURRENT = "_is_current"
@@ -66,7 +77,7 @@ DROPPED_METADATA = (OP, CHANNEL, POSITION)
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 # SCD type 2 staging actions: the first group matches the key's head row, the second group inserts.
-MATCHED_ACTIONS = ("close", "inplace", "retomb", "revive")
+MATCHED_ACTIONS = ("close", "closeupd", "inplace", "retomb", "revive")
 INSERT_ACTIONS = ("open", "tombstone")
 
 
@@ -219,8 +230,19 @@ class SinkSpec:
                 raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({self._where(batch, c)})")
         drop = [c for c in batch.column_names if c in DROPPED_METADATA or c in self.except_columns]
         batch = batch.drop_columns(drop)
+        unchanged = batch.column(UNCHANGED) if UNCHANGED in batch.column_names else None
+        if unchanged is not None:
+            batch = batch.drop_columns([UNCHANGED])
         batch = batch.cast(pa.schema([pa.field(f.name, _normalise_type(f.type), f.nullable) for f in batch.schema]))
-        batch = latest_per_key(batch, self.keys, self.sequence_by)
+        if unchanged is not None and not pc.max(pc.fill_null(pc.list_value_length(unchanged), 0)).as_py():
+            unchanged = None
+        values = [c for c in batch.column_names if c not in self.keys and c not in (IS_DELETE, self.sequence_by, COMMIT_TS)]
+        if self.scd_type == 2:  # every change becomes a version: keep them all (sorted, replays dropped)
+            batch, _ = resolve_rows(batch, unchanged, self.keys, self.sequence_by, values)
+        elif unchanged is not None:
+            batch = fold_partial(batch, unchanged, self.keys, self.sequence_by, values)
+        else:
+            batch = latest_per_key(batch, self.keys, self.sequence_by)
         return batch.append_column(NOW, pa.repeat(pa.scalar(now, TIMESTAMP), batch.num_rows))
 
     @staticmethod
@@ -237,7 +259,7 @@ class SinkSpec:
         for name in self.keys:
             out.append(pa.field(name, prepared.field(name).type, nullable=False))
         for f in prepared:
-            if f.name in self.keys or f.name in (IS_DELETE, NOW, ACTION):
+            if f.name in self.keys or f.name in (IS_DELETE, NOW, ACTION) or f.name.startswith(SET_PREFIX):
                 continue
             out.append(pa.field(f.name, f.type, nullable=True))
         return out
@@ -306,23 +328,35 @@ class SinkSpec:
         def from_source(c: str) -> str:
             return col(s, c) if c in present else "NULL"
 
-        def row(extra: Mapping[str, str], *, nulls: bool = False, keys: bool = True) -> dict[str, str]:
+        def overlay(c: str) -> str:
+            # A partial change (see fold_partial) keeps the target's value unless the batch set the column
+            # after the target row's last change.
+            if SET_PREFIX + c not in present:
+                return from_source(c)
+            return f"CASE WHEN {col(s, SET_PREFIX + c)} > {col(t, seq)} THEN {col(s, c)} ELSE {col(t, c)} END"
+
+        def row(
+            extra: Mapping[str, str], *, nulls: bool = False, keys: bool = True, over_target: bool = False
+        ) -> dict[str, str]:
             out = {quote(k): col(s, k) for k in self.keys} if keys else {}
             for c in values:
                 keep = c == seq or c == COMMIT_TS
-                out[quote(c)] = from_source(c) if (keep or not nulls) else "NULL"
+                if keep or not nulls:
+                    out[quote(c)] = overlay(c) if over_target and not keep else from_source(c)
+                else:
+                    out[quote(c)] = "NULL"
             out.update({quote(k): v for k, v in extra.items()})
             return out
 
-        is_delete = col(s, IS_DELETE)
         predicate = self._key_match()
         clauses: tuple[Clause, ...]
         if self.scd_type == 1:
+            # The source is staged (stage_scd1): deletes already carry null values and their tombstone time,
+            # so two plain clauses do (measured: cheaper than one clause per case).
+            deleted_at = {DELETED_AT: col(s, DELETED_AT)}
             clauses = (
-                Clause("update", f"{newer} AND {is_delete}", row({DELETED_AT: col(s, NOW)}, nulls=True, keys=False)),
-                Clause("update", newer, row({DELETED_AT: "NULL"}, keys=False)),
-                Clause("insert", is_delete, row({DELETED_AT: col(s, NOW)}, nulls=True)),
-                Clause("insert", None, row({DELETED_AT: "NULL"})),
+                Clause("update", newer, row(deleted_at, keys=False, over_target=True)),
+                Clause("insert", None, row(deleted_at)),
             )
         else:
             action = col(s, ACTION)
@@ -331,13 +365,11 @@ class SinkSpec:
                 f" AND {action} IN ({matched})"
                 f" AND ({col(t, IS_CURRENT)} OR {col(t, DELETED_AT)} IS NOT NULL)"
             )
-            from_seq = col(s, seq)
+            from_seq, valid_from, valid_to = col(s, seq), col(s, FROM), col(s, TO)
+            closed = {VALID_TO: valid_to, IS_CURRENT: "false"}
             clauses = (
-                Clause(
-                    "update",
-                    f"{action} = 'close' AND {newer}",
-                    {quote(VALID_TO): from_seq, quote(IS_CURRENT): "false"},
-                ),
+                Clause("update", f"{action} = 'close' AND {newer}", {quote(k): v for k, v in closed.items()}),
+                Clause("update", f"{action} = 'closeupd' AND {newer}", row(closed, keys=False)),
                 Clause("update", f"{action} = 'inplace' AND {newer}", row({}, keys=False)),
                 Clause(
                     "update",
@@ -347,12 +379,12 @@ class SinkSpec:
                 Clause(
                     "update",
                     f"{action} = 'revive' AND {newer}",
-                    row({VALID_FROM: from_seq, VALID_TO: "NULL", IS_CURRENT: "true", DELETED_AT: "NULL"}, keys=False),
+                    row({VALID_FROM: valid_from, VALID_TO: "NULL", IS_CURRENT: "true", DELETED_AT: "NULL"}, keys=False),
                 ),
                 Clause(
                     "insert",
                     f"{action} = 'open'",
-                    row({VALID_FROM: from_seq, VALID_TO: "NULL", IS_CURRENT: "true", DELETED_AT: "NULL"}),
+                    row({VALID_FROM: valid_from, VALID_TO: valid_to, IS_CURRENT: f"{valid_to} IS NULL", DELETED_AT: "NULL"}),
                 ),
                 Clause(
                     "insert",
@@ -364,6 +396,20 @@ class SinkSpec:
                 ),
             )
         return MergePlan(predicate + self.key_range(source), clauses)
+
+    # ------------------------------------------------------------------ SCD type 1 staging
+    def stage_scd1(self, prepared: pa.Table) -> pa.Table:
+        """The SCD type 1 MERGE source: deletes get null values and ``__cdc_deleted_at`` (the tombstone's
+        time); other rows a null ``__cdc_deleted_at``."""
+        is_delete = prepared.column(IS_DELETE)
+        keep = {*self.keys, self.sequence_by, COMMIT_TS, IS_DELETE, NOW}
+        out = prepared
+        if pc.any(is_delete).as_py():
+            for i, f in enumerate(prepared.schema):
+                if f.name not in keep and not f.name.startswith(SET_PREFIX):
+                    out = out.set_column(i, f, pc.if_else(is_delete, pa.nulls(out.num_rows, f.type), out.column(i)))
+        stamp = pc.if_else(is_delete, prepared.column(NOW), pa.nulls(prepared.num_rows, TIMESTAMP))
+        return out.append_column(pa.field(DELETED_AT, TIMESTAMP), stamp)
 
     # ------------------------------------------------------------------ SCD type 2 staging
     def heads_condition(self, prepared: pa.Table) -> tuple[str, Any]:
@@ -383,56 +429,130 @@ class SinkSpec:
         return sql, expr
 
     def stage_scd2(self, prepared: pa.Table, heads: pa.Table) -> pa.Table:
-        """Decide, per key of a prepared batch, what SCD type 2 does given the key's head row in the table.
+        """Decide what SCD type 2 does with every change of a prepared batch, given each key's head row in the
+        table (its current version or its tombstone). Returns the MERGE source, one row per action.
 
-        Returns the MERGE source: the prepared rows with an ``__cdc_action`` column (a key may appear twice:
-        ``close`` its current version and ``open`` a new one, or ``close`` and leave a ``tombstone``).
+        ``prepared`` holds every change of the batch, sorted by key and sequence (see :meth:`prepare`).
+        Changes not newer than the key's head are dropped (a late change is not back-filled into history).
+        Per key, walking the remaining changes in sequence order: a change that alters a tracked column (or
+        follows a delete, or has no version before it) opens a version; one that alters no tracked column
+        updates the version before it in place; a delete closes the open version. A version is valid from its
+        first change's sequence to the next version's (or the delete's); the last one stays current unless
+        the key's last change is a delete, which leaves a tombstone as the key's head.
+
+        Actions: at most one per key on the head row (``close``: valid-to set; ``closeupd``: the same after
+        in-place changes; ``inplace``; ``retomb``: a newer tombstone; ``revive``: the tombstone becomes the
+        key's last version), and inserts (``open``: a version, closed or current; ``tombstone``).
         """
         seq = self.sequence_by
-        value_cols = [c for c in prepared.column_names if c not in self.keys and c not in (IS_DELETE, NOW, seq, COMMIT_TS)]
+        seq_type = prepared.schema.field(seq).type
+        value_cols = [
+            c for c in prepared.column_names
+            if c not in self.keys and c not in (IS_DELETE, NOW, seq, COMMIT_TS) and not c.startswith(SET_PREFIX)
+        ]
         tracked = list(self.track_history_columns) if self.track_history_columns is not None else value_cols
-        tracked = [c for c in tracked if c in heads.column_names]
-        head_cols = [*tracked, seq, IS_CURRENT, DELETED_AT]
-        heads = heads.select([*self.keys, *head_cols]).rename_columns(
-            [*self.keys, *(f"__h_{c}" for c in head_cols)]
-        )
-        joined = prepared.join(heads, list(self.keys), join_type="left outer", use_threads=False)
-        h_seq = joined.column(f"__h_{seq}")
-        has_head = pc.is_valid(h_seq)
-        fresh = pc.or_kleene(pc.invert(has_head), pc.greater(joined.column(seq), h_seq.cast(joined.schema.field(seq).type)))
+        tracked = [c for c in tracked if c in prepared.column_names]
+        on_heads = [c for c in value_cols if c in heads.column_names]
+        head_cols = [*on_heads, seq, IS_CURRENT, DELETED_AT]
+        heads = heads.select([*self.keys, *head_cols]).rename_columns([*self.keys, *(f"__h_{c}" for c in head_cols)])
+        n0 = prepared.num_rows
+        tagged = prepared.append_column("__cdc_row", pa.array(np.arange(n0, dtype=np.int64)))
+        joined = tagged.join(heads, list(self.keys), join_type="left outer", use_threads=False)
+        joined = joined.take(pc.sort_indices(joined.column("__cdc_row")))  # the join does not keep the order
+        h_seq = joined.column(f"__h_{seq}").cast(seq_type)
+        fresh = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(joined.column(seq), h_seq)), False)
         joined = joined.filter(fresh)
-        has_head = pc.is_valid(joined.column(f"__h_{seq}"))
-        is_current = pc.fill_null(joined.column(f"__h_{IS_CURRENT}").cast(pa.bool_()), False)
-        is_tomb = pc.and_(has_head, pc.invert(is_current))
-        is_delete = joined.column(IS_DELETE)
-        changed = pa.array([False] * joined.num_rows, pa.bool_())
+        m = joined.num_rows
+        if m == 0:
+            return joined.select([c for c in prepared.column_names if not c.startswith(SET_PREFIX)]).append_column(
+                ACTION, pa.nulls(0, pa.string())
+            ).append_column(FROM, pa.nulls(0, seq_type)).append_column(TO, pa.nulls(0, seq_type))
+        h_seq = joined.column(f"__h_{seq}").cast(seq_type)
+        for c in on_heads:  # partial changes take the columns no change of theirs set from the head
+            if SET_PREFIX + c not in joined.column_names:
+                continue
+            set_at = joined.column(SET_PREFIX + c)
+            newer = pc.fill_null(pc.and_kleene(pc.is_valid(set_at), pc.or_kleene(pc.is_null(h_seq), pc.greater(set_at, h_seq))), False)
+            resolved = pc.if_else(newer, joined.column(c), joined.column(f"__h_{c}").cast(joined.schema.field(c).type))
+            joined = joined.set_column(joined.column_names.index(c), c, resolved)
+
+        idx = np.arange(m, dtype=np.int64)
+        key_start = _key_starts(joined, self.keys)
+        starts = np.flatnonzero(key_start)
+        ends = np.append(starts[1:], m)  # exclusive
+        group = np.cumsum(key_start) - 1
+        g_start, g_end = starts[group], ends[group]
+        has_head = pc.is_valid(h_seq).to_numpy(zero_copy_only=False)
+        head_current = pc.fill_null(joined.column(f"__h_{IS_CURRENT}").cast(pa.bool_()), False).to_numpy(
+            zero_copy_only=False
+        )
+        head_tomb = has_head & ~head_current
+        is_del = joined.column(IS_DELETE).to_numpy(zero_copy_only=False).astype(bool)
+        first = key_start
+        prev = np.maximum(idx - 1, 0)
+        # The state before each change: the previous change's, or the head's for a key's first change.
+        prev_none = np.where(first, ~head_current, is_del[prev])
+        differ = np.zeros(m, dtype=bool)
         for c in tracked:
-            theirs = joined.column(f"__h_{c}")
-            mine = joined.column(c) if c in joined.column_names else pa.nulls(joined.num_rows, theirs.type)
-            differ = pc.fill_null(pc.not_equal(mine, theirs), True)
-            both_null = pc.and_(pc.is_null(mine), pc.is_null(theirs))
-            changed = pc.or_(changed, pc.and_(differ, pc.invert(both_null)))
-        # First row of each key (may be the only one); second rows are added below.
-        first = pc.case_when(
-            pc.make_struct(
-                pc.and_(is_delete, is_current),
-                pc.and_(is_delete, is_tomb),
-                is_delete,
-                pc.and_(is_current, changed),
-                is_current,
-                is_tomb,
-            ),
-            "close", "retomb", "tombstone", "close", "inplace", "revive", "open",
-        )
-        second = pc.case_when(
-            pc.make_struct(pc.and_(is_delete, is_current), pc.and_(pc.invert(is_delete), pc.and_(is_current, changed))),
-            "tombstone", "open", pa.scalar(None, pa.string()),
-        )
-        base = joined.select(prepared.column_names)
-        out = base.append_column(ACTION, first)
-        extra_mask = pc.is_valid(second)
-        extra = base.filter(extra_mask).append_column(ACTION, second.filter(extra_mask))
-        return pa.concat_tables([out, extra])
+            mine = joined.column(c).combine_chunks()
+            before_row = pc.take(mine, pa.array(prev))
+            if f"__h_{c}" in joined.column_names:
+                before = pc.if_else(pa.array(first), joined.column(f"__h_{c}").cast(mine.type).combine_chunks(), before_row)
+            else:
+                before = pc.if_else(pa.array(first), pa.nulls(m, mine.type), before_row)
+            ne = pc.fill_null(pc.not_equal(mine, before), True).to_numpy(zero_copy_only=False)
+            both_null = (pc.is_null(mine).to_numpy(zero_copy_only=False) & pc.is_null(before).to_numpy(zero_copy_only=False))
+            differ |= ne & ~both_null
+        new_v = ~is_del & (prev_none | differ)
+        boundary = new_v | is_del
+        # Per row: the next boundary after it in its key (m: none).
+        b_idx = np.where(boundary, idx, m)
+        from_here = np.minimum.accumulate(b_idx[::-1])[::-1]
+        nxt = np.append(from_here[1:], m)
+        nxt = np.where(nxt < g_end, nxt, m)
+        first_b = from_here[g_start]  # the key's first boundary (m: none)
+        first_b = np.where(first_b < g_end, first_b, m)
+        is_last = idx == g_end - 1
+        seqs = joined.column(seq).combine_chunks()
+
+        rows: list[np.ndarray] = []  # the row whose values an action carries
+        actions: list[str] = []
+        froms: list[np.ndarray] = []  # rows whose sequences give valid-from / valid-to (-1: null)
+        tos: list[np.ndarray] = []
+
+        def add(mask: np.ndarray, action: str, values_at: np.ndarray, from_at: np.ndarray, to_at: np.ndarray) -> None:
+            rows.append(values_at[mask])
+            actions.extend([action] * int(mask.sum()))
+            froms.append(from_at[mask])
+            tos.append(to_at[mask])
+
+        none = np.full(m, -1, dtype=np.int64)
+        last_row = g_end - 1
+        # Head rows: one action per key (taken at the key's first change).
+        head_run_last = np.where(first_b < m, first_b - 1, last_row)  # the last in-place change of the head version
+        has_run = head_run_last >= g_start
+        to_first_b = np.where(first_b < m, first_b, -1)
+        add(first & head_current & (first_b < m) & has_run, "closeupd", head_run_last, none, to_first_b)
+        add(first & head_current & (first_b < m) & ~has_run, "close", idx, none, to_first_b)
+        add(first & head_current & (first_b == m), "inplace", head_run_last, none, none)
+        add(first & head_tomb & is_del[last_row], "retomb", last_row, none, none)
+        # A revived tombstone becomes the key's last version; every other version is inserted.
+        last_version = np.maximum.accumulate(np.where(new_v, idx, -1))[last_row]
+        revived = head_tomb[g_start] & ~is_del[last_row] & (idx == last_version)
+        version_end = np.where(nxt < m, nxt, g_end) - 1  # the version's last in-place change
+        version_to = np.where(nxt < m, nxt, -1)
+        add(revived, "revive", version_end, idx, none)
+        add(new_v & ~revived, "open", version_end, idx, version_to)
+        add(is_last & is_del & ~head_tomb, "tombstone", idx, none, none)
+
+        take = np.concatenate(rows)
+        base = joined.select([c for c in prepared.column_names if not c.startswith(SET_PREFIX)])
+        out = base.take(pa.array(take))
+        # An action's key and commit time are its row's; a version's sequence is its last change's (the row).
+        out = out.append_column(ACTION, pa.array(actions, pa.string()))
+        for name, at in ((FROM, np.concatenate(froms)), (TO, np.concatenate(tos))):
+            out = out.append_column(pa.field(name, seq_type), pc.take(seqs, pa.array(at, mask=at < 0)))
+        return out
 
     # ------------------------------------------------------------------ maintenance
     def purge_predicate(self, now: datetime) -> str | None:
@@ -460,3 +580,97 @@ def latest_per_key(batch: pa.Table, keys: Sequence[str], sequence: str) -> pa.Ta
     # Exact duplicates (replays) tie on (key, sequence): keep one row of each.
     rows = winners.group_by([*keys, sequence]).aggregate([("__cdc_row", "max")]).column("__cdc_row_max")
     return batch.take(pc.take(rows, pc.sort_indices(rows)))
+
+
+def fold_partial(
+    batch: pa.Table, unchanged: pa.ChunkedArray | None, keys: Sequence[str], sequence: str, values: Sequence[str]
+) -> pa.Table:
+    """Fold each key's changes of a batch that holds partial changes into one change, in sequence order.
+
+    ``unchanged`` is the batch's ``_unchanged`` column (see :mod:`cdc.model`): per record, the value columns
+    it leaves as they were (null or empty: the record carries the whole row). A full row or a delete resets
+    the key; a partial update overlays the columns it sets. Per key the result is the key's latest change
+    (sequence, commit time, delete flag) with, for each value column ``c``, the value of the latest change
+    that set ``c`` (a delete sets every column to null) and that change's sequence in ``__cdc_set_<c>``;
+    when no change of the batch set ``c`` (a run of partial updates with no full row before it) the value is
+    null and ``__cdc_set_<c>`` is null: ``c`` stays unchanged.
+
+    The merge keeps the target's value of ``c`` unless ``__cdc_set_<c>`` is greater than the target row's
+    sequence. That makes the result exactly "apply, in sequence order, the batch's changes newer than the
+    target row onto it", even when the batch also carries stale changes (re-deliveries) that the fold saw:
+    the latest change to set ``c`` is then either newer than the target (and it is the one to keep) or not
+    (and then no newer change set ``c``). A partial update on a missing key or on a tombstone creates the
+    row with the unchanged columns null (Tablestore's ``UpdateRow``).
+    """
+    rows, key_start = resolve_rows(batch, unchanged, keys, sequence, values)
+    last = np.append(np.flatnonzero(key_start)[1:], rows.num_rows) - 1
+    return rows.take(pa.array(last))
+
+
+def resolve_rows(
+    batch: pa.Table, unchanged: pa.ChunkedArray | None, keys: Sequence[str], sequence: str, values: Sequence[str]
+) -> tuple[pa.Table, np.ndarray]:
+    """The batch sorted by key and sequence, exact duplicates (same key and sequence: replays) dropped, and,
+    when ``unchanged`` is given, every row resolved to the key's state after it (see :func:`fold_partial`),
+    with the ``__cdc_set_<c>`` columns. Also returns the key-start flags of the rows.
+
+    Vectorised: one sort, then per value column a numpy running maximum of the rows that set it.
+    """
+    n = batch.num_rows
+    order_cols = [*keys, sequence]
+    tagged = batch.select(order_cols).append_column("__cdc_row", pa.array(np.arange(n, dtype=np.int64)))
+    order = pc.sort_indices(tagged, sort_keys=[(c, "ascending") for c in [*order_cols, "__cdc_row"]])
+    batch = batch.take(order)
+    if unchanged is not None:
+        unchanged = pc.take(unchanged, order)
+    # Exact duplicates are adjacent now: keep the first of each.
+    key_start = _key_starts(batch, keys)
+    if n > 1:
+        s = batch.column(sequence).combine_chunks()
+        keep = key_start.copy()
+        keep[1:] |= pc.not_equal(s.slice(1), s.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        if not keep.all():
+            batch = batch.filter(pa.array(keep))
+            if unchanged is not None:
+                unchanged = unchanged.filter(pa.array(keep))
+            key_start = key_start[keep]
+    if unchanged is None:
+        return batch, key_start
+    m = batch.num_rows
+    idx = np.arange(m, dtype=np.int64)
+    group_start = np.maximum.accumulate(np.where(key_start, idx, 0))
+    is_delete = batch.column(IS_DELETE).to_numpy(zero_copy_only=False).astype(bool)
+    u = unchanged.combine_chunks() if isinstance(unchanged, pa.ChunkedArray) else unchanged
+    if pa.types.is_large_list(u.type):
+        u = u.cast(pa.list_(pa.string()))
+    partial = pc.fill_null(pc.greater(pc.list_value_length(u), 0), False).to_numpy(zero_copy_only=False) & ~is_delete
+    flat = pc.list_flatten(u).to_numpy(zero_copy_only=False)
+    parents = pc.list_parent_indices(u).to_numpy(zero_copy_only=False)
+    seqs = batch.column(sequence).combine_chunks()
+    deletes = pa.array(is_delete)
+    out = batch
+    for c in values:
+        leaves = np.zeros(m, dtype=bool)
+        leaves[parents[flat == c]] = True
+        # The latest row of the key, up to each row, that set c (full rows and deletes set every column).
+        setter = np.maximum.accumulate(np.where(leaves & partial, -1, idx))
+        setter = np.where(setter >= group_start, setter, -1)
+        take = pa.array(setter, mask=setter < 0)
+        column = batch.column(c).combine_chunks()
+        value = pc.if_else(deletes, pa.nulls(m, column.type), column)  # a delete nulls every column
+        out = out.set_column(out.column_names.index(c), c, pc.take(value, take))
+        out = out.append_column(SET_PREFIX + c, pc.take(seqs, take))
+    return out, key_start
+
+
+def _key_starts(batch: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """For a batch sorted by key: True where a row's key differs from the previous row's (and at row 0)."""
+    n = batch.num_rows
+    out = np.ones(n, dtype=bool)
+    if n > 1:
+        diff = np.zeros(n - 1, dtype=bool)
+        for k in keys:
+            c = batch.column(k).combine_chunks()
+            diff |= pc.not_equal(c.slice(1), c.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        out[1:] = diff
+    return out

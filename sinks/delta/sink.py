@@ -257,8 +257,9 @@ class DeltaUpsertSink:
             log.info("adding columns %s to %s", [f.name for f in added], self.path)
             engine.add_columns(added)
             schema = pa.schema([*schema, *added])
-        source = prepared
-        if spec.scd_type == 2:
+        if spec.scd_type == 1:
+            source = spec.stage_scd1(prepared)
+        else:
             heads = engine.read(*spec.heads_condition(prepared))
             source = spec.stage_scd2(prepared, heads)
         plan = spec.merge_plan(source, schema)

@@ -6,7 +6,9 @@ within a bounded window, re-deliver old changes (duplicates), replay whole batch
 crash (a new sink object, then Spark's replay of the last batch). Columns appear mid-history (schema
 evolution), the table is compacted periodically, and the clock jumps past the tombstone retention (tombstones
 purged). The model is computed independently: per key, the delivered change with the largest sequence
-decides the row (a delete: no row); after a purge, a purged key's sequence is forgotten.
+decides the row (a delete: no row); after a purge, a purged key's sequence is forgotten. Partial updates
+(Tablestore's UpdateRow: some columns set, the others listed in ``_unchanged`` and carrying junk) are folded by
+the model change by change: per key, the changes newer than the last applied one, in sequence order.
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ TS = pa.timestamp("us", tz="UTC")
 KEYS = st.tuples(st.integers(0, 5), st.sampled_from(["x", "y"]))  # a two-column key
 VALUES = st.tuples(st.sampled_from(["p", "q", None]), st.integers(0, 2))
 VALUE_COLS = ("a", "b", "c")
+KINDS = ("upsert", "upsert", "delete", "partial")
+JUNK = {"a": "junk", "b": 99, "c": 999}  # values of columns a partial change leaves unchanged: never applied
 
 
 def batch_table(changes: list[dict[str, Any]]) -> pa.Table:
     with_c = any("c" in ch for ch in changes)
+    partial = any(ch.get("_unchanged") for ch in changes)
     cols: dict[str, pa.Array] = {
         "_op": pa.array([ch["_op"] for ch in changes], pa.string()),
         "_seq": pa.array([ch["_seq"] for ch in changes], pa.int64()),
@@ -45,7 +50,21 @@ def batch_table(changes: list[dict[str, Any]]) -> pa.Table:
     }
     if with_c:
         cols["c"] = pa.array([ch.get("c") for ch in changes], pa.int64())
+    if partial:
+        cols["_unchanged"] = pa.array([ch.get("_unchanged") for ch in changes], pa.list_(pa.string()))
     return pa.table(cols)
+
+
+def fold(state: tuple[Any, ...] | None, ch: dict[str, Any]) -> tuple[Any, ...] | None:
+    """One change applied to a row (None: no row). A partial update overlays the columns it sets on the row,
+    or on an all-null row when there is none (Tablestore's UpdateRow)."""
+    if ch["_op"] == "delete":
+        return None
+    full = (ch["a"], ch["b"], ch.get("c"))
+    if not ch.get("_unchanged"):
+        return full
+    base = state or (None, None, None)
+    return tuple(base[i] if name in ch["_unchanged"] else full[i] for i, name in enumerate(VALUE_COLS))
 
 
 class SinkMachine(RuleBasedStateMachine):
@@ -67,7 +86,11 @@ class SinkMachine(RuleBasedStateMachine):
         self.now = datetime(2025, 1, 1, tzinfo=UTC)
         # The model: per key, the last applied sequence and row (None: a tombstone).
         self.applied: dict[tuple[Any, ...], tuple[int, tuple[Any, ...] | None]] = {}
+        self.versions: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        self.state_at: dict[tuple[tuple[Any, ...], int], tuple[Any, ...] | None] = {}
         self.purged = False
+        self.any_partial = False
+        self.lossy = False  # a partial history delivered out of order across batches: the table may lag the source
 
     def _new_sink(self) -> DeltaUpsertSink:
         return DeltaUpsertSink(
@@ -81,23 +104,48 @@ class SinkMachine(RuleBasedStateMachine):
         except Exception:
             return -1
 
+    def _model_version(self, key: tuple[Any, ...], seq: int, row: tuple[Any, ...] | None) -> None:
+        """SCD type 2 model: every applied change is a version, unless it changes no tracked column (then it
+        updates the open version in place); a delete closes the open version."""
+        versions = self.versions.setdefault(key, [])
+        open_ = versions[-1] if versions and versions[-1]["to"] is None else None
+        tracked = [VALUE_COLS.index(c) for c in (self.track or VALUE_COLS)]
+        if row is not None and open_ is not None and all(row[i] == open_["row"][i] for i in tracked):
+            open_.update(seq=seq, row=row)
+            return
+        if open_ is not None:
+            open_["to"] = seq
+        if row is not None:
+            versions.append({"from": seq, "to": None, "seq": seq, "row": row})
+
     # ------------------------------------------------------------------ the source
-    @rule(ops=st.lists(st.tuples(st.booleans(), KEYS, VALUES), min_size=1, max_size=6))
-    def write(self, ops: list[tuple[bool, tuple[int, str], tuple[Any, int]]]) -> None:
-        for is_delete, key, (a, b) in ops:
+    @rule(ops=st.lists(st.tuples(st.sampled_from(KINDS), KEYS, VALUES, st.sets(st.sampled_from(VALUE_COLS), min_size=1)),
+                       min_size=1, max_size=6))
+    def write(self, ops: list[tuple[str, tuple[int, str], tuple[Any, int], set[str]]]) -> None:
+        for kind, key, (a, b), unchanged in ops:
             self.seq += 1
             ch: dict[str, Any] = {"_seq": self.seq, "k1": key[0], "k2": key[1]}
-            if is_delete:
+            if kind == "delete":
                 # A delete of an absent key happens too (e.g. a delete racing a snapshot).
                 ch.update(_op="delete", a=None, b=None)
-                self.source.pop(key, None)
             else:
                 ch.update(_op="update" if key in self.source else "insert", a=a, b=b)
                 if self.has_c:
                     ch["c"] = b * 10 + self.seq
-                self.source[key] = (a, b, ch.get("c"))
-            if is_delete and self.has_c:
+                if kind == "partial":
+                    # Tablestore UpdateRow: only some columns set; the others' values mean nothing (junk here).
+                    kept = sorted(c for c in unchanged if c != "c" or self.has_c)
+                    if kept and len(kept) < 2 + self.has_c:
+                        ch.update(_op="update", _unchanged=kept)
+                        ch.update({c: JUNK[c] for c in kept})
+                        self.any_partial = True
+            if kind == "delete" and self.has_c:
                 ch["c"] = None
+            row = fold(self.source.get(key), ch)
+            if row is None:
+                self.source.pop(key, None)
+            else:
+                self.source[key] = row
             self.pending.append(ch)
             self.by_seq[self.seq] = ch
 
@@ -121,15 +169,26 @@ class SinkMachine(RuleBasedStateMachine):
         picked = {id(ch) for ch in (reachable[i] for i in chosen)}
         self.pending = [ch for ch in self.pending if id(ch) not in picked]
         self.delivered += [reachable[i] for i in chosen]
-        latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+        # The model: per key, the batch's changes newer than the key's last applied one, applied in
+        # sequence order (a per-row Python fold, independent of the sink's vectorised one).
+        by_key: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
         for ch in batch:
+            by_key.setdefault((ch["k1"], ch["k2"]), {})[ch["_seq"]] = ch
+        for ch in (reachable[i] for i in chosen):
             key = (ch["k1"], ch["k2"])
-            if key not in latest or ch["_seq"] > latest[key]["_seq"]:
-                latest[key] = ch
-        for key, ch in latest.items():
-            if key not in self.applied or ch["_seq"] > self.applied[key][0]:
-                row = None if ch["_op"] == "delete" else (ch["a"], ch["b"], ch.get("c"))
-                self.applied[key] = (ch["_seq"], row)
+            if key in self.applied and ch["_seq"] < self.applied[key][0] and self.any_partial:
+                self.lossy = True
+        for key, changes in by_key.items():
+            last_seq, row = self.applied.get(key, (None, None))
+            fresh = [changes[q] for q in sorted(changes) if last_seq is None or q > last_seq]
+            for ch in fresh:
+                row = fold(row, ch)
+                self.state_at[(key, ch["_seq"])] = row
+                if self.scd_type == 2:
+                    self._model_version(key, ch["_seq"], row)
+            if fresh:
+                self.applied[key] = (fresh[-1]["_seq"], row)
+                self.state_at[(key, fresh[-1]["_seq"])] = row
         table = batch_table(batch)
         assert self.sink.write(table, self.batch_id)
         self.last = table
@@ -166,8 +225,9 @@ class SinkMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ checks
     def expected(self) -> tuple[dict[tuple[Any, ...], tuple[Any, ...]], dict[tuple[Any, ...], int]]:
         live = {k: row for k, (_, row) in self.applied.items() if row is not None}
-        if not self.purged:
-            # Without purges the model is simply: per key, the delivered change with the largest sequence.
+        if not self.purged and not self.any_partial:
+            # Without purges or partial changes the model is simply: per key, the delivered change with the
+            # largest sequence.
             latest: dict[tuple[Any, ...], dict[str, Any]] = {}
             for ch in self.delivered:
                 key = (ch["k1"], ch["k2"])
@@ -189,7 +249,7 @@ class SinkMachine(RuleBasedStateMachine):
         assert got == live
         seqs = {(r["k1"], r["k2"]): r["_seq"] for r in [*current, *tombstones]}
         assert seqs == last_seq, "each key keeps its last applied sequence (row or tombstone)"
-        if not self.pending and not self.purged:
+        if not self.pending and not self.purged and not self.lossy:
             assert got == self.source, "everything delivered: the table equals the source table"
 
 
@@ -221,13 +281,19 @@ class SCD2Machine(SinkMachine):
             by_key.setdefault((r["k1"], r["k2"]), []).append(r)
         for key, vs in by_key.items():
             vs.sort(key=lambda r: r[VALID_FROM])
+            assert len({r[VALID_FROM] for r in vs}) == len(vs), f"{key}: two versions from the same change"
             assert sum(r[IS_CURRENT] for r in vs) <= 1, f"{key}: more than one current version"
             for r in vs:
                 assert (r[VALID_TO] is None) == r[IS_CURRENT], f"{key}: only the current version is open"
                 assert r[VALID_TO] is None or r[VALID_FROM] < r[VALID_TO]
                 assert r[VALID_FROM] <= r["_seq"], f"{key}: a version's last change is inside it"
                 src = self.by_seq[r["_seq"]]
-                assert (src["k1"], src["k2"]) == key and (src["a"], src["b"], src.get("c")) == (r["a"], r["b"], r.get("c"))
+                assert (src["k1"], src["k2"]) == key
+                assert self.state_at[(key, r["_seq"])] == (r["a"], r["b"], r.get("c")), f"{key}: version values"
+            model = [(v["from"], v["to"], v["seq"], v["row"]) for v in self.versions.get(key, [])]
+            assert [(r[VALID_FROM], r[VALID_TO], r["_seq"], (r["a"], r["b"], r.get("c"))) for r in vs] == model, (
+                f"{key}: the history equals the model's versions"
+            )
             for older, newer in zip(vs, vs[1:], strict=False):
                 assert older[VALID_TO] is not None and older[VALID_TO] <= newer[VALID_FROM], f"{key}: overlapping versions"
                 if older[VALID_TO] == newer[VALID_FROM]:

@@ -218,6 +218,34 @@ def test_scd2_history_and_tracked_columns(tmp_path: Path) -> None:
     assert versions == [("a", 2, 1, 3, False), ("b", 3, 3, 4, False), ("c", 6, 6, None, True)]
 
 
+def test_scd2_every_change_of_a_batch_is_a_version_and_late_changes_are_ignored(tmp_path: Path) -> None:
+    s = sink(tmp_path / "t", scd_type=2, track_history_columns=["name"])
+    s.write(changes([("insert", 1, 1, "a", 1), ("insert", 1, 2, "x", 1)]), 0)
+    s.write(changes([
+        ("update", 3, 1, "b", 3), ("update", 2, 1, "a", 2),  # out of order inside the batch: both apply
+        ("update", 4, 1, "b", 4),  # untracked only: the version of seq 3 in place
+        ("delete", 5, 1, None, None), ("insert", 6, 1, "c", 6), ("delete", 7, 1, None, None),
+        ("insert", 8, 1, "d", 8), ("update", 2, 2, "late", 0),  # key 2: seq 2 is newer than its head (1)
+    ]), 1)
+    # Late changes older than the current version (or the tombstone) are ignored, not back-filled.
+    s.write(changes([("update", 7, 1, "late", 0), ("delete", 1, 2, None, None)]), 2)
+    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+    versions = sorted(
+        ((r["id"], r["name"], r["qty"], r["_seq"], r["_valid_from"], r["_valid_to"], r["_is_current"])
+         for r in rows if r[DELETED_AT] is None),
+        key=lambda v: (v[0], v[4]),
+    )
+    assert versions == [
+        (1, "a", 2, 2, 1, 3, False),  # seq 2 changed only qty: in place of the version from seq 1
+        (1, "b", 4, 4, 3, 5, False),
+        (1, "c", 6, 6, 6, 7, False),
+        (1, "d", 8, 8, 8, None, True),
+        (2, "x", 1, 1, 1, 2, False),
+        (2, "late", 0, 2, 2, None, True),
+    ]
+    assert not [r for r in rows if r[DELETED_AT] is not None], "no tombstone: each key's last change is live"
+
+
 def test_delta_spark_engine_reports_missing_jars(tmp_path: Path, spark: Any) -> None:
     from sinks.delta.spark import class_loadable, delta_jars_available
 
@@ -227,3 +255,36 @@ def test_delta_spark_engine_reports_missing_jars(tmp_path: Path, spark: Any) -> 
     s = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], engine="delta-spark", app_id="a")
     with pytest.raises(TerminalError, match="io.delta Spark jars"):
         s.write(changes([("insert", 1, 1, "a", 1)]), 0)
+
+
+def partial(rows: list[tuple[Any, ...]]) -> pa.Table:
+    """rows: (op, seq, id, name, qty, unchanged columns or None)."""
+    t = changes([r[:5] for r in rows])
+    return t.append_column("_unchanged", pa.array([r[5] for r in rows], pa.list_(pa.string())))
+
+
+def current(path: Path) -> dict[int, tuple[str, int]]:
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return {r["id"]: (r["name"], r["qty"]) for r in rows if r[DELETED_AT] is None and r.get("_is_current", True)}
+
+
+@pytest.mark.parametrize("scd_type", [1, 2])
+def test_partial_changes_keep_unchanged_columns(tmp_path: Path, scd_type: int) -> None:
+    s = sink(tmp_path / "t", scd_type=scd_type)
+    s.write(partial([("insert", 1, 1, "a", 1, None), ("insert", 2, 2, "b", 2, None), ("insert", 3, 3, "c", 3, None)]), 0)
+    s.write(partial([
+        ("update", 4, 1, "JUNK", 10, ["name"]),  # a run of partials on an existing row: overlaid
+        ("update", 5, 1, "a2", 99, ["qty"]),
+        ("delete", 6, 2, None, None, None),  # a partial after a delete: created with the unchanged column null
+        ("update", 7, 2, "JUNK", 20, ["name"]),
+        ("update", 8, 4, "JUNK", 40, ["name"]),  # a partial on a missing row: created, unchanged column null
+        ("update", 9, 3, "c2", 30, []),  # an empty _unchanged is a full row
+    ]), 1)
+    got = current(tmp_path / "t")
+    assert got == {1: ("a2", 10), 2: (None, 20), 3: ("c2", 30), 4: (None, 40)}
+    # A stale re-delivery of row 1's insert (seq 1, full) next to a newer partial: the partial must overlay
+    # the table's row (seq 5), not the stale insert.
+    s.write(partial([("insert", 1, 1, "a", 1, None), ("update", 10, 1, "JUNK", 11, ["name"])]), 2)
+    got = current(tmp_path / "t")
+    assert got[1] == ("a2", 11)
+    assert "_unchanged" not in DeltaTable(str(tmp_path / "t")).schema().to_arrow().names

@@ -180,3 +180,32 @@ def test_random_histories_through_real_spark(
         sink = DeltaUpsertSink(str(work / "t"), keys=["id"], scd_type=scd_type, compact_every=2)
         run(spark, work / "log", work / "ck", sink, max_records=max_records)
         assert as_dict(read(spark, str(work / "t"), current_only=True)) == source
+
+
+def test_partial_changes_through_foreach_batch(spark: Any, tmp_path: Path) -> None:
+    """A partial change schema (``_unchanged``, as Tablestore's backend declares it) through Spark's collect:
+    the foreachBatch entry point folds and merges it like the Arrow core."""
+    from datetime import UTC, datetime
+
+    from cdc.model import ChangeSchema
+
+    schema = ChangeSchema.of(SCHEMA, ["id"], partial=True)
+    ts = datetime(2025, 1, 1, tzinfo=UTC)
+
+    def batch(rows: list[tuple[str, int, int, str | None, int | None, list[str] | None]]) -> Any:
+        cols = list(zip(*rows, strict=True))
+        t = pa.table({
+            "_op": pa.array(cols[0], pa.string()), "_seq": pa.array(cols[1], pa.int64()),
+            "_commit_ts": pa.array([ts] * len(rows), pa.timestamp("us", tz="UTC")),
+            "_channel": pa.array(["c"] * len(rows)), "_position": pa.array(cols[1], pa.int64()),
+            "_unchanged": pa.array(cols[5], pa.list_(pa.string())),
+            "id": pa.array(cols[2], pa.int64()), "status": pa.array(cols[3], pa.string()), "qty": pa.array(cols[4], pa.int64()),
+        }, schema=schema.arrow())
+        return spark.createDataFrame(t.to_pandas(), schema=schema.spark())
+
+    table = tmp_path / "t"
+    sink = DeltaUpsertSink(str(table), keys=["id"], app_id="partial-test")
+    sink(batch([("insert", 1, 1, "new", 1, None), ("insert", 2, 2, "new", 2, None)]), 0)
+    sink(batch([("update", 3, 1, "junk", 10, ["status"]), ("update", 4, 1, "paid", 0, ["qty"]),
+                ("update", 5, 3, "junk", 30, ["status"])]), 1)
+    assert as_dict(read(spark, str(table))) == {1: ("paid", 10), 2: ("new", 2), 3: (None, 30)}
