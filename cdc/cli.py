@@ -65,14 +65,12 @@ def offsets_cmd(checkpoint: str, batch_id: int | None, source_index: int, as_sta
     With --starting-offsets, print the `startingOffsets` value that starts a new query (a new checkpoint)
     right after that batch.
     """
-    from cdc.checkpoint import CheckpointError, last_committed, read_batch
+    from cdc.checkpoint import CheckpointError, last_committed, read_batch, starting_offsets
 
     try:
         batch = last_committed(checkpoint) if batch_id is None else read_batch(checkpoint, batch_id)
         offset = batch.source(source_index)
         if as_start:
-            from cdc.checkpoint import starting_offsets
-
             click.echo(json.dumps(starting_offsets(offset), sort_keys=True))
             return
     except CheckpointError as e:

@@ -29,12 +29,13 @@ from pathlib import Path
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pyarrow as pa  # noqa: E402
+from orders_demo import demo_session  # noqa: E402
 
-import cdc  # noqa: E402
 from cdc.backends.local import LocalLog  # noqa: E402
-from cdc.checkpoint import last_committed, read_batch, starting_offsets  # noqa: E402
+from cdc.checkpoint import CheckpointError, last_committed, read_batch, starting_offsets  # noqa: E402
 
 SCHEMA = [("order_id", pa.int64()), ("amount", pa.float64())]
 BATCH = 4_000
@@ -44,21 +45,9 @@ def append_orders(log: LocalLog, first: int, n: int) -> None:
     log.append([{"order_id": i, "amount": float(i % 500), "_op": "insert"} for i in range(first, first + n)])
 
 
-def spark_session():  # type: ignore[no-untyped-def]
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").appName("cdc-offset-recovery")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    cdc.register(spark)
-    return spark
-
-
 def run_query(log_path: str, out: str, checkpoint: str, starting: str, drain: bool) -> None:
     """The streaming job (run in its own process): copy every change into a Parquet table."""
-    spark = spark_session()
+    spark = demo_session("cdc-offset-recovery")
     changes = (spark.readStream.format("cdc").option("backend", "local").option("path", log_path)
                .option("startingOffsets", starting).option("maxRecordsPerTrigger", BATCH).load())
     writer = changes.writeStream.format("parquet").option("path", out).option("checkpointLocation", checkpoint)
@@ -76,8 +65,10 @@ def start_child(*args: str) -> subprocess.Popen[bytes]:
 
 
 def committed_batches(checkpoint: Path) -> int:
-    commits = checkpoint / "commits"
-    return len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.is_dir() else 0
+    try:
+        return last_committed(checkpoint).batch_id + 1
+    except CheckpointError:  # no batch committed yet
+        return 0
 
 
 def main() -> None:
@@ -126,7 +117,7 @@ def main() -> None:
     if start_child(str(log.path), str(table2), str(ck2), json.dumps(resume), "drain").wait() != 0:
         raise SystemExit("the new query failed")
 
-    spark = spark_session()
+    spark = demo_session("cdc-offset-recovery")
     from pyspark.sql import functions as F
 
     def summary(path: Path) -> tuple[int, int, int, int]:

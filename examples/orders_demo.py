@@ -68,6 +68,17 @@ class OrderSource:
         self.changes += n
 
 
+def demo_session(app_name: str) -> SparkSession:
+    """The examples' Spark session: local, 2 cores, UTC, quiet, with the ``cdc`` data source registered."""
+    spark = (SparkSession.builder.master("local[2]").appName(app_name)
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    cdc.register(spark)
+    return spark
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="demo-output", help="where the log, lake and checkpoint go")
@@ -84,12 +95,7 @@ def main() -> None:
     print(f"change log at {log.path}: channels {log.open_channels()}, {source.changes} changes of history, "
           f"{len(source.rows)} orders")
 
-    spark = (SparkSession.builder.master("local[2]").appName("cdc-orders-demo")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    cdc.register(spark)
+    spark = demo_session("cdc-orders-demo")
 
     lake, ck = root / "lake" / "orders", root / "checkpoint"
     sink = DeltaUpsertSink(str(lake), keys=["order_id"], sequence_by="_seq")

@@ -26,11 +26,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from orders_demo import SCHEMA, OrderSource  # noqa: E402
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from orders_demo import SCHEMA, OrderSource, demo_session  # noqa: E402
+from pyspark.sql import DataFrame  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-import cdc  # noqa: E402
 from cdc.backends.local import LocalLog  # noqa: E402
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -67,12 +66,7 @@ def main() -> None:
     for _ in range(8):  # two minutes of history before the job starts
         burst()
 
-    spark = (SparkSession.builder.master("local[2]").appName("cdc-windowed-orders")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    cdc.register(spark)
+    spark = demo_session("cdc-windowed-orders")
 
     table, ck = root / "windows", root / "checkpoint"
     changes = spark.readStream.format("cdc").option("backend", "local").option("path", str(log.path)).load()
