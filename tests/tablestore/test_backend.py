@@ -107,7 +107,12 @@ def test_ranges_survive_a_server_that_cuts_responses_differently(
     tablestore_server.restart(crash=True)
     again = pa.Table.from_batches(list(reader.read(ch, start, mid)))
     assert again.equals(first) and first.num_rows == 130
-    rest = w.backend().plan(ch, mid)
+    backend.close()
+    later = w.backend()
+    try:
+        rest = later.plan(ch, mid)
+    finally:
+        later.close()
     assert rest.records == 30
 
 
