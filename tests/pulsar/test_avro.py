@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc.backends.pulsar import EmbeddedBroker, PulsarOptions
+from cdc.backends.pulsar.backend import SchemaMismatchError
 from cdc.backends.pulsar.client import open_client
 from cdc.backends.pulsar.codec import Decoder, Malformed
 from cdc.errors import MalformedRecordError, OptionError
@@ -170,6 +171,39 @@ def test_registry_problems_are_clear(broker: EmbeddedBroker, registry: Any, topi
     registry.seen.clear()
     backend(broker.url, topic, valueFormat="avro", valueSchema=SCHEMA_TEXT, **{"admin.url": registry.url})
     assert registry.seen == []
+
+
+def test_topics_discovered_later_are_checked_against_the_registry(
+    broker: EmbeddedBroker, registry: Any, topic: str
+) -> None:
+    """topicsPattern + registry: a topic that appears after the query started is read when its registry schema
+    is the query's, and fails planning, naming it, when the registry holds another schema for it."""
+    ns = "/admin/v2/persistent/public/default"
+    name = topic.rsplit("/", 1)[1]
+    first, same, other = topic + "-a", topic + "-b", topic + "-c"
+    registry.responses[ns + "/partitioned"] = []
+    registry.responses[ns] = [first]
+    registry.responses[registry_path(first)] = recorded(SCHEMA_TEXT)
+    produce(broker.url, first, [encode(record(1))], ["k"])
+    b = backend(broker.url, None, topicsPattern=f"{name}-.*", valueFormat="avro", **{"admin.url": registry.url})
+    table, offset = drain(b)
+    assert table.column("id").to_pylist() == [1]
+    # Same schema (other key order in the registry's JSON): read.
+    produce(broker.url, same, [encode(record(2))], ["k"])
+    registry.responses[registry_path(same)] = recorded(json.dumps(SCHEMA, sort_keys=True, indent=1))
+    registry.responses[ns] = [first, same]
+    table, offset = drain(b, offset)
+    assert table.column("id").to_pylist() == [2]
+    # Another schema: planning fails naming the topic; no message of it is decoded with the wrong schema.
+    produce(broker.url, other, [b"\x02"], ["k"])
+    registry.responses[registry_path(other)] = recorded(json.dumps({**SCHEMA, "fields": SCHEMA["fields"][:1]}))
+    registry.responses[ns] = [first, same, other]
+    with pytest.raises(SchemaMismatchError, match=rf"{other}.*another avro schema.*narrow topicsPattern"):
+        drain(b, offset)
+    # A topic without a registry schema fails the same way.
+    registry.responses[ns] = [first, same, topic + "-d"]
+    with pytest.raises(SchemaMismatchError, match=rf"{topic}-d.*has no schema in the schema registry"):
+        drain(b, offset)
 
 
 # ---------------------------------------------------------------------------------------------- properties

@@ -27,6 +27,7 @@ executors read without the cross-partition amplification described in :mod:`cdc.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -52,11 +53,22 @@ from cdc.backends.pulsar.client import (
 )
 from cdc.backends.pulsar.codec import PROPERTIES, TS, Decoder, Malformed, sequence_of
 from cdc.backends.pulsar.options import PulsarOptions
-from cdc.errors import BackendUnavailableError, DataLossError, MalformedRecordError, TransientError
+from cdc.errors import (
+    BackendUnavailableError,
+    DataLossError,
+    MalformedRecordError,
+    OptionError,
+    TerminalError,
+    TransientError,
+)
 
 log = logging.getLogger(__name__)
 
 ROWS_PER_BATCH = 8192
+
+
+class SchemaMismatchError(TerminalError):
+    """A topic of the query has a registry schema other than the one the query decodes with."""
 
 
 class StallError(TransientError):
@@ -300,11 +312,16 @@ class PulsarBackend(Backend):
     def __init__(self, options: PulsarOptions) -> None:
         super().__init__(options)
         self._admin = AdminClient(options.admin_url, _token(options)) if options.admin_url else None
+        # Topics whose registry schema was checked against the query's; None: the schema is an option.
+        self._registry_checked: set[str] | None = None
         if options.value_format in ("json", "avro") and not options.value_schema:
-            # Read once per query from the schema registry; executors get it inside the options.
+            # Read once per query from the schema registry; executors get it inside the options. Topics
+            # that topicsPattern discovers later are checked against it (see _check_registry).
             assert self._admin is not None  # the options model requires admin.url here
-            text = registry_schema(self._admin, self.topics(), options.value_format)
+            topics = self.topics()
+            text = registry_schema(self._admin, topics, options.value_format)
             options = self.options = options.model_copy(update={"value_schema": text})
+            self._registry_checked = set(topics)
         self._decoder = Decoder(options.value_format, options.value_schema, options.change_keys)
         self._client: Any = None
         self._indexes: dict[str, TopicIndex] = {}
@@ -350,11 +367,31 @@ class PulsarBackend(Backend):
             index.catch_up()
         return index
 
+    def _check_registry(self, topic: str) -> None:
+        """A topic discovered after the query started must have the registry schema the query decodes with:
+        its messages would otherwise be decoded with another topic's schema (quarantined, or failing the
+        query, message by message). It fails the batch's planning instead, naming the topic."""
+        if self._registry_checked is None or topic in self._registry_checked:
+            return
+        assert self._admin is not None and self.options.value_schema is not None
+        try:
+            text = registry_schema(self._admin, [topic], self.options.value_format)
+        except OptionError as exc:
+            raise SchemaMismatchError(f"topic {topic}, discovered through topicsPattern: {exc}") from None
+        if text != json.dumps(json.loads(self.options.value_schema), sort_keys=True):
+            raise SchemaMismatchError(
+                f"topic {topic}, discovered through topicsPattern, has another {self.options.value_format} schema in "
+                f"the schema registry than the query's topics ({', '.join(sorted(self._registry_checked))}); a query "
+                "decodes every topic with one schema: narrow topicsPattern, or start a query for that topic"
+            )
+        self._registry_checked.add(topic)
+
     def list_channels(self) -> Sequence[ChannelInfo]:
         """Every partition of every topic; also brings the driver's id index up to the head (one
         catch-up per planning round: the planner calls this first)."""
         out = []
         for topic in self.topics():
+            self._check_registry(topic)
             chans = partitions_of(self.client, topic)
             for ch in chans:
                 self._channels[ch.id] = ch
