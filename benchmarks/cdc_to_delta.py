@@ -11,11 +11,6 @@ A 1M-row table receives batches of 100k changes (50% updates, 40% inserts, 10% d
   copy of the same 1M-row table with a plain upsert MERGE (no Spark, no sequence guard, no tombstones); run
   before and after the pipeline, and the mean is the reference (the machine's load drifts).
 
-The pipeline's Spark session uses Hadoop's ``FileSystem`` API for the streaming checkpoint
-(``spark.sql.streaming.checkpointFileManagerClass``, see the README's tuning notes): on a local checkpoint it
-writes the offset and commit logs in about 8 ms instead of 40 ms each, about 80 ms less per micro-batch.
-``--spark-default-checkpoint`` measures with Spark's default instead.
-
 Prints changes/s for both, peak memory, and last ``ratio <pipeline/standalone>``.
 """
 
@@ -37,9 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYTHONPATH", str(ROOT))
-
-#: Spark's default is FileContextBasedCheckpointFileManager; same atomic write-then-rename, fewer round trips.
-FS_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 SCHEMA = [("id", pa.int64()), ("customer", pa.string()), ("amount", pa.float64()), ("qty", pa.int32())]
 
@@ -111,14 +103,7 @@ def standalone(path: str, initial: pa.Table, warmup: pa.Table, batches: list[pa.
 
 
 def pipeline(
-    work: Path,
-    initial: pa.Table,
-    warmup: pa.Table,
-    batches: list[pa.Table],
-    batch: int,
-    verbose: bool,
-    pipelined: bool,
-    fs_checkpoint: bool,
+    work: Path, initial: pa.Table, warmup: pa.Table, batches: list[pa.Table], batch: int, verbose: bool, pipelined: bool
 ) -> tuple[float, float, int]:
     import cdc
     from cdc.backends.local import LocalLog
@@ -134,10 +119,7 @@ def pipeline(
     sink.write(init, 0, app_id="initial-load")
     # Warm-up: the first batch pays the query's start cost (Spark session, Python workers, JIT).
     log.append(warmup)
-    builder = spark_builder("cdc-to-delta-bench").config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-    if fs_checkpoint:
-        builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", FS_CHECKPOINT_MANAGER)
-    spark = builder.getOrCreate()
+    spark = spark_builder("cdc-to-delta-bench").config("spark.sql.streaming.noDataMicroBatches.enabled", "false").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     cdc.register(spark)
     jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
@@ -181,11 +163,10 @@ def pipeline(
 @click.option("--quick", is_flag=True, help="2 batches instead of 10 (runs in under a minute).")
 @click.option("--verbose", is_flag=True, help="Print each micro-batch's timing.")
 @click.option("--sync", is_flag=True, help="The sink's default mode (merge inside foreachBatch) instead of pipelined=True.")
-@click.option("--spark-default-checkpoint", is_flag=True, help="Spark's default checkpoint file manager (FileContext API).")
 @click.option("--batches", type=int, default=None, help="Number of 100k-change batches (default 10).")
 @click.option("--table-rows", type=int, default=1_000_000, show_default=True)
 @click.option("--batch", type=int, default=100_000, show_default=True)
-def main(quick: bool, verbose: bool, sync: bool, spark_default_checkpoint: bool, batches: int | None, table_rows: int, batch: int) -> None:
+def main(quick: bool, verbose: bool, sync: bool, batches: int | None, table_rows: int, batch: int) -> None:
     n = batches or (2 if quick else 10)
     rng = np.random.default_rng(7)
     initial = pa.table(rows(np.arange(table_rows, dtype=np.int64), rng))
@@ -198,9 +179,7 @@ def main(quick: bool, verbose: bool, sync: bool, spark_default_checkpoint: bool,
         t_before = standalone(str(work / "standalone-1"), initial, warmup, changes)
         alone_peak = peak_rss_mb()
         reset_peak_rss()
-        t_pipe, startup, jvm_peak = pipeline(
-            work, initial, warmup, changes, batch, verbose, not sync, not spark_default_checkpoint
-        )
+        t_pipe, startup, jvm_peak = pipeline(work, initial, warmup, changes, batch, verbose, not sync)
         driver_peak = peak_rss_mb()
         t_after = standalone(str(work / "standalone-2"), initial, warmup, changes)
         t_alone = (t_before + t_after) / 2
@@ -211,7 +190,6 @@ def main(quick: bool, verbose: bool, sync: bool, spark_default_checkpoint: bool,
     print(f"standalone delta-rs merge: {t_alone:.2f} s (runs before/after the pipeline: {t_before:.2f} s, {t_after:.2f} s), "
           f"{alone_rate:,.0f} changes/s, peak RSS {alone_peak:.0f} MB")
     mode = "pipelined=False" if sync else "pipelined=True"
-    mode += ", checkpoint via " + ("Spark's default FileContext manager" if spark_default_checkpoint else "FileSystem")
     print(f"pipeline cdc source -> DeltaUpsertSink({mode}): {t_pipe:.2f} s, {pipe_rate:,.0f} changes/s "
           f"(query start + warm-up batch: {startup:.1f} s, not included)")
     print(f"pipeline peak RSS: driver (Python, incl. delta-rs) {driver_peak:.0f} MB, JVM {jvm_peak} MB")
