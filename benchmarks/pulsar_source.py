@@ -22,6 +22,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 TOPIC = "persistent://public/default/bench"
 RECEIVER_QUEUE = 20_000  # the cdc source's default receiverQueueSize
+PARTITIONS = 2
 
 
 def produce(url: str, topic: str, n: int, size: int) -> float:
@@ -50,11 +51,13 @@ def produce(url: str, topic: str, n: int, size: int) -> float:
 def reader_loop(url: str, topic: str, n: int) -> tuple[float, int, int]:
     """The reference: a Reader on the partitioned topic from earliest, touching each payload.
 
-    Hardened the way pulsar-lite needs (see docs/notes): a message whose id is not above the last one of
-    its partition is a redelivery and skipped, and a reader silent for 2 s before all ``n`` messages came
-    is replaced by a new one from earliest. It uses the same receiver queue as the cdc source's default
-    (``RECEIVER_QUEUE``; with pulsar-client's default of 1000 pulsar-lite redelivers heavily and both
-    sides would be slower). Returns (seconds, payload bytes, reopen count).
+    Hardened the way pulsar-lite needs (see docs/notes), as well as a hand-written loop would be: a message
+    whose id is not above the last one of its partition is a redelivery and skipped, and when the broker
+    stalls the reader (0.5 s of silence before all ``n`` messages came) it is replaced by one Reader per
+    partition, each starting at the entry of that partition's last message (a Reader on the parent topic
+    started at one partition's id is served that partition only), read in turn. It uses the same receiver
+    queue as the cdc source's default (``RECEIVER_QUEUE``; with pulsar-client's default of 1000 pulsar-lite
+    redelivers heavily and both sides would be slower). Returns (seconds, payload bytes, reopen count).
     """
     import pulsar
 
@@ -62,15 +65,34 @@ def reader_loop(url: str, topic: str, n: int) -> tuple[float, int, int]:
     last: dict[int, tuple[int, int, int]] = {}
     count = nbytes = reopens = 0
     start = time.perf_counter()
-    reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=RECEIVER_QUEUE)
+    readers = [client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=RECEIVER_QUEUE)]
+    current, silent_since = 0, None
     while count < n:
         try:
-            msg = reader.read_next(2000)
+            msg = readers[current].read_next(0 if len(readers) > 1 else 100)
         except pulsar.Timeout:
-            reader.close()
-            reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=RECEIVER_QUEUE)
+            current = (current + 1) % len(readers)
+            now = time.perf_counter()
+            silent_since = silent_since or now
+            if now - silent_since < 0.5:
+                continue
+            for r in readers:
+                r.close()
+            readers = [
+                client.create_reader(
+                    topic,
+                    pulsar.MessageId(p, ledger, entry, -1),
+                    receiver_queue_size=RECEIVER_QUEUE,
+                    start_message_id_inclusive=True,
+                )
+                for p, (ledger, entry, _) in sorted(last.items())
+            ]
+            if len(last) < PARTITIONS:  # a partition with nothing read yet: from earliest
+                readers.append(client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=RECEIVER_QUEUE))
+            current, silent_since = 0, None
             reopens += 1
             continue
+        silent_since = None
         mid = msg.message_id()
         key = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
         if key > last.get(mid.partition(), (-1, -1, -1)):
@@ -78,7 +100,8 @@ def reader_loop(url: str, topic: str, n: int) -> tuple[float, int, int]:
             count += 1
             nbytes += len(msg.data())
     elapsed = time.perf_counter() - start
-    reader.close()
+    for r in readers:
+        r.close()
     client.close()
     return elapsed, nbytes, reopens
 
@@ -136,7 +159,7 @@ def main(quick: bool, messages: int | None, size: int) -> None:
     from tests.conftest import spark_builder
 
     n = messages or (100_000 if quick else 1_000_000)
-    with EmbeddedBroker(partitions=2) as broker:
+    with EmbeddedBroker(partitions=PARTITIONS) as broker:
         t = produce(broker.url, TOPIC, n, size)
         print(f"produced {n} x {size} B in {t:.1f} s ({n / t:,.0f} msg/s)")
         produce(broker.url, TOPIC + "-warmup", 1000, size)
