@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc.errors import OptionError
+from cdc.errors import OptionError, TerminalError
 from cdc.model import ChangeSchema, Op
 
 KEY, TOPIC, MESSAGE_ID, PUBLISH_TIME, EVENT_TIME, PROPERTIES = (
@@ -44,6 +44,10 @@ METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(PROPERTIES, pa.map_(pa.string(), pa.string())),
 )
 _EPOCH_DAY = date(1970, 1, 1)
+
+
+class SequenceRangeError(TerminalError, ValueError):
+    """A message id outside what a change record's ``_seq`` can encode (see :func:`sequence_of`)."""
 
 
 class Malformed(Exception):
@@ -275,14 +279,18 @@ class Decoder:
 
 
 # Sequence numbers of change records come from message ids: (ledger, entry, batch) packed into 63 bits.
-_LEDGER_BITS, _ENTRY_BITS, _BATCH_BITS = 23, 26, 14
+# Ledger ids are cluster-wide BookKeeper counters that only grow, so they get the most room (4.29 billion);
+# entries per ledger are capped by the broker's rollover (managedLedgerMaxEntriesPerLedger, 50,000 by
+# default: 10x headroom); a batch holds at most 4,094 messages (producers batch 1,000 by default).
+_LEDGER_BITS, _ENTRY_BITS, _BATCH_BITS = 32, 19, 12
 
 
 def sequence_of(ledger: int, entry: int, batch: int) -> int:
-    """A long that orders a partition's messages like their ids do."""
+    """A long that orders a partition's messages like their ids do (batch index -1: not in a batch)."""
     if not (0 <= ledger < 1 << _LEDGER_BITS and 0 <= entry < 1 << _ENTRY_BITS and -2 <= batch < (1 << _BATCH_BITS) - 2):
-        raise ValueError(
+        raise SequenceRangeError(
             f"message id ({ledger}, {entry}, {batch}) does not fit the change model's 63-bit sequence "
-            f"(ledger < 2^{_LEDGER_BITS}, entry < 2^{_ENTRY_BITS}, batch index < 2^{_BATCH_BITS} - 2)"
+            f"(ledger < 2^{_LEDGER_BITS}, entry < 2^{_ENTRY_BITS}, batch index < 2^{_BATCH_BITS} - 2); keep the "
+            "broker's managedLedgerMaxEntriesPerLedger and the producers' batchingMaxMessages below those limits"
         )
     return (ledger << (_ENTRY_BITS + _BATCH_BITS)) | (entry << _BATCH_BITS) | (batch + 2)
