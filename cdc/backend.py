@@ -136,6 +136,13 @@ class Backend(ABC):
             "startingOffsets",
         )
 
+    def average_record_bytes(self) -> float | None:
+        """The average size of a record, in bytes, as far as the backend can tell now (``None``: it cannot).
+
+        ``maxBytesPerTrigger`` divides by it to turn a byte budget into a record budget: an estimate, so
+        the limit is soft (as in other Spark sources). ``0.0`` means no record has been seen yet."""
+        return None
+
     def acknowledge(self, positions: Mapping[str, Position]) -> None:  # noqa: B027 - optional hook
         """Best effort: tell the backend the query has durably processed up to these positions."""
 

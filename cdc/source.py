@@ -136,7 +136,29 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        max_bytes = self._config.source.max_bytes_per_trigger
+        if max_bytes is not None:
+            by_size = self._rows_for_bytes(max_bytes)
+            if by_size is not None:
+                max_rows = by_size if max_rows is None else min(max_rows, by_size)
         return self.planner.next(start, max_rows, self._target)
+
+    def _rows_for_bytes(self, max_bytes: int) -> int | None:
+        """``maxBytesPerTrigger`` as a record count, from the backend's average record size (at least one
+        record, so a batch always makes progress); ``None`` while no record has been seen."""
+        backend = self.backend
+        size = backend.average_record_bytes()
+        if size is None:
+            raise OptionError(
+                f"option 'maxBytesPerTrigger': backend {backend.name!r} cannot estimate record sizes; "
+                "use maxRecordsPerTrigger",
+                "maxBytesPerTrigger",
+            )
+        if size <= 0:
+            return None
+        rows = max(1, int(max_bytes // size))
+        log.debug("maxBytesPerTrigger=%d at ~%.0f bytes per record: %d records", max_bytes, size, rows)
+        return rows
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self.planner.until("latest")

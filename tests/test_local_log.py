@@ -104,3 +104,15 @@ def test_concurrent_appends_from_processes_lose_nothing(tmp_path: Path) -> None:
         assert table.filter(pa.compute.equal(table.column("_channel"), c.id)).column("_position").to_pylist() == list(
             range(c.head)
         )
+
+
+def test_average_record_bytes_follows_the_segment_files(tmp_path: Path) -> None:
+    log = LocalLog.create(tmp_path / "log", [("k", pa.int64()), ("note", pa.string())], ["k"], channels=2)
+    assert log.average_record_bytes() == 0.0
+    log.append([{"k": i, "note": "x" * 10} for i in range(200)])
+    small = log.average_record_bytes()
+    files = [s.path for c in log.channels() for s in c.segments]
+    assert small == pytest.approx(sum(f.stat().st_size for f in files) / 200)
+    for _ in range(20):  # the estimate follows the recent segments
+        log.append([{"k": i, "note": "y" * 1000} for i in range(200)])
+    assert log.average_record_bytes() > 1000 > small

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -70,6 +71,8 @@ def test_unknown_option_names_it_and_lists_accepted() -> None:
     [
         ({"path": "/x", "maxRecordsPerTrigger": "-3"}, "'maxRecordsPerTrigger'"),
         ({"path": "/x", "maxrecordspertrigger": "many"}, "'maxRecordsPerTrigger'"),
+        ({"path": "/x", "maxBytesPerTrigger": "0"}, "'maxBytesPerTrigger'"),
+        ({"path": "/x", "maxBytesPerTrigger": "1MB"}, "'maxBytesPerTrigger'"),
         ({"path": "/x", "failOnDataLoss": "maybe"}, "accepted values: true, false"),
         ({"backend": "kafka"}, "accepted values: local, pulsar, tablestore"),
         ({}, "option 'path' is required"),
@@ -103,3 +106,31 @@ def test_errors_pickle() -> None:
     for err in (OptionError("bad", "opt"), DataLossError("gone", "c0")):
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is type(err) and str(back) == str(err)
+
+
+def test_max_bytes_per_trigger_needs_a_backend_that_estimates_record_sizes(tmp_path: Path) -> None:
+    """A backend that cannot estimate record sizes (the contract's default, e.g. tablestore) fails the query at
+    its first batch with an error naming the option; with one that can, the budget becomes a record count."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from cdc.backends.local import LocalBackend, LocalLog
+    from cdc.source import CdcStreamReader
+
+    log = LocalLog.create(tmp_path / "log", [("k", pa.int64())], ["k"], channels=1)
+    log.append([{"k": i} for i in range(100)])
+    config = _Config({"path": str(log.path), "maxBytesPerTrigger": str(int(log.average_record_bytes() * 30))})
+    schema = from_arrow_schema(log.arrow_schema)
+    reader = CdcStreamReader(config, schema)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end["channels"]["c0"]["pos"] in (29, 30)  # 30 records' bytes (the float division may round down)
+
+    class Unsized(LocalBackend):  # what every backend inherits from the contract unless it overrides it
+        def average_record_bytes(self) -> float | None:
+            return None
+
+    reader = CdcStreamReader(config, schema)
+    reader._backend = Unsized(config.backend_options)  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match=r"maxBytesPerTrigger.*cannot estimate record sizes.*maxRecordsPerTrigger"):
+        reader.latestOffset(reader.initialOffset(), ReadAllAvailable())

@@ -208,6 +208,15 @@ def test_debezium_envelopes_map_to_the_change_model(broker: EmbeddedBroker, topi
     assert rows[3]["_commit_ts"] == datetime.fromtimestamp(4, UTC)
 
 
+def test_average_record_bytes_comes_from_the_indexed_payloads(broker: EmbeddedBroker, topic: str) -> None:
+    """maxBytesPerTrigger's estimate: the payload bytes of the messages the driver indexed, per message."""
+    b = backend(broker.url, topic)
+    assert b.average_record_bytes() == 0.0  # nothing indexed yet: no estimate, no limit
+    produce(broker.url, topic, [b"a" * 100] * 30 + [b"b" * 400] * 10, [f"k{i}" for i in range(40)], batching=True)
+    drain(b)
+    assert b.average_record_bytes() == pytest.approx((30 * 100 + 10 * 400) / 40)
+
+
 # ---------------------------------------------------------------------------------------------- sequences
 LEDGER, ENTRY, BATCH = 2**32 - 1, 2**19 - 1, 2**12 - 3  # the largest message id a sequence can encode
 message_ids = st.tuples(st.integers(0, LEDGER), st.integers(0, ENTRY), st.integers(-1, BATCH))

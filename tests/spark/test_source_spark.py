@@ -74,6 +74,25 @@ def test_stop_append_split_restart_delivers_everything_once(spark: Any, tmp_path
     assert set(got) == everything(log)
 
 
+def test_max_bytes_per_trigger_sizes_batches_by_the_logs_record_size(spark: Any, tmp_path: Path) -> None:
+    """maxBytesPerTrigger becomes a record count through the log's bytes per record (a soft limit); with
+    maxRecordsPerTrigger the smaller wins; every record is still delivered exactly once."""
+    log = new_log(tmp_path)
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    log.append(orders(0, 1000))
+    size = log.average_record_bytes()
+    per_batch = 150
+    run_available_now(spark, log, out, ck, maxBytesPerTrigger=int(size * per_batch))
+    got = delivered(spark, out)
+    assert sorted(got) == sorted(everything(log)) and len(got) == len(set(got)) == 1000
+    sizes = [len(spark.read.parquet(str(f)).collect()) for f in sorted(out.glob("*.parquet"))]
+    # Files per batch and partition: a batch of 150 records over 2 channels writes files of <= 150 rows.
+    assert max(sizes) <= per_batch and len(list((ck / "commits").iterdir())) >= 1000 // per_batch
+    out2, ck2 = tmp_path / "out2", tmp_path / "ck2"
+    run_available_now(spark, log, out2, ck2, maxBytesPerTrigger=int(size * per_batch), maxRecordsPerTrigger=400)
+    assert len(list((ck2 / "commits").iterdir())) >= 1000 // per_batch  # bytes (150 records) win over 400
+
+
 def test_per_key_order_and_lineage_in_spark_output(spark: Any, tmp_path: Path) -> None:
     log = new_log(tmp_path, channels=1)
     out, ck = tmp_path / "out", tmp_path / "ck"

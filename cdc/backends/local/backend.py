@@ -74,3 +74,6 @@ class LocalBackend(Backend):
 
     def reader(self) -> RangeReader:
         return LocalRangeReader(str(self.log.path))
+
+    def average_record_bytes(self) -> float | None:
+        return self.log.average_record_bytes()

@@ -180,6 +180,19 @@ class LocalLog:
     def channels(self) -> list[ChannelState]:
         return [self.channel(c) for c in self.channel_ids()]
 
+    def average_record_bytes(self, recent: int = 16) -> float:
+        """Bytes per record of the Arrow segment files, over each channel's ``recent`` last segments (what
+        the next batches read); 0.0 for an empty log."""
+        size = records = 0
+        for st in self.channels():
+            for seg in st.segments[-recent:]:
+                try:
+                    size += seg.path.stat().st_size
+                except FileNotFoundError:  # truncated meanwhile
+                    continue
+                records += seg.end - seg.start
+        return size / records if records else 0.0
+
     def read(self, cid: str, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """Yield the records ``[start, end)`` of a channel as Arrow batches with :attr:`arrow_schema`."""
         if end <= start:

@@ -440,6 +440,12 @@ class PulsarBackend(Backend):
     def reader(self) -> RangeReader:
         return PulsarRangeReader(self.options)
 
+    def average_record_bytes(self) -> float | None:
+        """Payload bytes per message over every message the driver has indexed (the index reads each
+        message's size along with its id; metadata and the decoded columns are not counted)."""
+        count = sum(index.indexed for index in self._indexes.values())
+        return sum(index.indexed_bytes for index in self._indexes.values()) / count if count else 0.0
+
     # ------------------------------------------------------------------ acknowledgement
     def acknowledge(self, positions: Mapping[str, Position]) -> None:
         """Advance the query's durable subscription (``subscription.name``) to the committed positions.

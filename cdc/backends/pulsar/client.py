@@ -180,6 +180,8 @@ class TopicIndex:
         self._confirmed = False  # the last round ended at a head the broker confirmed
         self._lock = threading.Lock()
         self.partitions: list[int] = []  # set by the backend from the topic's metadata
+        self.indexed = 0  # messages indexed so far and the bytes of their payloads (maxBytesPerTrigger)
+        self.indexed_bytes = 0
 
     def _open(self) -> list[Any]:
         import pulsar
@@ -278,7 +280,7 @@ class TopicIndex:
             deadline = now + self.max_catch_up_s
             since = self.starting_time_ms
             parts = self.parts
-            n = 0
+            n = nbytes = 0
             reopens = 0
             flowing = False  # new ids since the last (re)open
             delivered = 0  # messages (new or not) since the last (re)open
@@ -335,12 +337,15 @@ class TopicIndex:
                     part.keys.append(k)
                     part.last = k
                     n += 1
+                    nbytes += msg.length()
                     flowing = True
                     # Now and then: a message newer than this round ends it (the rest is the next round's).
                     if not n & 1023 and msg.publish_timestamp() > began_ms:
                         break
             if n:
                 self._progress_at = time.monotonic()
+                self.indexed += n
+                self.indexed_bytes += nbytes
                 log.debug("indexed %d new message ids of %s", n, self.topic)
 
     def ids(self, partition: int) -> _PartitionIds:
