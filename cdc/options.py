@@ -60,8 +60,9 @@ class SourceOptions(_Model):
         None,
         alias="maxBytesPerTrigger",
         description="Soft limit on the bytes a micro-batch takes (all channels): turned into a record count "
-        "through the backend's average record size (local: the log's segment files; pulsar: the payloads the "
-        "driver indexed; tablestore: not offered). With maxRecordsPerTrigger the smaller count wins.",
+        "through the backend's average record size (local: the log's recent segment files; pulsar: the payloads "
+        "the driver indexed; tablestore: the PlainBuffer records read while planning). With maxRecordsPerTrigger "
+        "the smaller count wins.",
     )
     max_records_per_channel: PositiveInt | None = Field(
         None, alias="maxRecordsPerChannel", description="Most records a micro-batch takes from one channel."

@@ -109,7 +109,7 @@ def test_errors_pickle() -> None:
 
 
 def test_max_bytes_per_trigger_needs_a_backend_that_estimates_record_sizes(tmp_path: Path) -> None:
-    """A backend that cannot estimate record sizes (the contract's default, e.g. tablestore) fails the query at
+    """A backend that cannot estimate record sizes (the contract's default, e.g. a third-party backend) fails the query at
     its first batch with an error naming the option; with one that can, the budget becomes a record count."""
     from pyspark.sql.pandas.types import from_arrow_schema
     from pyspark.sql.streaming.datasource import ReadAllAvailable

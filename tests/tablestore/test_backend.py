@@ -49,6 +49,8 @@ def test_base_data_then_changes_in_order_with_checkpoints(tablestore_server: Tab
         offset = end
     ops = [r["_op"] for r in delivered]
     assert ops == ["snapshot"] * 30 + ["update", "delete", "insert"]
+    # maxBytesPerTrigger's estimate: the PlainBuffer bytes of the records planning read, per record
+    assert 10 < backend.average_record_bytes() < 200  # type: ignore[operator]
     assert [r["id"] for r in delivered[:30]] == list(range(30))
     assert delivered[30]["v"] == "u3" and delivered[30]["__ots_column_type_n"] == "DELETE_ALL_VERSION"
     assert delivered[30]["__ots_record_type__"] == "UPDATE"

@@ -567,6 +567,8 @@ class TablestoreBackend(Backend):
         self._lost_at: dict[str, int] = {}  # channel -> n where expired records were found (see earliest)
         self._heads: dict[str, Position] = {}
         self._pages: OrderedDict[tuple[str, str], _PageSummary] = OrderedDict()
+        self._seen_records = 0  # records the driver read while planning and their PlainBuffer bytes
+        self._seen_bytes = 0
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
@@ -799,6 +801,10 @@ class TablestoreBackend(Backend):
             self.options.client_tag,
         )
 
+    def average_record_bytes(self) -> float | None:
+        """PlainBuffer bytes per record over the responses the driver read while planning."""
+        return self._seen_bytes / self._seen_records if self._seen_records else 0.0
+
     def plan(
         self, channel: str, start: Position, max_records: int | None = None, until: Position | None = None
     ) -> PlannedRange:
@@ -875,6 +881,8 @@ class TablestoreBackend(Backend):
                     continue
             page = self.session.read(channel, token)
             records = page.records
+            self._seen_records += len(records)
+            self._seen_bytes += sum(len(r.record) for r in records)
             if records and page.next_token != token:
                 last_key = _order_key(decode_row(records[-1].record), base)
                 self._remember(
