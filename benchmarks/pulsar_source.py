@@ -1,8 +1,15 @@
 """Pulsar source throughput: the cdc source into Spark's ``noop`` sink vs a plain pulsar-client Reader loop.
 
 Both read the same topic (2 partitions, ~200-byte messages) from an embedded pulsar-lite broker in one run.
-The cdc figure includes planning (the driver reads message ids, see cdc.backends.pulsar.client) and Spark's
-job overhead; Spark's session start and a warm-up job are excluded. Last line: ``ratio <cdc/reader>``.
+The cdc figure includes planning and Spark's job overhead; Spark's session start and a warm-up job are
+excluded. Last line: ``ratio <cdc/reader>``.
+
+The broker is set up like an Apache Pulsar cluster: auto-created topics are not partitioned and the
+partitioned topic is created explicitly (pulsar-lite has no admin API: ``create_partitioned_topic``
+restarts it). It then serves each partition as a topic of its own, and the source reads with
+``reader.topic=partition``: one Reader per partition on the executors, and planning asks each partition's
+last message id instead of reading every id (``--reader-topic parent`` measures the other mode: the driver
+reads every message id, each executor reads the partitioned topic).
 
     python benchmarks/pulsar_source.py            # 1M messages
     python benchmarks/pulsar_source.py --quick    # 100k messages, under a minute
@@ -106,12 +113,14 @@ def reader_loop(url: str, topic: str, n: int) -> tuple[float, int, int]:
     return elapsed, nbytes, reopens
 
 
-def cdc_parts(url: str, topic: str) -> tuple[float, float, int]:
-    """Breakdown without Spark: driver planning (the message-id index), then reading every range here."""
+def cdc_parts(url: str, topic: str, reader_topic: str) -> tuple[float, float, int]:
+    """Breakdown without Spark: driver planning, then reading every range here, one after another."""
     from cdc.backend import open_backend
     from cdc.planner import Planner
 
-    backend = open_backend("pulsar", {"service.url": url, "topic": topic, "catchUpMs": "100"})
+    backend = open_backend(
+        "pulsar", {"service.url": url, "topic": topic, "catchUpMs": "100", "reader.topic": reader_topic}
+    )
     start = time.perf_counter()
     planner = Planner(backend)
     first = planner.initial("earliest")
@@ -124,18 +133,19 @@ def cdc_parts(url: str, topic: str) -> tuple[float, float, int]:
     return t_plan, time.perf_counter() - start, rows
 
 
-def cdc_frame(spark: object, url: str, topic: str) -> object:
+def cdc_frame(spark: object, url: str, topic: str, reader_topic: str) -> object:
     return (
         spark.read.format("cdc")  # type: ignore[attr-defined]
         .option("backend", "pulsar")
         .option("service.url", url)
         .option("topic", topic)
         .option("catchUpMs", "100")
+        .option("reader.topic", reader_topic)
         .load()
     )
 
 
-def cdc_noop(spark: object, url: str, topic: str) -> tuple[float, int]:
+def cdc_noop(spark: object, url: str, topic: str, reader_topic: str) -> tuple[float, int]:
     """Seconds and rows of one cdc read into ``noop``; the rows are counted by an Observation on the same
     run (a cheap JVM-side count), so the figure cannot come from a partial read."""
     from pyspark.sql import Observation
@@ -143,7 +153,7 @@ def cdc_noop(spark: object, url: str, topic: str) -> tuple[float, int]:
 
     observed = Observation("rows")
     start = time.perf_counter()
-    df = cdc_frame(spark, url, topic).observe(observed, F.count(F.lit(1)).alias("n"))  # type: ignore[attr-defined]
+    df = cdc_frame(spark, url, topic, reader_topic).observe(observed, F.count(F.lit(1)).alias("n"))  # type: ignore[attr-defined]
     df.write.format("noop").mode("overwrite").save()
     elapsed = time.perf_counter() - start
     return elapsed, int(observed.get["n"])
@@ -153,32 +163,45 @@ def cdc_noop(spark: object, url: str, topic: str) -> tuple[float, int]:
 @click.option("--quick", is_flag=True, help="100k messages instead of 1M.")
 @click.option("--messages", type=int, default=None)
 @click.option("--size", type=int, default=200, show_default=True)
-def main(quick: bool, messages: int | None, size: int) -> None:
+@click.option(
+    "--reader-topic",
+    type=click.Choice(["partition", "parent"]),
+    default="partition",
+    show_default=True,
+    help="The source's reader.topic; parent also makes the broker auto-create partitioned topics.",
+)
+def main(quick: bool, messages: int | None, size: int, reader_topic: str) -> None:
     import cdc
     from cdc.backends.pulsar import EmbeddedBroker
     from tests.conftest import spark_builder
 
     n = messages or (100_000 if quick else 1_000_000)
-    with EmbeddedBroker(partitions=PARTITIONS) as broker:
+    by_partition = reader_topic == "partition"
+    with EmbeddedBroker(partitions=0 if by_partition else PARTITIONS) as broker:
+        if by_partition:
+            broker.create_partitioned_topic(TOPIC, PARTITIONS)
         t = produce(broker.url, TOPIC, n, size)
-        print(f"produced {n} x {size} B in {t:.1f} s ({n / t:,.0f} msg/s)")
+        print(f"produced {n} x {size} B in {t:.1f} s ({n / t:,.0f} msg/s) to {PARTITIONS} partitions")
         produce(broker.url, TOPIC + "-warmup", 1000, size)
 
         spark = spark_builder("pulsar-source-benchmark").config("spark.ui.showConsoleProgress", "false").getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         cdc.register(spark)
-        cdc_noop(spark, broker.url, TOPIC + "-warmup")  # JVM, Python workers, imports
+        cdc_noop(spark, broker.url, TOPIC + "-warmup", reader_topic)  # JVM, Python workers, imports
 
         t_reader, nbytes, reopens = reader_loop(broker.url, TOPIC, n)
         print(
             f"reader loop: {n} messages ({nbytes / 1e6:.0f} MB) in {t_reader:.2f} s ({n / t_reader:,.0f} msg/s, "
             f"{reopens} reopens after broker stalls)"
         )
-        t_plan, t_read, rows = cdc_parts(broker.url, TOPIC)
-        print(f"breakdown without Spark: planning {t_plan:.2f} s, reading {rows} rows one range after another {t_read:.2f} s")
+        t_plan, t_read, rows = cdc_parts(broker.url, TOPIC, reader_topic)
+        print(
+            f"breakdown without Spark (reader.topic={reader_topic}): planning {t_plan:.2f} s, reading {rows} rows "
+            f"one range after another {t_read:.2f} s"
+        )
         if rows != n:
             print(f"WARNING: the breakdown's plan held {rows} of {n} messages (a broker stall cut planning short)")
-        t_cdc, counted = cdc_noop(spark, broker.url, TOPIC)
+        t_cdc, counted = cdc_noop(spark, broker.url, TOPIC, reader_topic)
         print(f"cdc source -> noop: {counted} messages in {t_cdc:.2f} s ({counted / t_cdc:,.0f} msg/s)")
         if counted != n:
             raise SystemExit(f"the cdc source read {counted} rows, not {n}: the figures above are void")

@@ -13,7 +13,9 @@ Rules every backend keeps (the shared contract suite in ``tests/contract`` check
    however often and from whichever process it is called: a batch's content is fixed by its offsets.
 2. ``plan(channel, start, max_records, until)`` never plans past what exists now, nor past ``until``,
    nor more than ``max_records`` records; it reports how many records the range holds and whether its
-   end is the channel's final end (``finished``).
+   end is the channel's final end (``finished``). Without a budget (``max_records=None``) the count may
+   be a lower bound, zero exactly when the range is empty: a backend that can find the head without
+   reading the records need not count them (Pulsar with ``reader.topic=partition``).
 3. A ``start`` the backend no longer holds raises :class:`~cdc.errors.DataLossError`.
 4. ``acknowledge`` is best effort: it may lose a race or fail; correctness never depends on it.
 5. Driver-side objects may hold connections; the :class:`RangeReader` from :meth:`Backend.reader`
@@ -62,6 +64,7 @@ class PlannedRange:
 
     end: Position
     records: int
+    """Records in the range: exact when planned with a budget, else possibly a lower bound (see rule 2)."""
     finished: bool = False
     """``end`` is the channel's final end: the channel is exhausted for good."""
 

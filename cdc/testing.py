@@ -19,6 +19,8 @@ class Harness(ABC):
 
     supports_split: bool = True
     supports_merge: bool = True
+    exact_counts_without_budget: bool = True
+    """False for a backend that reports a lower bound as ``records`` when planning has no record budget."""
 
     @abstractmethod
     def backend(self) -> Backend:

@@ -1,4 +1,6 @@
-"""The shared backend contract over a real pulsar-lite broker: partitioned and non-partitioned topics."""
+"""The shared backend contract over a real pulsar-lite broker: partitioned and non-partitioned topics, and
+partitioned topics read partition by partition (``reader.topic=partition``, planning by each partition's last
+message id) on a broker that serves partitions as topics."""
 
 from __future__ import annotations
 
@@ -23,9 +25,16 @@ class PulsarHarness(Harness):
     supports_split = False
     supports_merge = False
 
-    def __init__(self, broker: EmbeddedBroker, batching: bool) -> None:
+    def __init__(self, broker: EmbeddedBroker, batching: bool, partition_topics: bool = False) -> None:
         self.broker = broker
         self.topic = f"persistent://public/default/contract-{next(_topics)}-{'b' if batching else 'n'}"
+        self.options: dict[str, Any] = {"service.url": broker.url, "topic": self.topic, "catchUpMs": 150}
+        if partition_topics:
+            # A partitioned topic on a broker that serves its partitions as topics (Apache Pulsar's way):
+            # per-partition Readers, and planning asks each partition's last id instead of reading ids.
+            broker.create_partitioned_topic(self.topic, 2)
+            self.options["reader.topic"] = "partition"
+            self.exact_counts_without_budget = False
         self.client = open_client(broker.url)
         self.producer = self.client.create_producer(
             self.topic, batching_enabled=batching, batching_max_messages=4, batching_max_publish_delay_ms=5
@@ -34,7 +43,7 @@ class PulsarHarness(Harness):
         self._backends: list[Backend] = []
 
     def backend(self) -> Backend:
-        b = PulsarBackend(PulsarOptions.model_validate({"service.url": self.broker.url, "topic": self.topic, "catchUpMs": 150}))
+        b = PulsarBackend(PulsarOptions.model_validate(self.options))
         self._backends.append(b)
         return b
 
@@ -65,10 +74,14 @@ def single_broker() -> Iterator[EmbeddedBroker]:
         yield b
 
 
-@pytest.fixture(params=["partitioned", "partitioned-batching", "non-partitioned"])
+@pytest.fixture(params=["partitioned", "partitioned-batching", "non-partitioned", "partition-topics-batching"])
 def harness(request: pytest.FixtureRequest, partitioned_broker: EmbeddedBroker, single_broker: EmbeddedBroker) -> Iterator[Harness]:
     kind = request.param
-    h = PulsarHarness(single_broker if kind == "non-partitioned" else partitioned_broker, batching="batching" in kind)
+    h = PulsarHarness(
+        partitioned_broker if kind.startswith("partitioned") else single_broker,
+        batching="batching" in kind,
+        partition_topics=kind.startswith("partition-topics"),
+    )
     yield h
     h.close()
 

@@ -24,27 +24,33 @@ from tests.pulsar.helpers import produce
 
 _topics = itertools.count()
 BROKER: EmbeddedBroker | None = None
+PARTITION_BROKER: EmbeddedBroker | None = None  # serves partitions as topics (reader.topic=partition)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def history_broker() -> Iterator[EmbeddedBroker]:
-    global BROKER
-    with EmbeddedBroker(partitions=2) as b:
-        BROKER = b
+    global BROKER, PARTITION_BROKER
+    with EmbeddedBroker(partitions=2) as b, EmbeddedBroker(partitions=0) as p:
+        BROKER, PARTITION_BROKER = b, p
         yield b
-    BROKER = None
+    BROKER = PARTITION_BROKER = None
 
 
 class PulsarHistory(RuleBasedStateMachine):
     """The model: Spark's offset log (planned batches), the committed sink, and what was produced."""
 
+    reader_topic = "parent"
+
     @initialize()
     def setup(self) -> None:
-        assert BROKER is not None
-        self.broker = BROKER
+        broker = BROKER if self.reader_topic == "parent" else PARTITION_BROKER
+        assert broker is not None
+        self.broker = broker
         if not self.broker.running:
             self.broker.start()
         self.topic = f"persistent://public/default/history-{next(_topics)}"
+        if self.reader_topic == "partition":
+            self.broker.create_partitioned_topic(self.topic, 2)
         self.n = 0
         self.committed: list[pa.Table] = []
         self.offset: dict[str, Any] | None = None  # last committed end offset
@@ -54,7 +60,13 @@ class PulsarHistory(RuleBasedStateMachine):
     def _open(self) -> PulsarBackend:
         return PulsarBackend(
             PulsarOptions.model_validate(
-                {"service.url": self.broker.url, "topic": self.topic, "catchUpMs": 100, "pollTimeoutMs": 30000}
+                {
+                    "service.url": self.broker.url,
+                    "topic": self.topic,
+                    "catchUpMs": 100,
+                    "pollTimeoutMs": 30000,
+                    "reader.topic": self.reader_topic,
+                }
             )
         )
 
@@ -153,3 +165,14 @@ class PulsarHistory(RuleBasedStateMachine):
 
 PulsarHistory.TestCase.settings = settings(max_examples=25, stateful_step_count=12, deadline=None)
 TestPulsarHistories = pytest.mark.slow(PulsarHistory.TestCase)
+
+
+class PartitionTopicHistory(PulsarHistory):
+    """The same histories with reader.topic=partition: per-partition Readers, and batches without a record
+    limit planned from each partition's last message id (getLastMessageId) instead of the id index."""
+
+    reader_topic = "partition"
+
+
+PartitionTopicHistory.TestCase.settings = settings(max_examples=25, stateful_step_count=12, deadline=None)
+TestPartitionTopicHistories = pytest.mark.slow(PartitionTopicHistory.TestCase)

@@ -116,6 +116,28 @@ def test_stream_with_producer_writing_during_the_query(registered: Any, broker: 
     _check_exactly_once_in_order(rows, 1200)
 
 
+def test_stream_over_partition_topics_with_producer_writing(registered: Any, topic: str, tmp_path: Path) -> None:
+    """reader.topic=partition on a broker that serves partitions as topics: executors read one partition each
+    and planning asks each partition's last message id (no id is read on the driver)."""
+    spark = registered
+    with EmbeddedBroker(partitions=0) as broker:
+        broker.create_partitioned_topic(topic, 2)
+        produce(broker.url, topic, *_payloads(0, 300), batching=True)
+        query = _stream(spark, broker.url, topic, tmp_path / "cp", tmp_path / "out", **{"reader.topic": "partition"})
+        try:
+            for lo in range(300, 900, 100):
+                produce(broker.url, topic, *_payloads(lo, lo + 100), batching=lo % 200 == 0)
+                time.sleep(0.2)
+            rows = _wait_rows(spark, tmp_path / "out", 900)
+            time.sleep(1.5)  # a few more triggers: nothing may arrive twice
+            rows = _rows(spark, tmp_path / "out")
+            assert query.exception() is None
+        finally:
+            query.stop()
+    _check_exactly_once_in_order(rows, 900)
+    assert {r.topic for r in rows} == {f"{topic}-partition-0", f"{topic}-partition-1"}
+
+
 def test_broker_killed_and_query_restarted_exactly_once(registered: Any, tmp_path: Path) -> None:
     spark = registered
     topic = "persistent://public/default/crash"

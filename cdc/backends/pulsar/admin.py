@@ -79,6 +79,18 @@ class AdminClient:
         return int(meta.get("partitions", 0))
 
 
+    def last_message_id(self, topic: str) -> tuple[int, int, int]:
+        """(ledger, entry, batch index) of a topic's (or partition's) last message: ``GET .../lastMessageId``
+        (a ``BatchMessageIdImpl``; batch index -1 when the broker does not give one)."""
+        rest = topic.split("://", 1)[1]
+        answer = self.get(f"/admin/v2/persistent/{rest}/lastMessageId")
+        try:
+            return (int(answer["ledgerId"]), int(answer["entryId"]), int(answer.get("batchIndex", -1)))
+        except (TypeError, KeyError, ValueError):
+            raise BackendUnavailableError(
+                f"Pulsar admin GET lastMessageId of {topic}: unexpected answer {str(answer)[:200]}"
+            ) from None
+
     def topic_schema(self, topic: str) -> dict[str, Any] | None:
         """The latest schema of a topic from the schema registry (``GetSchemaResponse``: ``type``,
         ``data``, ``version``...), or ``None`` when the topic has none."""

@@ -2,27 +2,34 @@
 
 The read path
 -------------
-*Planning (driver).* Batch ends must be real message ids fixed before any executor reads, and Pulsar
-cannot count messages between two ids, so the driver keeps one tailing Reader per topic that records
-every message id (:class:`~cdc.backends.pulsar.client.TopicIndex`; ids only, trimmed once planned). Each
-planning round reads the new ids up to the head and stops as soon as the broker confirms there is nothing
-more (``has_message_available``), so a round costs one read of the new messages' ids, not a fixed wait.
-(``getLastMessageId`` would give the head without reading, but counts for ``maxRecordsPerTrigger`` still
-need the ids, and pulsar-lite only answers it for non-partitioned topics, without the batch index.)
+Batch ends must be real message ids fixed before any executor reads (a replay then reads the same
+messages). How the driver finds them depends on ``reader.topic``:
 
-*Reading (executors).* One Spark partition per topic partition: a new Reader from the stored start id
-(never ``seek``), a loop that does per message only what decides membership (``message_id``, drop ids not
-greater than the last delivered: brokers may redeliver; stop at the planned end), and the Arrow columns
-built per batch of 8192 kept messages, one pass per column (:class:`_Columns`). A read that gets no
-message for ``reopenAfterMs`` short of its end opens a new Reader after the last delivered message; one
-that gets nothing for ``pollTimeoutMs`` fails with :class:`StallError`. A large receiver queue (20000)
-avoids most of pulsar-lite's redeliveries.
+*``partition`` (Apache Pulsar; pulsar-lite when it serves partitions as topics).* Without a record budget
+a batch ends at each partition's last message id, asked of the broker (``getLastMessageId``: the admin
+API's ``lastMessageId`` when ``admin.url`` is given, else a consumer on a subscription made and removed for
+the question; :meth:`PulsarBackend._head`). When the answer has no batch index (pulsar-lite), the driver
+reads that one entry to find its last message. No message is read to plan; ``records`` is then a lower
+bound (the contract allows it without a budget). Executors open one Reader per partition topic.
 
-Cost model: the reference (one Python Reader loop over the topic) touches each message once; this source
-touches its id on the driver and then reads it on an executor (about 10 calls into pulsar-client per
-message for the value and metadata columns), so on one machine it stays below the reference; where the
-broker can serve a Reader per ``<topic>-partition-N`` (``reader.topic=partition``, real Pulsar) the
-executors read without the cross-partition amplification described in :mod:`cdc.backends.pulsar.client`.
+*``parent`` (any broker), and any plan with a record budget.* Pulsar cannot count the messages between two
+ids without reading them, so the driver keeps a tailing Reader per topic that records every message id
+(:class:`~cdc.backends.pulsar.client.TopicIndex`; ids only, trimmed once planned). Each planning round reads
+the new ids up to the head and stops as soon as the broker confirms there is nothing more
+(``has_message_available``). Executors open the Reader on the partitioned topic with a partition-scoped
+start id and drop other partitions' messages (see :mod:`cdc.backends.pulsar.client`).
+
+*Reading (executors).* A new Reader from the stored start id (never ``seek``), a loop that does per message
+only what decides membership (``message_id``, drop ids not greater than the last delivered: brokers may
+redeliver; stop at the planned end), and the Arrow columns built per batch of 8192 kept messages, one pass
+per column (:class:`_Columns`). A read that gets no message for ``reopenAfterMs`` short of its end opens a
+new Reader after the last delivered message; one that gets nothing for ``pollTimeoutMs`` fails with
+:class:`StallError`. A large receiver queue (20000) avoids most of pulsar-lite's redeliveries.
+
+Cost (``benchmarks/pulsar_source.py``, 1M messages, 2 partitions): with ``partition`` the source reads at
+the speed of one plain Reader loop over the topic (ratio ~1.0: planning 0.04 s, two partitions read in
+parallel); with ``parent`` at about half of it (the driver's id pass alone costs about the reference's
+whole read, and executors receive other partitions' messages).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -327,6 +335,13 @@ class PulsarBackend(Backend):
         self._indexes: dict[str, TopicIndex] = {}
         self._channels: dict[str, Channel] = {}
         self._consumers: dict[str, Any] = {}
+        # reader.topic=partition: the broker serves each partition as a topic, so the driver asks it for each
+        # partition's last message id (getLastMessageId) instead of reading every id (see _head).
+        self._probe = options.reader_topic == "partition"
+        self._heads: dict[str, Key | None] = {}  # this planning round's answers (None: ask the index)
+        self._stale: set[str] = set()  # topics whose index has not caught up this round
+        self._partitions: dict[str, list[Channel]] = {}
+        self._verified: set[str] = set()  # topics whose partitions were checked to be served as topics
 
     def __repr__(self) -> str:
         return f"PulsarBackend({self.options.service_url!r}, topics={self._topics_hint()})"
@@ -352,7 +367,8 @@ class PulsarBackend(Backend):
             return match_topics(self._admin, self.options.topics_pattern)
         return self.options.topic_list()
 
-    def _index(self, topic: str, partitions: Sequence[Channel] | None = None) -> TopicIndex:
+    def _index(self, topic: str) -> TopicIndex:
+        """The topic's id index, caught up to the head once per planning round (at its first use)."""
         index = self._indexes.get(topic)
         if index is None:
             index = self._indexes[topic] = TopicIndex(
@@ -362,9 +378,12 @@ class PulsarBackend(Backend):
                 receiver_queue_size=self.options.receiver_queue_size,
                 catch_up_ms=self.options.catch_up_ms,
             )
-            chans = partitions_of(self.client, topic) if partitions is None else partitions
+            self._stale.add(topic)
+        if topic in self._stale:
+            chans = self._partitions.get(topic) or partitions_of(self.client, topic)
             index.partitions = [ch.partition for ch in chans]
             index.catch_up()
+            self._stale.discard(topic)
         return index
 
     def _check_registry(self, topic: str) -> None:
@@ -387,34 +406,58 @@ class PulsarBackend(Backend):
         self._registry_checked.add(topic)
 
     def list_channels(self) -> Sequence[ChannelInfo]:
-        """Every partition of every topic; also brings the driver's id index up to the head (one
-        catch-up per planning round: the planner calls this first)."""
+        """Every partition of every topic. Starts a planning round (the planner calls this first): the id
+        indexes catch up to the head at their first use in the round (at once unless reader.topic=partition,
+        where an index is needed only for a record budget) and partition heads are asked again."""
         out = []
-        for topic in self.topics():
+        topics = self.topics()
+        for topic in topics:
             self._check_registry(topic)
-            chans = partitions_of(self.client, topic)
+            chans = self._partitions[topic] = partitions_of(self.client, topic)
+            if self._probe and topic not in self._indexes and topic not in self._verified:
+                self._check_partition_topics(chans)
+                self._verified.add(topic)
             for ch in chans:
                 self._channels[ch.id] = ch
                 out.append(ChannelInfo(ch.id))
-            fresh = topic not in self._indexes
-            index = self._index(topic, chans)
-            if not fresh:
-                index.partitions = [ch.partition for ch in chans]
-                index.catch_up()
+        self._stale.update(topics)
+        self._heads.clear()
+        if not self._probe:
+            for topic in topics:
+                self._index(topic)
         return out
+
+    def _check_partition_topics(self, chans: Sequence[Channel]) -> None:
+        """reader.topic=partition needs a broker that serves a partition as a topic of its own (Apache Pulsar
+        does; pulsar-lite only when it auto-creates non-partitioned topics, else it makes a new partitioned
+        topic of that name): fail clearly instead of reading an empty look-alike."""
+        if not chans or chans[0].partition < 0:
+            return
+        names = self.client.get_topic_partitions(chans[0].id)
+        if list(names) != [chans[0].id]:
+            raise OptionError(
+                f"option 'reader.topic': 'partition' needs a broker that serves each partition as a topic, but it "
+                f"answers {chans[0].id} as a partitioned topic of its own ({len(names)} partitions; pulsar-lite "
+                "does that when it auto-creates partitioned topics); accepted values: parent, partition",
+                "reader.topic",
+            )
 
     def _channel(self, channel: str) -> Channel:
         return self._channels.get(channel) or Channel.parse(channel)
 
     def earliest(self, channel: str) -> Position:
         ch = self._channel(channel)
+        if self._probe and ch.topic not in self._indexes:
+            return START  # an executor's Reader from the earliest message the broker holds
         first = self._index(ch.topic).first(ch.partition)
         return START if first is None else before(first)
 
     def latest(self, channel: str) -> Position:
         ch = self._channel(channel)
-        last = self._index(ch.topic).ids(ch.partition).last
-        return list(last)
+        head = self._head(ch) if self._probe else None
+        if head is not None:
+            return list(head)
+        return list(self._index(ch.topic).ids(ch.partition).last)
 
     def parse_position(self, channel: str, value: Any) -> Position:
         return list(to_key(value, channel))
@@ -424,6 +467,14 @@ class PulsarBackend(Backend):
     ) -> PlannedRange:
         ch = self._channel(channel)
         s = to_key(start, channel)
+        u = None if until is None else to_key(until, channel)
+        if self._probe and max_records is None:
+            head = self._head(ch)
+            if head is not None:
+                # Without a record budget nothing needs counting: the range ends at the partition's last
+                # message (or the bound). ``records`` is then a lower bound (the contract allows it).
+                last = head if u is None else min(head, u)
+                return PlannedRange(list(last), 1) if last > s else PlannedRange(list(start), 0)
         index = self._index(ch.topic)
         if not index.covers(ch.partition, s):
             log.info("re-reading the ids of %s: planning from %s, before what the index still holds", ch.topic, s)
@@ -431,11 +482,91 @@ class PulsarBackend(Backend):
             del self._indexes[ch.topic]
             index = self._index(ch.topic)
         keys = index.ids(ch.partition).keys
-        u = None if until is None else to_key(until, channel)
         i, j = count_between(keys, s, u, max_records)
         end = list(keys[j - 1]) if j > i else list(start)
         index.trim(ch.partition, s)
         return PlannedRange(end, j - i)
+
+    # ------------------------------------------------------------------ partition heads (reader.topic=partition)
+    def _head(self, ch: Channel) -> Key | None:
+        """The id of the partition's last message, without reading the partition: ``getLastMessageId`` on the
+        partition's topic, then, when the broker leaves out the batch index (pulsar-lite does), the messages
+        of that one entry. ``None`` when the broker does not answer: planning then reads ids (the index)."""
+        if ch.id in self._heads:
+            return self._heads[ch.id]
+        head: Key | None
+        try:
+            k = self._last_message_id(ch)
+            if k[0] < 0:
+                head = (-1, -1, -1)  # an empty partition
+            elif k[1] < 0:
+                head = None  # (ledger, -1): no entry named (a new, empty ledger); the index knows the last id
+            elif k[2] < 0:
+                head = self._last_of_entry(ch, k[0], k[1])
+            else:
+                head = k
+        except Exception as exc:  # noqa: BLE001 - the C++ core raises its own types (an empty topic, on pulsar-lite)
+            log.debug("getLastMessageId on %s failed (%s); planning reads its message ids", ch.id, exc)
+            head = None
+        self._heads[ch.id] = head
+        return head
+
+    def _last_message_id(self, ch: Channel) -> Key:
+        """``getLastMessageId`` of one partition: through the admin API when ``admin.url`` is given (no
+        subscription involved), else through a consumer on a short-lived subscription of its own (only
+        consumers can ask; the query's durable subscription may be in use by another query: Exclusive),
+        removed at once."""
+        if self._admin is not None:
+            return self._admin.last_message_id(ch.id)
+        import pulsar
+
+        name = f"{self.options.subscription()}-head-{uuid.uuid4().hex[:12]}"
+        consumer = self.client.subscribe(
+            ch.id,
+            name,
+            consumer_type=pulsar.ConsumerType.Exclusive,
+            initial_position=pulsar.InitialPosition.Latest,
+            receiver_queue_size=1,
+        )
+        try:
+            mid = consumer.get_last_message_id()
+            return (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+        finally:
+            try:
+                consumer.unsubscribe()
+            except Exception:  # noqa: BLE001 - the C++ core raises its own types
+                log.warning("could not remove the subscription %s of %s; remove it by hand", name, ch.id, exc_info=True)
+                consumer.close()
+
+    def _last_of_entry(self, ch: Channel, ledger: int, entry: int) -> Key | None:
+        """The last message id of entry (ledger, entry): the entry itself when its message is not batched,
+        else its last batch index (a batch arrives whole, so reading stops at the first silence)."""
+        import pulsar
+
+        reader = self.client.create_reader(
+            ch.id,
+            pulsar.MessageId(ch.partition, ledger, entry, -1),
+            receiver_queue_size=self.options.receiver_queue_size,
+            start_message_id_inclusive=True,
+        )
+        try:
+            raw = getattr(reader, "_reader", reader)
+            mid = raw.read_next(self.options.poll_timeout_ms).message_id()
+            last = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+            if last[:2] != (ledger, entry):
+                return None  # not the entry the broker named: leave it to the index
+            while last[2] >= 0:
+                try:
+                    mid = raw.read_next(5).message_id()
+                except pulsar.Timeout:
+                    break
+                k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+                if k[:2] != (ledger, entry):
+                    break
+                last = max(last, k)
+            return last
+        finally:
+            reader.close()
 
     def reader(self) -> RangeReader:
         return PulsarRangeReader(self.options)
@@ -456,7 +587,6 @@ class PulsarBackend(Backend):
         if not self.options.acknowledge:
             return
         import _pulsar  # type: ignore[import-not-found]
-        import pulsar
 
         for channel, position in positions.items():
             ch = self._channel(channel)
@@ -465,19 +595,27 @@ class PulsarBackend(Backend):
                 entry -= 1
             if ledger < 0 or entry < 0:
                 continue
-            consumer = self._consumers.get(ch.topic)
-            if consumer is None:
-                consumer = self._consumers[ch.topic] = self.client.subscribe(
-                    ch.topic,
-                    self.options.subscription(),
-                    consumer_type=pulsar.ConsumerType.Exclusive,
-                    initial_position=pulsar.InitialPosition.Earliest,
-                    receiver_queue_size=1,
-                )
+            consumer = self._subscription_consumer(ch)
             mid = _pulsar.MessageId(max(ch.partition, -1), ledger, entry, -1)
             mid.topic_name(ch.id)
             consumer.acknowledge_cumulative(mid)
         log.debug("acknowledged %s on subscription %s", dict(positions), self.options.subscription())
+
+    def _subscription_consumer(self, ch: Channel) -> Any:
+        """The query's durable subscription, on the (parent) topic."""
+        import pulsar
+
+        name = ch.topic
+        consumer = self._consumers.get(name)
+        if consumer is None:
+            consumer = self._consumers[name] = self.client.subscribe(
+                name,
+                self.options.subscription(),
+                consumer_type=pulsar.ConsumerType.Exclusive,
+                initial_position=pulsar.InitialPosition.Earliest,
+                receiver_queue_size=1,
+            )
+        return consumer
 
     def close(self) -> None:
         for index in self._indexes.values():

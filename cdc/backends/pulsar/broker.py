@@ -202,6 +202,36 @@ class EmbeddedBroker:
             self.stop(cleanup=False)
         return self.start()
 
+    def create_partitioned_topic(self, topic: str, partitions: int) -> None:
+        """Create a partitioned topic on a broker whose auto-created topics are not partitioned.
+
+        pulsar-lite has no admin API: it makes partitioned topics only by auto-creating them with its
+        ``default_partitions``. This restarts the broker with ``partitions``, creates the topic, and restarts
+        it with its own setting (same port and data). With ``partitions=0`` (Apache Pulsar's default, too)
+        the broker then serves each partition as a topic of its own, ``<topic>-partition-N``: per-partition
+        Readers and ``getLastMessageId`` work, which ``reader.topic=partition`` relies on. (With
+        ``default_partitions > 0`` a lookup of ``<topic>-partition-N`` auto-creates a new partitioned topic.)
+        """
+        from cdc.backends.pulsar.client import open_client
+
+        own = self.partitions
+        self.stop(cleanup=False)
+        self.partitions = partitions
+        try:
+            self.start()
+            client = open_client(self.url)
+            try:
+                client.create_producer(topic).close()
+                made = len(client.get_topic_partitions(topic))
+            finally:
+                client.close()
+            if made != partitions:
+                raise BrokerError(f"pulsar-lite made {made} partitions of {topic}, not {partitions} (does it exist?)")
+        finally:
+            self.stop(cleanup=False)
+            self.partitions = own
+            self.start()
+
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
 

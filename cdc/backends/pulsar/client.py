@@ -24,8 +24,11 @@ The cost is one extra read of each message on the driver.
 
 pulsar-lite (the broker that runs in tests and demos)
 -----------------------------------------------------
-It cannot serve a Reader on one ``<topic>-partition-N`` (it auto-creates a new partitioned topic of that
-name), so readers open on the partitioned parent topic. Such a Reader applies its start id to every
+When it auto-creates partitioned topics (``default_partitions > 0``) it cannot serve a Reader on one
+``<topic>-partition-N`` (it auto-creates a new partitioned topic of that name), so with
+``reader.topic=parent`` readers open on the partitioned parent topic. (With ``default_partitions = 0`` it
+serves partitions as topics, like Apache Pulsar: see ``reader.topic=partition`` in
+:mod:`cdc.backends.pulsar.backend`.) Such a Reader applies its start id to every
 partition by (ledger, entry); each pulsar-lite partition has its own ledger, so a read of partition p
 also receives the partitions whose ledger id is higher than p's, and drops them: read amplification
 up to the number of partitions (``reader.topic=partition`` avoids it on real Pulsar). Its dispatcher also

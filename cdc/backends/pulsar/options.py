@@ -100,8 +100,12 @@ class PulsarOptions(BackendOptions):
     reader_topic: ReaderTopic = Field(
         "parent",
         alias="reader.topic",
-        description="`parent`: executors open the Reader on the partitioned topic with a partition-scoped "
-        "message id (works on pulsar-lite and Pulsar); `partition`: on `<topic>-partition-N` (real Pulsar).",
+        description="`partition` (recommended on Apache Pulsar): each executor reads its partition as the topic "
+        "`<topic>-partition-N`, and a batch without a record budget ends at each partition's last message id "
+        "(getLastMessageId: through admin.url, else a short-lived subscription), so the driver reads no message; "
+        "needs a broker that serves partitions as topics (Pulsar; pulsar-lite when it auto-creates "
+        "non-partitioned topics). `parent` (default; any broker): executors read the partitioned topic and drop "
+        "other partitions' messages, and the driver reads every message id to end batches.",
     )
     subscription_name: str | None = Field(
         None,
