@@ -144,3 +144,11 @@ def test_partition_mode_on_a_broker_that_does_not_serve_partitions_is_a_clear_er
     b = backend(broker.url, topic, **{"reader.topic": "partition"})
     with pytest.raises(OptionError, match=r"reader.topic.*serves each partition as a topic.*parent, partition"):
         b.list_channels()
+
+
+def test_byte_budget_estimate_without_an_index_yet(partition_broker: EmbeddedBroker, partitioned: str) -> None:
+    """maxBytesPerTrigger asks for an estimate before a batch is planned (also right after a restart, when
+    this mode has built no id index): the estimate reads the ids then, rather than answering 'none yet'."""
+    produce(partition_broker.url, partitioned, [b"z" * 250] * 20, [f"k{i}" for i in range(20)])
+    b = backend(partition_broker.url, partitioned, **{"reader.topic": "partition"})
+    assert b.average_record_bytes() == 250.0

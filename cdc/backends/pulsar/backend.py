@@ -342,6 +342,7 @@ class PulsarBackend(Backend):
         self._stale: set[str] = set()  # topics whose index has not caught up this round
         self._partitions: dict[str, list[Channel]] = {}
         self._verified: set[str] = set()  # topics whose partitions were checked to be served as topics
+        self._warned_no_admin = False
 
     def __repr__(self) -> str:
         return f"PulsarBackend({self.options.service_url!r}, topics={self._topics_hint()})"
@@ -520,6 +521,13 @@ class PulsarBackend(Backend):
             return self._admin.last_message_id(ch.id)
         import pulsar
 
+        if not self._warned_no_admin:
+            self._warned_no_admin = True
+            log.warning(
+                "reader.topic=partition without admin.url: each planning round asks every partition's last message "
+                "id through a subscription made and removed for it (a metadata update on the broker per partition); "
+                "give admin.url to ask the admin API instead"
+            )
         name = f"{self.options.subscription()}-head-{uuid.uuid4().hex[:12]}"
         consumer = self.client.subscribe(
             ch.id,
@@ -573,7 +581,13 @@ class PulsarBackend(Backend):
 
     def average_record_bytes(self) -> float | None:
         """Payload bytes per message over every message the driver has indexed (the index reads each
-        message's size along with its id; metadata and the decoded columns are not counted)."""
+        message's size along with its id; metadata and the decoded columns are not counted). Asked for,
+        the indexes are brought up to date first (with reader.topic=partition they exist only for record
+        budgets, which is what this estimate is for)."""
+        if not self._partitions:
+            self.list_channels()
+        for topic in list(self._partitions):
+            self._index(topic)
         count = sum(index.indexed for index in self._indexes.values())
         return sum(index.indexed_bytes for index in self._indexes.values()) / count if count else 0.0
 
