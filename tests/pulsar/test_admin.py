@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -59,16 +60,26 @@ class _Admin(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def admin() -> Iterator[type[_Admin]]:
-    handler = type("Handler", (_Admin,), {"responses": dict(RECORDED), "seen": []})
+@contextmanager
+def serve_admin(responses: dict[str, Any] | None = None) -> Iterator[type[_Admin]]:
+    """An admin REST API on loopback answering ``handler.responses`` (a JSON body, or an int: that HTTP
+    status; 404 for any other path) and recording what it was asked in ``handler.seen``."""
+    handler = type("AdminApi", (_Admin,), {"responses": dict(responses or {}), "seen": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     handler.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
-    yield handler
-    server.shutdown()
-    server.server_close()
+    try:
+        yield handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def admin() -> Iterator[type[_Admin]]:
+    with serve_admin(RECORDED) as handler:
+        yield handler
 
 
 def test_pattern_matches_parents_not_partitions(admin: Any) -> None:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 import fastavro
@@ -28,7 +26,7 @@ from cdc.backends.pulsar.codec import Decoder, Malformed
 from cdc.errors import MalformedRecordError, OptionError
 from cdc.options import parse
 from tests.pulsar.helpers import backend, drain, produce
-from tests.pulsar.test_admin import _Admin
+from tests.pulsar.test_admin import _Admin, serve_admin
 
 SCHEMA: dict[str, Any] = {
     "type": "record",
@@ -75,14 +73,8 @@ def registry_path(topic: str) -> str:
 
 @pytest.fixture
 def registry() -> Iterator[type[_Admin]]:
-    handler = type("Registry", (_Admin,), {"responses": {}, "seen": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    handler.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
-    yield handler
-    server.shutdown()
-    server.server_close()
+    with serve_admin() as handler:
+        yield handler
 
 
 # ---------------------------------------------------------------------------------------------- option schema

@@ -8,9 +8,7 @@ served on loopback with answers in the documented form, naming ids of the real b
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -20,22 +18,15 @@ from cdc.backends.pulsar.client import Channel
 from cdc.errors import OptionError
 from cdc.planner import Planner
 from tests.pulsar.helpers import backend, drain, produce
-from tests.pulsar.test_admin import _Admin
+from tests.pulsar.test_admin import _Admin, serve_admin
 
 Key = tuple[int, int, int]
 
 
 @pytest.fixture
 def admin_api() -> Iterator[type[_Admin]]:
-    """An admin REST API on loopback that answers what a test puts in ``responses`` (404 otherwise)."""
-    handler = type("AdminApi", (_Admin,), {"responses": {}, "seen": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    handler.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
-    yield handler
-    server.shutdown()
-    server.server_close()
+    with serve_admin() as handler:
+        yield handler
 
 
 @pytest.fixture(scope="module")
