@@ -31,6 +31,7 @@ def admin_api() -> Iterator[type[_Admin]]:
 
 @pytest.fixture(scope="module")
 def partition_broker() -> Iterator[EmbeddedBroker]:
+    """Like conftest's plain_broker, but this module's own: create_partitioned_topic restarts it."""
     with EmbeddedBroker(partitions=0) as b:
         yield b
 

@@ -415,7 +415,7 @@ class PulsarBackend(Backend):
         for topic in topics:
             self._check_registry(topic)
             chans = self._partitions[topic] = partitions_of(self.client, topic)
-            if self._probe and topic not in self._indexes and topic not in self._verified:
+            if self._probe and topic not in self._verified:
                 self._check_partition_topics(chans)
                 self._verified.add(topic)
             for ch in chans:
@@ -581,13 +581,15 @@ class PulsarBackend(Backend):
 
     def average_record_bytes(self) -> float | None:
         """Payload bytes per message over every message the driver has indexed (the index reads each
-        message's size along with its id; metadata and the decoded columns are not counted). Asked for,
-        the indexes are brought up to date first (with reader.topic=partition they exist only for record
-        budgets, which is what this estimate is for)."""
+        message's size along with its id; metadata and the decoded columns are not counted). A topic
+        without an index yet gets one first (with reader.topic=partition indexes exist only for record
+        budgets, which is what this estimate is for); existing ones are not caught up again here: the
+        planning round that follows does that, and an estimate may lag it."""
         if not self._partitions:
             self.list_channels()
-        for topic in list(self._partitions):
-            self._index(topic)
+        for topic in self._partitions:
+            if topic not in self._indexes:
+                self._index(topic)
         count = sum(index.indexed for index in self._indexes.values())
         return sum(index.indexed_bytes for index in self._indexes.values()) / count if count else 0.0
 
