@@ -172,7 +172,7 @@ def cdc_noop(spark: object, url: str, topic: str, reader_topic: str) -> tuple[fl
 )
 def main(quick: bool, messages: int | None, size: int, reader_topic: str) -> None:
     import cdc
-    from cdc.backends.pulsar import EmbeddedBroker
+    from cdc.servers.pulsar import EmbeddedBroker
     from tests.conftest import spark_builder
 
     n = messages or (100_000 if quick else 1_000_000)

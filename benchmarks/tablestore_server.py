@@ -34,7 +34,7 @@ from tablestore.auth import RequestContext
 
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.plainbuffer import decode_row
-from cdc.local.tablestore import LocalTablestore, TablestoreProcess
+from cdc.servers.tablestore import LocalTablestore, TablestoreProcess
 
 
 def _call(ots: OTSClient, name: str, request, response_type):  # type: ignore[no-untyped-def]

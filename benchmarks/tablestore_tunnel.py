@@ -34,8 +34,8 @@ import tablestore as ots  # noqa: E402
 
 from cdc.backends.tablestore import TablestoreBackend, TunnelClient  # noqa: E402
 from cdc.backends.tablestore.options import TablestoreOptions  # noqa: E402
-from cdc.local.tablestore import TablestoreProcess  # noqa: E402
 from cdc.options import parse  # noqa: E402
+from cdc.servers.tablestore import TablestoreProcess  # noqa: E402
 
 CATALOG = (
     '{"columns": {"id": {"type": "long"}, "customer": {"type": "string"}, "amount": {"type": "double"},'

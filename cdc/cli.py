@@ -1,4 +1,11 @@
-"""The ``cdc`` command: inspect options and local logs; backends add their own sub-commands."""
+"""The ``cdc`` command. This module only wires groups together; each group lives beside what it serves.
+
+    cdc options [BACKEND]          the source's and a backend's options (Markdown table)
+    cdc offsets CHECKPOINT         where a streaming query is, per channel
+    cdc local show|split|merge     the local change log            (cdc.backends.local.cli)
+    cdc pulsar drop-subscription   Pulsar backend tools             (cdc.backends.pulsar.cli)
+    cdc server tablestore|pulsar   stand-in servers for development (cdc.servers)
+"""
 
 from __future__ import annotations
 
@@ -13,27 +20,58 @@ from cdc.options import SourceOptions
 
 
 class _LazyGroup(click.Group):
-    """Sub-commands of backends are imported only when used (pulsar-client's C++ core loads slowly)."""
+    """Sub-commands imported only when used (pulsar-client's C++ core loads slowly).
 
-    lazy = {
-        "pulsar": ("cdc.backends.pulsar.__main__", "cli", "Pulsar: run an embedded broker, drop a query's subscription."),
-        "tablestore": ("cdc.local.tablestore.__main__", "main", "Run the local Tablestore server; split/merge partitions."),
-    }
+    ``lazy`` maps a command name to ``(module, attribute, short help, hidden)``; hidden ones are the old
+    command names, kept as aliases for one release.
+    """
+
+    lazy: dict[str, tuple[str, str, str, bool]] = {}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), *self.lazy])
+        visible = [name for name, (*_, hidden) in self.lazy.items() if not hidden]
+        return sorted([*super().list_commands(ctx), *visible])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.lazy:
             import importlib
 
-            module, attr, _ = self.lazy[name]
+            module, attr, _, hidden = self.lazy[name]
             cmd: click.Command = getattr(importlib.import_module(module), attr)
+            if hidden:
+                click.echo(f"warning: 'cdc {name}' is deprecated and will be removed in the next release; "
+                           f"use {_ALIASES[name]}", err=True)
             return cmd
         return super().get_command(ctx, name)
 
 
-@click.group(cls=_LazyGroup)
+_ALIASES = {"log": "'cdc local'", "tablestore": "'cdc server tablestore'"}
+
+
+class _Main(_LazyGroup):
+    lazy = {
+        "server": ("cdc.cli", "server_group", "Stand-in servers for development: tablestore, pulsar.", False),
+        "local": ("cdc.backends.local.cli", "cli", "The local change log: show, split, merge.", False),
+        "pulsar": ("cdc.backends.pulsar.cli", "cli", "Pulsar backend tools: drop a query's subscription.", False),
+        "log": ("cdc.backends.local.cli", "cli", "Deprecated: 'cdc local'.", True),
+        "tablestore": ("cdc.servers.tablestore.cli", "main", "Deprecated: 'cdc server tablestore'.", True),
+    }
+
+
+class _Servers(_LazyGroup):
+    lazy = {
+        "tablestore": ("cdc.servers.tablestore.cli", "main", "The local Tablestore server; split/merge partitions.",
+                       False),
+        "pulsar": ("cdc.servers.pulsar.broker", "main", "An embedded Pulsar broker (pulsar-lite) on loopback.", False),
+    }
+
+
+@click.group(cls=_Servers, name="server")
+def server_group() -> None:
+    """Stand-in servers for development and tests, on loopback."""
+
+
+@click.group(cls=_Main)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """cdc-tunnel: change-data-capture ingestion for Apache Spark."""
@@ -82,56 +120,6 @@ def offsets_cmd(checkpoint: str, batch_id: int | None, source_index: int, as_sta
     for cid, entry in sorted(offset["channels"].items()):
         flags = [name for name in ("done", "snapshot") if entry.get(name)]
         click.echo(json.dumps({"channel": cid, "pos": entry["pos"], **({"flags": flags} if flags else {})}))
-
-
-@main.group("log")
-def log_group() -> None:
-    """Local change logs."""
-
-
-@log_group.command("show")
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
-def log_show(path: str) -> None:
-    """Show a local log's schema and channels."""
-    from cdc.backends.local import LocalLog
-
-    log = LocalLog(path)
-    click.echo(f"keys: {', '.join(log.change_schema.keys)}")
-    click.echo(f"schema: {log.change_schema.table}")
-    for c in log.channels():
-        click.echo(
-            json.dumps(
-                {
-                    "channel": c.id,
-                    "parents": list(c.parents),
-                    "finished": c.closed_at is not None,
-                    "earliest": c.earliest,
-                    "head": c.head,
-                    "segments": len(c.segments),
-                }
-            )
-        )
-
-
-@log_group.command("split")
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
-@click.argument("channel")
-@click.option("--parts", default=2, show_default=True)
-def log_split(path: str, channel: str, parts: int) -> None:
-    """Split CHANNEL of the log at PATH into children."""
-    from cdc.backends.local import LocalLog
-
-    click.echo(" ".join(LocalLog(path).split(channel, parts)))
-
-
-@log_group.command("merge")
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
-@click.argument("channels", nargs=-1, required=True)
-def log_merge(path: str, channels: tuple[str, ...]) -> None:
-    """Merge adjacent CHANNELS of the log at PATH into one child."""
-    from cdc.backends.local import LocalLog
-
-    click.echo(LocalLog(path).merge(list(channels)))
 
 
 if __name__ == "__main__":

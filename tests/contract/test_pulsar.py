@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from cdc.backend import Backend
-from cdc.backends.pulsar import EmbeddedBroker, PulsarBackend, PulsarOptions
+from cdc.backends.pulsar import PulsarBackend, PulsarOptions
 from cdc.backends.pulsar.client import open_client
+from cdc.servers.pulsar import EmbeddedBroker
 from cdc.testing import Harness
 from tests.contract.suite import BackendContract
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from cdc.backend import Backend
-from cdc.local.tablestore import TablestoreProcess
+from cdc.servers.tablestore import TablestoreProcess
 from cdc.testing import Harness
 from tests.contract.suite import BackendContract
 from tests.tablestore.world import World

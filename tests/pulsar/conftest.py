@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cdc.backends.pulsar.broker import EmbeddedBroker
+from cdc.servers.pulsar.broker import EmbeddedBroker
 
 _names = itertools.count()
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from cdc.backends.pulsar import EmbeddedBroker
 from cdc.backends.pulsar.admin import AdminClient, match_topics
 from cdc.errors import BackendUnavailableError, OptionError
+from cdc.servers.pulsar import EmbeddedBroker
 from tests.pulsar.helpers import backend, drain, produce
 
 NS = "/admin/v2/persistent/public/default"

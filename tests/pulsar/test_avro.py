@@ -19,12 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc.backends.pulsar import EmbeddedBroker, PulsarOptions
+from cdc.backends.pulsar import PulsarOptions
 from cdc.backends.pulsar.backend import SchemaMismatchError
 from cdc.backends.pulsar.client import open_client
 from cdc.backends.pulsar.codec import Decoder, Malformed
 from cdc.errors import MalformedRecordError, OptionError
 from cdc.options import parse
+from cdc.servers.pulsar import EmbeddedBroker
 from tests.pulsar.helpers import backend, drain, produce
 from tests.pulsar.test_admin import _Admin, serve_admin
 

@@ -11,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc.backends.pulsar import EmbeddedBroker, PulsarOptions, StallError, drop_subscription
+from cdc.backends.pulsar import PulsarOptions, StallError, drop_subscription
 from cdc.backends.pulsar.client import open_client
 from cdc.backends.pulsar.codec import SequenceRangeError, sequence_of
 from cdc.errors import BackendUnavailableError, MalformedRecordError, OptionError, PositionError
 from cdc.options import parse
 from cdc.planner import Planner
+from cdc.servers.pulsar import EmbeddedBroker
 from tests.pulsar.helpers import backend, drain, produce
 
 
@@ -280,10 +281,10 @@ def test_module_commands_start_a_broker_and_drop_a_subscription(topic: str) -> N
     from click.testing import CliRunner
 
     from cdc.backends.pulsar.__main__ import cli
-    from cdc.backends.pulsar.broker import free_port
+    from cdc.servers.ports import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "cdc.backends.pulsar", "broker", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "cdc", "server", "pulsar", "--port", str(port),
                              "--partitions", "2"], stderr=subprocess.PIPE)
     try:
         line = proc.stderr.readline().decode() if proc.stderr else ""

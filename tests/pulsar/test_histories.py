@@ -17,9 +17,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from cdc.backends.pulsar import EmbeddedBroker, PulsarBackend, PulsarOptions
+from cdc.backends.pulsar import PulsarBackend, PulsarOptions
 from cdc.backends.pulsar.client import key_of
 from cdc.planner import Planner, positions
+from cdc.servers.pulsar import EmbeddedBroker
 from tests.pulsar.helpers import produce
 
 _topics = itertools.count()

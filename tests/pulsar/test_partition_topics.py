@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from cdc.backends.pulsar import EmbeddedBroker, PulsarBackend
+from cdc.backends.pulsar import PulsarBackend
 from cdc.backends.pulsar.client import Channel
 from cdc.errors import OptionError
 from cdc.planner import Planner
+from cdc.servers.pulsar import EmbeddedBroker
 from tests.pulsar.helpers import backend, drain, produce
 from tests.pulsar.test_admin import _Admin, serve_admin
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cdc.backends.pulsar import EmbeddedBroker
+from cdc.servers.pulsar import EmbeddedBroker
 from tests.pulsar.helpers import backend, drain, produce
 
 pytestmark = pytest.mark.spark

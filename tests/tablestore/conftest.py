@@ -1,6 +1,6 @@
 """Fixtures for the Tablestore pieces: a real local Tablestore server in a child process, per test.
 
-``tablestore_server`` yields a :class:`cdc.local.tablestore.TablestoreProcess`: ``endpoint``,
+``tablestore_server`` yields a :class:`cdc.servers.tablestore.TablestoreProcess`: ``endpoint``,
 ``instance``, ``access_key_id``, ``access_key_secret``, ``data_dir``; ``ots_client()`` (a real
 ``tablestore.OTSClient``); ``split(table, shard_id=None, split_key=None)``, ``merge(table,
 shard_ids=None)``, ``shards(table)``; ``fault(kind, count=-1, seconds=0, path_prefix="")`` with kinds
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.local.tablestore import TablestoreProcess
+from cdc.servers.tablestore import TablestoreProcess
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from cdc.backends.tablestore import TablestoreBackend
 from cdc.backends.tablestore.errors import TunnelExpiredError
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.errors import DataLossError, OptionError
-from cdc.local.tablestore import TablestoreProcess
 from cdc.options import parse
 from cdc.planner import Planner
+from cdc.servers.tablestore import TablestoreProcess
 from tests.tablestore.world import World, drain
 
 

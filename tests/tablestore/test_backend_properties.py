@@ -22,8 +22,8 @@ from hypothesis.stateful import (
 )
 
 from cdc.backends.tablestore import TablestoreBackend
-from cdc.local.tablestore import TablestoreProcess
 from cdc.planner import Planner
+from cdc.servers.tablestore import TablestoreProcess
 from tests.tablestore.world import World, drain
 
 KEYS = st.integers(0, 40)

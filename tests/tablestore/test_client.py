@@ -11,7 +11,7 @@ from cdc.backends.tablestore import errors as E
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.client import RetrySettings, TunnelClient
 from cdc.backends.tablestore.plainbuffer import decode_row
-from cdc.local.tablestore import TablestoreProcess
+from cdc.servers.tablestore import TablestoreProcess
 from tests.tablestore.world import World
 
 

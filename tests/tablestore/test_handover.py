@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cdc.backends.tablestore import handover
-from cdc.local.tablestore import TablestoreProcess
+from cdc.servers.tablestore import TablestoreProcess
 from tests.tablestore.world import World, drain
 
 TIMEOUT_S = 30  # the tunnel client's expiry: what a restart would wait without the hand-over

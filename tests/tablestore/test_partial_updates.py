@@ -15,7 +15,7 @@ import tablestore as ots
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc.local.tablestore import TablestoreProcess
+from cdc.servers.tablestore import TablestoreProcess
 from tests.tablestore.world import World, drain
 
 COLUMNS = ("v", "n", "w")

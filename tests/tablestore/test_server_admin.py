@@ -19,7 +19,7 @@ from tablestore import (
 )
 
 from cdc.backends.tablestore import tunnel_pb as pb
-from cdc.local.tablestore import AdminClient, TablestoreProcess
+from cdc.servers.tablestore import AdminClient, TablestoreProcess
 
 from .test_server_tunnel import ServiceError, _tunnel
 
@@ -29,7 +29,7 @@ IGNORE = Condition(RowExistenceExpectation.IGNORE)
 def _cli(server: TablestoreProcess, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, CDC_TABLESTORE_ACCESS_KEY_SECRET=server.access_key_secret)
     return subprocess.run(
-        [sys.executable, "-m", "cdc.local.tablestore", *args, "--endpoint", server.endpoint],
+        [sys.executable, "-m", "cdc.servers.tablestore", *args, "--endpoint", server.endpoint],
         env=env,
         capture_output=True,
         text=True,
@@ -67,7 +67,7 @@ def test_cli_splits_merges_and_lists_shards(tablestore_server: TablestoreProcess
 
 def test_cli_serve_needs_a_data_dir() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "cdc.local.tablestore", "--port", "0"],
+        [sys.executable, "-m", "cdc.servers.tablestore", "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,

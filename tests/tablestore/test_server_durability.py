@@ -23,7 +23,7 @@ from tablestore import (
 
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.plainbuffer import decode_row
-from cdc.local.tablestore import TablestoreProcess
+from cdc.servers.tablestore import TablestoreProcess
 
 from .test_server_tunnel import _tunnel
 

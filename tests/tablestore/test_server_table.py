@@ -31,7 +31,7 @@ from tablestore import (
 )
 from tablestore.retry import NoRetryPolicy
 
-from cdc.local.tablestore import LocalTablestore, TablestoreProcess
+from cdc.servers.tablestore import LocalTablestore, TablestoreProcess
 
 IGNORE = Condition(RowExistenceExpectation.IGNORE)
 

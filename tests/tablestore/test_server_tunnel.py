@@ -28,7 +28,7 @@ from tablestore.retry import NoRetryPolicy
 
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, decode_row
-from cdc.local.tablestore import LocalTablestore, TablestoreProcess
+from cdc.servers.tablestore import LocalTablestore, TablestoreProcess
 
 IGNORE = Condition(RowExistenceExpectation.IGNORE)
 
@@ -490,7 +490,7 @@ def test_every_change_exactly_once_in_order_per_key(
 
 
 def test_reads_stop_at_a_size_limit(tmp_path: Any) -> None:
-    from cdc.local.tablestore import store
+    from cdc.servers.tablestore import store
 
     with LocalTablestore(tmp_path, max_records_per_read=1000) as server:
         client = OTSClient(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cdc.local.tablestore import TablestoreProcess
+from cdc.servers.tablestore import TablestoreProcess
 from tests.tablestore.world import World
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

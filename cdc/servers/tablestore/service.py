@@ -1,7 +1,7 @@
 """Protobuf request handlers: the table API (``/PutRow``...) and the tunnel API (``/tunnel/...``).
 
 Each handler takes the request body and returns the serialized response body, or raises
-:class:`~cdc.local.tablestore.store.OTSError`. Table messages come from the SDK's own
+:class:`~cdc.servers.tablestore.store.OTSError`. Table messages come from the SDK's own
 ``tablestore.protobuf.table_store_pb2``; tunnel messages from :mod:`cdc.backends.tablestore.tunnel_pb`.
 """
 

@@ -1,4 +1,4 @@
-"""``python -m cdc.local.tablestore``: run the local Tablestore server, or split/merge its partitions."""
+"""``cdc server tablestore``: run the local Tablestore server, or split/merge its partitions."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .server import AdminClient, LocalTablestore
 _SECRET_ENV = "CDC_TABLESTORE_ACCESS_KEY_SECRET"
 
 
-@click.group(invoke_without_command=True)
+@click.group("tablestore", invoke_without_command=True)
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Address to listen on (keep it loopback)."
 )
@@ -119,6 +119,3 @@ def shards(ctx: click.Context, endpoint: str, table: str) -> None:
     """List TABLE's partitions (open and sealed) with their lineage."""
     click.echo(json.dumps(_admin(ctx, endpoint).shards(table), indent=2))
 
-
-if __name__ == "__main__":
-    main()

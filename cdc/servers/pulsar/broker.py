@@ -11,7 +11,7 @@ script crashes) and ``restart()`` on the same data. ::
 
 From a shell::
 
-    python -m cdc.backends.pulsar.broker --port 6650 --data-dir ./pulsar-data --partitions 2
+    cdc server pulsar --port 6650 --data-dir ./pulsar-data --partitions 2
 """
 
 from __future__ import annotations
@@ -30,12 +30,15 @@ from types import TracebackType
 
 import click
 
+from cdc.errors import CdcError
+from cdc.servers.ports import free_port
+
 log = logging.getLogger(__name__)
 
 __all__ = ["BrokerError", "EmbeddedBroker", "free_port", "pulsar_lite_binary"]
 
 
-class BrokerError(RuntimeError):
+class BrokerError(CdcError, RuntimeError):
     """The embedded broker could not be started."""
 
 
@@ -49,13 +52,6 @@ def pulsar_lite_binary() -> str:
     if not path.exists():  # pragma: no cover
         raise BrokerError(f"pulsar-lite binary not found at {path}")
     return str(path)
-
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:
@@ -244,7 +240,7 @@ class EmbeddedBroker:
         return f"EmbeddedBroker(url={self.url!r}, data_dir={str(self.data_dir)!r}, running={self.running})"
 
 
-@click.command(help="Run an embedded pulsar-lite broker on 127.0.0.1 until interrupted.")
+@click.command("pulsar", help="Run an embedded pulsar-lite broker on 127.0.0.1 until interrupted.")
 @click.option("--port", type=int, default=6650, show_default=True, help="Broker port (0 = a free port).")
 @click.option(
     "--data-dir",

@@ -2,11 +2,11 @@
 
 Run it::
 
-    python -m cdc.local.tablestore --host 127.0.0.1 --port 8500 --data-dir ./ots-data \\
+    cdc server tablestore --host 127.0.0.1 --port 8500 --data-dir ./ots-data \\
         --instance demo --access-key-id my-id            # secret: --access-key-secret or
                                                          # $CDC_TABLESTORE_ACCESS_KEY_SECRET
-    python -m cdc.local.tablestore split --endpoint http://127.0.0.1:8500 --table orders
-    python -m cdc.local.tablestore merge --endpoint http://127.0.0.1:8500 --table orders
+    cdc server tablestore split --endpoint http://127.0.0.1:8500 --table orders
+    cdc server tablestore merge --endpoint http://127.0.0.1:8500 --table orders
 
 or in Python: :class:`LocalTablestore` (in-process thread), :class:`TablestoreProcess` (child process,
 kill/restart), :class:`AdminClient` (split, merge, faults). The real ``tablestore.OTSClient`` and the

@@ -1,7 +1,7 @@
 """HTTP front of the local Tablestore server: request signatures, signed responses, faults, admin calls.
 
 :class:`LocalTablestore` runs the server in-process (a thread); :class:`TablestoreProcess` runs
-``python -m cdc.local.tablestore`` as a child process (so tests can ``kill -9`` and restart it);
+``python -m cdc.servers.tablestore`` as a child process (so tests can ``kill -9`` and restart it);
 :class:`AdminClient` drives the admin endpoints of either.
 """
 
@@ -30,6 +30,7 @@ from typing import Any
 from tablestore.protobuf import table_store_pb2 as pb
 
 from cdc.backends.tablestore import tunnel_pb as tpb
+from cdc.servers.ports import free_port
 
 from .service import HANDLERS, TUNNEL_API
 from .store import Faults, OTSError, Store
@@ -62,12 +63,6 @@ def _ots_headers_string(headers: dict[str, str]) -> str:
 def admin_signature(secret: str, path: str, body: bytes) -> str:
     """Admin calls carry ``base64(HMAC-SHA1(secret, path + "\\n" + body))`` (the secret never travels)."""
     return _hmac_b64(secret, path + "\n" + body.decode("utf-8"))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -426,7 +421,7 @@ class AdminClient:
 
 
 class TablestoreProcess:
-    """``python -m cdc.local.tablestore`` as a child process on a fixed free port (kept across restarts).
+    """``python -m cdc.servers.tablestore`` as a child process on a fixed free port (kept across restarts).
 
     The secret reaches the child through its environment, never its command line.
     """
@@ -467,7 +462,7 @@ class TablestoreProcess:
         cmd = [
             sys.executable,
             "-m",
-            "cdc.local.tablestore",
+            "cdc.servers.tablestore",
             "--host",
             self.host,
             "--port",
