@@ -27,6 +27,7 @@ demo: install
 
 test: install
 	$(PY) -m ruff check cdc sinks udfs tests examples benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 test-fast: install

@@ -82,6 +82,8 @@ body))``; ``GET /admin/health`` is open.
 ``path_prefix``. Admin calls are never faulted.
 """
 
-from .server import AdminClient, LocalTablestore, TablestoreProcess, free_port
+from cdc.servers.ports import free_port
+
+from .server import AdminClient, LocalTablestore, TablestoreProcess
 
 __all__ = ["AdminClient", "LocalTablestore", "TablestoreProcess", "free_port"]
