@@ -1,8 +1,8 @@
-"""``backend=local``: the on-disk change log of :mod:`cdc.backends.local.log`."""
+"""The driver side of ``backend=local``: channels, planning and snapshots over :mod:`cdc.backends.local.log`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -10,15 +10,8 @@ import pyarrow as pa
 from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader, SnapshotInfo
 from cdc.backends.local.log import LocalLog
 from cdc.backends.local.options import LocalOptions
+from cdc.backends.local.reader import LocalRangeReader
 from cdc.errors import DataLossError, PositionError
-
-
-class LocalRangeReader(RangeReader):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
-        return LocalLog(self.path).read(channel, int(start), int(end))
 
 
 class LocalBackend(Backend):
