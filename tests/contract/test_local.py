@@ -8,8 +8,7 @@ import pytest
 
 from cdc.backend import Backend
 from cdc.backends.local import LocalBackend, LocalLog, LocalOptions
-from cdc.testing import Harness
-from tests.contract.suite import BackendContract
+from cdc.testing import BackendContract, Harness
 
 
 class LocalHarness(Harness):

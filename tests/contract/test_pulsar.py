@@ -14,8 +14,7 @@ from cdc.backend import Backend
 from cdc.backends.pulsar import PulsarBackend, PulsarOptions
 from cdc.backends.pulsar.client import open_client
 from cdc.servers.pulsar import EmbeddedBroker
-from cdc.testing import Harness
-from tests.contract.suite import BackendContract
+from cdc.testing import BackendContract, Harness
 
 _topics = itertools.count()
 

@@ -10,8 +10,7 @@ import pytest
 
 from cdc.backend import Backend
 from cdc.servers.tablestore import TablestoreProcess
-from cdc.testing import Harness
-from tests.contract.suite import BackendContract
+from cdc.testing import BackendContract, Harness
 from tests.tablestore.world import World
 
 

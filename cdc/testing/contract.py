@@ -1,40 +1,14 @@
-"""The backend contract suite. A backend's test module subclasses :class:`BackendContract` and provides a
-``harness`` fixture (a :class:`cdc.testing.Harness`); every test here then runs against that backend."""
-
+"""The backend contract suite (needs pytest). A backend's test module subclasses :class:`BackendContract`
+and provides a ``harness`` fixture (a :class:`cdc.testing.Harness`); every test here then runs against it."""
 from __future__ import annotations
-
-import pickle
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from cdc.backend import Backend
 from cdc.errors import PositionError
 from cdc.planner import Planner
-from cdc.testing import Harness
-
-
-def read_range(backend: Backend, channel: str, start: object, end: object) -> pa.Table:
-    reader = pickle.loads(pickle.dumps(backend.reader()))  # as an executor would get it
-    return pa.Table.from_batches(list(reader.read(channel, start, end)), schema=backend.schema())
-
-
-def drain(backend: Backend, offset: dict[str, object] | None = None, limit: int | None = None) -> Iterator[pa.Table]:
-    """Run the planner to exhaustion, yielding each batch's records."""
-    planner = Planner(backend)
-    start = offset or planner.initial("earliest")
-    for _ in range(10_000):
-        end = planner.next(start, limit)
-        if end == start:
-            return
-        ranges = planner.ranges(start, end)
-        yield pa.concat_tables([read_range(backend, r.channel, r.start, r.end) for r in ranges]) if ranges else (
-            backend.schema().empty_table()
-        )
-        start = end
-    raise AssertionError("the planner never reached the end")
+from cdc.testing.harness import Harness, drain, read_range
+from cdc.testing.scripts import Append, Batch, Crash, Merge, Split, Step, play
 
 
 def assert_unbudgeted_count(harness: Harness, records: int, rows: int) -> None:
@@ -51,6 +25,8 @@ class BackendContract:
 
     # ------------------------------------------------------------------ schema
     def test_schema_round_trips_through_spark_exactly(self, harness: Harness) -> None:
+        from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
         schema = harness.backend().schema()
         spark_schema = from_arrow_schema(schema)
         assert to_arrow_schema(spark_schema, timezone="UTC").remove_metadata() == schema.remove_metadata()
@@ -192,3 +168,10 @@ class BackendContract:
         assert set(open_ids[:2]) <= set(infos[child].parents)
         assert all(infos[p].finished for p in open_ids[:2])
         assert sum(b.num_rows for b in drain(backend, limit=4)) == 30
+
+    # ------------------------------------------------------------------ a scripted history with crashes
+    def test_scripted_history_with_crashes_delivers_everything_once(self, harness: Harness) -> None:
+        script: list[Step] = [Append(12), Batch(5), Crash(4), Append(6), Split(), Append(9), Crash(3), Batch(7),
+                  Merge(), Append(8), Crash(), Append(3)]
+        result = play(harness, script)
+        assert result.delivered == result.appended == 38 and result.replays == 3

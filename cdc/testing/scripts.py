@@ -1,0 +1,168 @@
+"""Scripted histories: steps that change a change log and run micro-batches, and :func:`play`, which runs
+them against any :class:`~cdc.testing.harness.Harness` and checks what the contract promises."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from cdc.backend import Backend
+from cdc.model import CHANNEL, POSITION, SEQ
+from cdc.planner import Planner
+from cdc.testing.harness import Harness, read_range
+
+
+@dataclass(frozen=True)
+class Append:
+    """Append ``n`` records, to ``channel`` or spread over the open channels by key."""
+
+    n: int
+    channel: str | None = None
+
+
+@dataclass(frozen=True)
+class Split:
+    """Split ``channel`` (default: the first open channel) into children. Skipped where channels don't split."""
+
+    channel: str | None = None
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Merge ``channels`` into one child. Skipped where channels don't merge.
+
+    By default, the children of the latest split while both are open (so they are adjacent), else the first
+    two open channels."""
+
+    channels: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Plan, read and commit one micro-batch of at most ``max_records`` records (``None``: all there is)."""
+
+    max_records: int | None = None
+
+
+@dataclass(frozen=True)
+class Crash:
+    """The driver dies after logging the next batch's end offset, before committing that batch's output.
+
+    The restarted query (a fresh backend and planner) replays the batch from the logged offsets; the replay
+    must yield exactly the records of the first attempt."""
+
+    max_records: int | None = None
+
+
+Step = Append | Split | Merge | Batch | Crash
+
+
+class ScriptError(AssertionError):
+    """A scripted history broke the contract; the message says which rule, and where."""
+
+
+@dataclass
+class PlayResult:
+    """What :func:`play` saw: the committed batches in order, what was appended, how many replays."""
+
+    batches: list[pa.Table] = field(default_factory=list)
+    appended: int = 0
+    replays: int = 0
+
+    @property
+    def delivered(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+
+def _open_channels(backend: Backend) -> list[str]:
+    return [c.id for c in backend.list_channels() if not c.finished]
+
+
+def _read_batch(backend: Backend, start: dict[str, Any], end: dict[str, Any]) -> pa.Table:
+    tables = [read_range(backend, r.channel, r.start, r.end) for r in Planner.ranges(start, end)]
+    return pa.concat_tables(tables) if tables else backend.schema().empty_table()
+
+
+def play(harness: Harness, steps: Sequence[Step], *, drain_at_end: bool = True) -> PlayResult:
+    """Run ``steps`` against ``harness`` as a streaming query would, and check the contract's promises.
+
+    Checked: a replayed batch equals its first attempt; no record (``_channel``, ``_position``) is delivered
+    twice; per channel, ``_seq`` increases in delivery order; a child channel's first record comes in a
+    later batch than every record of its parents; with ``drain_at_end`` (the default), the remaining records
+    are delivered after the last step and every appended record must have arrived. A violation raises
+    :class:`ScriptError`.
+    """
+    result = PlayResult()
+    backend = harness.backend()
+    planner = Planner(backend)
+    start = planner.initial("earliest")
+    last_split: tuple[str, ...] = ()
+
+    def run_batch(limit: int | None, crash: bool) -> bool:
+        nonlocal backend, planner, start
+        end = planner.next(start, limit)
+        if end == start:
+            return False
+        first = _read_batch(backend, start, end)
+        if crash:  # the offset log holds ``end``, nothing was committed: the query restarts and replays
+            backend.close()
+            backend = harness.backend()
+            planner = Planner(backend)
+            if not _read_batch(backend, start, end).equals(first):
+                raise ScriptError(f"batch {len(result.batches)} replayed differently after a crash")
+            result.replays += 1
+        result.batches.append(first)
+        start = end
+        return True
+
+    try:
+        for step in steps:
+            if isinstance(step, Append):
+                harness.append(step.n, step.channel)
+                result.appended += step.n
+            elif isinstance(step, Split):
+                target = step.channel or next(iter(_open_channels(harness.backend())), None)
+                if harness.supports_split and target is not None:
+                    last_split = tuple(harness.split(target))
+            elif isinstance(step, Merge):
+                open_now = _open_channels(harness.backend())
+                pair = step.channels or (last_split[:2] if set(last_split[:2]) <= set(open_now) else ()) or tuple(
+                    open_now[:2]
+                )
+                if harness.supports_merge and len(pair) >= 2:
+                    harness.merge(list(pair))
+            else:
+                run_batch(step.max_records, isinstance(step, Crash))
+        if drain_at_end:
+            while run_batch(None, False):
+                pass
+        _check_history(backend, result, complete=drain_at_end)
+    finally:
+        backend.close()
+    return result
+
+
+def _check_history(backend: Backend, result: PlayResult, complete: bool) -> None:
+    seen: set[tuple[str, int]] = set()
+    last_seq: dict[str, int] = {}
+    batches_of: dict[str, list[int]] = defaultdict(list)
+    for b, table in enumerate(result.batches):
+        columns = (table.column(CHANNEL).to_pylist(), table.column(POSITION).to_pylist(), table.column(SEQ).to_pylist())
+        for channel, position, seq in zip(*columns, strict=True):
+            if (channel, position) in seen:
+                raise ScriptError(f"record {channel}@{position} delivered twice (again in batch {b})")
+            seen.add((channel, position))
+            if channel in last_seq and seq <= last_seq[channel]:
+                raise ScriptError(f"channel {channel}: _seq {seq} delivered after {last_seq[channel]} (batch {b})")
+            last_seq[channel] = seq
+            batches_of[channel].append(b)
+    for info in backend.list_channels():
+        for parent in info.parents:
+            if batches_of.get(info.id) and batches_of.get(parent) and min(batches_of[info.id]) <= max(batches_of[parent]):
+                raise ScriptError(f"channel {info.id} delivered before its parent {parent} was complete")
+    if complete and result.delivered != result.appended:
+        raise ScriptError(f"{result.appended} records appended, {result.delivered} delivered")
