@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from cdc.backends.tablestore import errors as E
 from cdc.backends.tablestore import tunnel_pb as pb
-from cdc.backends.tablestore.backend import Pos, RecordLayout
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import (
     DELETE_ALL_VERSION,
@@ -24,6 +23,8 @@ from cdc.backends.tablestore.plainbuffer import (
     SequenceInfo,
     encode_row,
 )
+from cdc.backends.tablestore.positions import Pos
+from cdc.backends.tablestore.records import RecordLayout
 from cdc.errors import (
     DataLossError,
     MalformedRecordError,

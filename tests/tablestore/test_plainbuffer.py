@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import struct
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given
@@ -252,3 +255,33 @@ def test_errors_pickle_and_belong_to_the_cdc_hierarchy() -> None:
         encode_row(Row((("id", 1 << 63),)))
     with pytest.raises(PlainBufferError, match="exactly one"):
         decode_row(encode_rows([]))
+
+
+_HEAVY = (
+    "pydantic",
+    "pyspark",
+    "pulsar",
+    "tablestore",
+    "tenacity",
+    "cdc.backends.tablestore.backend",
+    "cdc.backends.tablestore.client",
+    "cdc.backends.tablestore.options",
+)
+
+
+@pytest.mark.parametrize(
+    "module", ["cdc.backends.tablestore.plainbuffer", "cdc.backends.tablestore.tunnel_pb"]
+)
+def test_wire_format_modules_load_no_backend_nor_sdk(module: str) -> None:
+    """The local server and the UDFs import the codecs alone: the tablestore package must stay lazy. What
+    ``import cdc`` itself loads is subtracted, so this checks the package and the codec, not the core."""
+    code = (
+        "import importlib, json, sys\n"
+        "import cdc\n"
+        "before = set(sys.modules)\n"
+        f"importlib.import_module({module!r})\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = json.loads(out)
+    assert [m for m in loaded if m.split(".")[0] in _HEAVY or m in _HEAVY] == []

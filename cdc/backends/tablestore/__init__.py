@@ -13,13 +13,44 @@ The table's full data arrives first as ``snapshot`` changes (BaseAndStream), the
 key across partition splits and merges; the offsets in Spark's checkpoint hold every channel's position,
 so a batch replayed after a crash reads exactly the same records (see :mod:`.backend`).
 
-Files: :mod:`.tunnel_pb` (the tunnel service's protobuf messages), :mod:`.client` (the tunnel client on
-the ``tablestore`` SDK's transport), :mod:`.errors` (typed service errors), :mod:`.plainbuffer` (the row
-codec), :mod:`.options`, :mod:`.backend` (positions, lineage, deterministic batches).
+Files: :mod:`.options`, :mod:`.backend` (the driver: channels, lineage, deterministic batches),
+:mod:`.reader` (reading planned ranges on executors), :mod:`.positions` (positions, ordering keys),
+:mod:`.records` (tunnel records to change rows), :mod:`.errors` (typed service errors), :mod:`.client`
+(the tunnel client on the ``tablestore`` SDK's transport), :mod:`.handover` (taking over a crashed run's
+tunnel clients), and the wire formats :mod:`.tunnel_pb` (the tunnel service's protobuf messages) and
+:mod:`.plainbuffer` (the row codec).
+
+The names below load on first use, so importing a wire-format module (``.plainbuffer``, ``.tunnel_pb``)
+loads neither the backend, its client, pydantic nor the ``tablestore`` SDK.
 """
 
-from cdc.backends.tablestore.backend import TablestoreBackend
-from cdc.backends.tablestore.client import TunnelClient
-from cdc.backends.tablestore.options import TablestoreOptions
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cdc.backends.tablestore.backend import TablestoreBackend
+    from cdc.backends.tablestore.client import TunnelClient
+    from cdc.backends.tablestore.options import TablestoreOptions
 
 __all__ = ["TablestoreBackend", "TablestoreOptions", "TunnelClient"]
+
+_LAZY = {
+    "TablestoreBackend": "cdc.backends.tablestore.backend",
+    "TablestoreOptions": "cdc.backends.tablestore.options",
+    "TunnelClient": "cdc.backends.tablestore.client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -3,29 +3,9 @@
 Channels are the tunnel's channels. A BaseData channel's records become ``snapshot`` changes; a stream
 channel's PUT_ROW / UPDATE_ROW / DELETE_ROW become ``insert`` / ``update`` / ``delete``.
 
-Row images: what a change says about the row
----------------------------------------------
-The backend declares a *partial* change schema (``_unchanged``, see :mod:`cdc.model`):
-
-* ``PUT_ROW`` replaces the whole row in Tablestore: an ``insert`` whose columns absent from the record
-  are null, ``_unchanged`` null.
-* ``UPDATE_ROW`` carries only the columns it touches: an ``update`` whose ``_unchanged`` lists the
-  catalog's value columns the record does not mention (null when it mentions all). A PUT cell gives
-  the column's new value; a ``DELETE_ALL_VERSION`` or ``DELETE_ONE_VERSION`` cell sets it to null (the
-  column is present, not unchanged).
-* ``DELETE_ROW`` is a ``delete`` (values null, ``_unchanged`` null); base-data rows are whole
-  ``snapshot`` rows.
-* The EMR columns agree: ``__ots_column_type_<col>`` is ``PUT`` / ``DELETE_ONE_VERSION`` /
-  ``DELETE_ALL_VERSION`` exactly for the columns the record mentions, null for the others (so an
-  update's ``_unchanged`` is its value columns whose column type is null).
-
-``DELETE_ONE_VERSION`` and ``max_versions > 1``: deleting a column's newest version makes an older
-version visible, but the stream record names only the deleted version's timestamp, never the value
-that becomes visible (and reading the row now would give a later value, not the one at this change, so
-a batch would no longer be a function of its offsets). The backend delivers such a column as null, the
-exact answer for tables that keep one version (the default, and what a table read as a change log
-should use), and warns at start-up when the table keeps more versions; ``__ots_column_type_<col> =
-DELETE_ONE_VERSION`` marks the records concerned so a pipeline can re-read those rows.
+Files: :mod:`.records` (what a change says about the row: how records become change rows),
+:mod:`.positions` (positions and ordering keys), :mod:`.reader` (reading planned ranges on executors),
+this module (the driver: channels, lineage, planning, tunnel checkpoints).
 
 Deterministic batches: the design
 =================================
@@ -112,18 +92,15 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
 
 from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
 from cdc.backends.tablestore import handover
-from cdc.backends.tablestore import tunnel_pb as pb
-from cdc.backends.tablestore.client import RecordPage, RetrySettings, TunnelClient
+from cdc.backends.tablestore.client import RetrySettings, TunnelClient
 from cdc.backends.tablestore.errors import (
     ObjectNotExistError,
     ParameterInvalidError,
@@ -132,397 +109,26 @@ from cdc.backends.tablestore.errors import (
     SequenceNumberMismatchError,
     TablestoreError,
     TrimmedDataError,
-    TunnelExpiredError,
     error_for,
+    tunnel_expired,
 )
 from cdc.backends.tablestore.options import TablestoreOptions
-from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, Row, decode_row
-from cdc.errors import MalformedRecordError, OptionError, PositionError
-from cdc.model import ChangeSchema, Op
+from cdc.backends.tablestore.plainbuffer import decode_row
+from cdc.backends.tablestore.positions import FINISHED, TIME_BOUND, Pos, count_within, order_key, within
+from cdc.backends.tablestore.reader import TablestoreRangeReader, TunnelSession
+from cdc.backends.tablestore.records import (
+    COLUMN_TYPE_PREFIX,
+    RECORD_TIMESTAMP_COLUMN,
+    RECORD_TYPE_COLUMN,
+    RecordLayout,
+)
+from cdc.errors import OptionError, PositionError
+from cdc.model import ChangeSchema
 
 log = logging.getLogger(__name__)
 
-FINISHED = pb.FINISHED_TOKEN
-RECORD_TYPE_COLUMN = "__ots_record_type__"
-RECORD_TIMESTAMP_COLUMN = "__ots_record_timestamp__"
-COLUMN_TYPE_PREFIX = "__ots_column_type_"
 _PK_TYPES = {"INTEGER": pa.int64(), "STRING": pa.string(), "BINARY": pa.binary()}
-_OPS = {pb.PUT_ROW: Op.INSERT, pb.UPDATE_ROW: Op.UPDATE, pb.DELETE_ROW: Op.DELETE}
-_RECORD_TYPES = {pb.PUT_ROW: "PUT", pb.UPDATE_ROW: "UPDATE", pb.DELETE_ROW: "DELETE"}
-_CELL_TYPES = {DELETE_ONE_VERSION: "DELETE_ONE_VERSION", DELETE_ALL_VERSION: "DELETE_ALL_VERSION"}
-_POSITION_KEYS = {"token", "skip", "n", "last"}
 
-
-# ---------------------------------------------------------------------------------------------- positions
-@dataclass(frozen=True)
-class Pos:
-    """A channel position; see the module docstring."""
-
-    token: str
-    skip: int = 0
-    n: int = 0
-    last: tuple[Any, ...] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        last = None if self.last is None else [_json_value(v) for v in self.last]
-        return {"token": self.token, "skip": self.skip, "n": self.n, "last": last}
-
-    @classmethod
-    def parse(cls, channel: str, value: Any) -> Pos:
-        if not isinstance(value, Mapping) or set(value) != _POSITION_KEYS:
-            raise PositionError(
-                f"channel {channel!r}: a tablestore position is an object with the keys "
-                f"{sorted(_POSITION_KEYS)}, got {value!r}"
-            )
-        token, skip, n, last = value["token"], value["skip"], value["n"], value["last"]
-        ok = (
-            isinstance(token, str)
-            and token != ""
-            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (skip, n))
-            and (last is None or isinstance(last, list))
-        )
-        if not ok:
-            raise PositionError(
-                f"channel {channel!r}: bad tablestore position {value!r} (token: non-empty string, skip and n: "
-                "integers >= 0, last: list or null)"
-            )
-        return cls(token, skip, n, None if last is None else tuple(_from_json_value(v) for v in last))
-
-
-def _json_value(v: Any) -> Any:
-    return {"hex": v.hex()} if isinstance(v, bytes) else v
-
-
-def _from_json_value(v: Any) -> Any:
-    return bytes.fromhex(v["hex"]) if isinstance(v, dict) else v
-
-
-TIME_BOUND = "~time"
-"""``last = ["~time", micros]`` in a bound: every stream record whose sequence timestamp is <= micros."""
-
-
-def _within(key: tuple[Any, ...], bound: tuple[Any, ...] | None) -> bool:
-    """Whether a record with ordering ``key`` lies at or before the bound's ``last``."""
-    if bound is None:
-        return False
-    if bound[0] == TIME_BOUND:
-        return bool(key[1] <= bound[1])  # stream keys are (epoch, timestamp, row_index)
-    return bool(key <= bound)
-
-
-def _count_within(records: Sequence[Any], skip: int, base: bool, bound: tuple[Any, ...] | None) -> int:
-    """How many records from ``skip`` on lie within ``bound`` (ordering keys increase)."""
-    lo, hi = skip, len(records)
-    if _within(_order_key(decode_row(records[hi - 1].record), base), bound):
-        return hi - skip
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _within(_order_key(decode_row(records[mid].record), base), bound):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - skip
-
-
-def _order_key(row: Row, base: bool) -> tuple[Any, ...]:
-    if base:
-        return tuple(v for _, v in row.primary_key)
-    seq = row.sequence_info
-    if seq is None:
-        raise MalformedRecordError("a stream record has no sequence info (PlainBuffer extension)")
-    return (seq.epoch, seq.timestamp, seq.row_index)
-
-
-# ---------------------------------------------------------------------------------------------- records
-@dataclass(frozen=True)
-class RecordLayout:
-    """How decoded rows become Arrow rows. Picklable."""
-
-    schema: ChangeSchema
-    value_columns: tuple[str, ...]
-    ots_columns: bool
-    quarantine_path: str | None = None
-
-    def arrow(self) -> pa.Schema:
-        return self.schema.arrow()
-
-    def to_batch(self, channel: str, base: bool, first_n: int, records: Sequence[Any]) -> pa.RecordBatch:
-        """Arrow rows of ``records`` (``pb.Record``), the first being the ``first_n``-th of the channel.
-
-        A record that cannot be decoded or does not fit the schema raises :class:`MalformedRecordError`
-        naming the channel and the record, or, with ``quarantine_path``, is written there (one JSON file
-        per record, named by channel and position, so a replayed batch rewrites the same file) and left
-        out of the batch, with a warning.
-        """
-        schema = self.arrow()
-        rows: list[list[Any]] = []
-        for i, rec in enumerate(records):
-            n = first_n + i
-            try:
-                rows.append(self._row(channel, base, n, rec.action_type, decode_row(rec.record)))
-            except MalformedRecordError as exc:
-                if self.quarantine_path is None:
-                    raise MalformedRecordError(f"channel {channel!r}, record {n}: {exc}") from None
-                self._quarantine(channel, n, rec, exc)
-        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
-        arrays = []
-        for f, values in zip(schema, columns, strict=True):
-            try:
-                arrays.append(pa.array(values, type=f.type))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-                raise MalformedRecordError(f"channel {channel!r}: column {f.name!r}: {exc}") from None
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-    def _quarantine(self, channel: str, n: int, rec: Any, exc: Exception) -> None:
-        import base64
-        import json
-        from pathlib import Path
-
-        assert self.quarantine_path is not None
-        folder = Path(self.quarantine_path) / _safe_name(channel)
-        folder.mkdir(parents=True, exist_ok=True)
-        entry = {
-            "channel": channel,
-            "position": n,
-            "action_type": int(rec.action_type),
-            "error": str(exc),
-            "record_base64": base64.b64encode(rec.record).decode("ascii"),
-        }
-        target = folder / f"{n:020d}.json"
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entry))
-        tmp.replace(target)
-        log.warning("channel %s, record %d is malformed (%s); quarantined to %s", channel, n, exc, target)
-
-    @cached_property
-    def _accepts(self) -> dict[str, tuple[type, ...]]:
-        """Python types a column accepts (exact types: a bool is not an integer)."""
-        out: dict[str, tuple[type, ...]] = {}
-        for f in self.schema.table:
-            t = f.type
-            if pa.types.is_int64(t):
-                out[f.name] = (int,)
-            elif pa.types.is_float64(t):
-                out[f.name] = (float, int)
-            elif pa.types.is_boolean(t):
-                out[f.name] = (bool,)
-            elif pa.types.is_string(t):
-                out[f.name] = (str,)
-            else:
-                out[f.name] = (bytes,)
-        return out
-
-    def _row(self, channel: str, base: bool, n: int, action: int, row: Row) -> list[Any]:
-        accepts = self._accepts
-        values: dict[str, Any] = {}
-        kinds: dict[str, str] = {}
-        for cell in row.cells:
-            if cell.name not in accepts:
-                continue  # not in the catalog: not read (a projection, as in the EMR connector)
-            if cell.cell_type is None:
-                values[cell.name] = cell.value
-                kinds[cell.name] = "PUT"
-            else:
-                values[cell.name] = None
-                kinds[cell.name] = _CELL_TYPES.get(cell.cell_type, f"UNKNOWN({cell.cell_type})")
-        if base:
-            op, seq = "snapshot", n
-            stamps = [c.timestamp for c in row.cells if c.timestamp is not None]
-            commit_us = max(stamps) * 1000 if stamps else 0
-            record_type, record_ts = "PUT", None
-        else:
-            if action not in _OPS:
-                raise MalformedRecordError(f"unknown action type {action}")
-            info = row.sequence_info
-            if info is None:
-                raise MalformedRecordError("a stream record has no sequence info")
-            if not 0 <= info.row_index < 1024:
-                raise MalformedRecordError(f"sequence row_index {info.row_index} is outside [0, 1024)")
-            op, seq = _OPS[action].value, info.timestamp * 1024 + info.row_index
-            commit_us, record_type, record_ts = info.timestamp, _RECORD_TYPES[action], info.timestamp
-            if action == pb.DELETE_ROW:
-                values, kinds = {}, {}
-        # Only an UPDATE_ROW is partial: the columns it does not mention keep their values. PUT_ROW
-        # replaces the whole row (absent columns are gone), DELETE_ROW and base-data rows are whole.
-        unchanged = None
-        if not base and action == pb.UPDATE_ROW:
-            unchanged = [name for name in self.value_columns if name not in kinds] or None
-        out: list[Any] = [op, seq, commit_us, channel, n]
-        if self.schema.partial:
-            out.append(unchanged)
-        pk = dict(row.primary_key)
-        for key in self.schema.keys:
-            if key not in pk:
-                raise MalformedRecordError(f"primary-key column {key!r} is missing")
-            key_value = pk[key]
-            if type(key_value) not in accepts[key]:
-                raise _mismatch(key, key_value, self.schema.table)
-            out.append(key_value)
-        for name in self.value_columns:
-            value = values.get(name)
-            if value is not None and type(value) not in accepts[name]:
-                raise _mismatch(name, value, self.schema.table)
-            out.append(value)
-        if self.ots_columns:
-            out.append(record_type)
-            out.append(record_ts)
-            out.extend(kinds.get(name) for name in self.value_columns)
-        return out
-
-
-def _safe_name(channel: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in channel)
-
-
-def _mismatch(name: str, value: Any, table: pa.Schema) -> MalformedRecordError:
-    t = table.field(name).type
-    return MalformedRecordError(f"column {name!r}: value of type {type(value).__name__} does not fit {t}")
-
-
-# ---------------------------------------------------------------------------------------------- reading
-class _Session:
-    """One tunnel client id plus the calls both the driver and executors make."""
-
-    def __init__(
-        self,
-        client: TunnelClient,
-        tunnel_id: str,
-        client_id: str | None,
-        timeout_s: int,
-        label: str = "",
-        query_tag: str | None = None,
-    ) -> None:
-        self.client = client
-        self.tunnel_id = tunnel_id
-        self.client_id = client_id
-        self.timeout_s = timeout_s
-        self.label = label or f"tunnel {tunnel_id!r}"
-        self.query_tag = query_tag
-        self._lock = threading.Lock()
-
-    def ensure_client(self) -> str:
-        with self._lock:
-            if self.client_id is None:
-                try:
-                    tag = handover.this_process(self.query_tag).tag()
-                    self.client_id = self.client.connect(self.tunnel_id, self.timeout_s, client_tag=tag)
-                except TunnelExpiredError as exc:
-                    raise expired(self.label, exc) from None
-                log.info("connected to tunnel %s as client %s", self.tunnel_id, self.client_id)
-            return self.client_id
-
-    def reconnect(self, stale: str) -> str:
-        with self._lock:
-            if self.client_id == stale:
-                self.client_id = None
-        return self.ensure_client()
-
-    def call(self, fn: Any, *args: Any) -> Any:
-        cid = self.ensure_client()
-        try:
-            try:
-                return fn(self.tunnel_id, cid, *args)
-            except ResourceGoneError:
-                log.info("tunnel client %s expired; reconnecting", cid)
-                return fn(self.tunnel_id, self.reconnect(cid), *args)
-        except TunnelExpiredError as exc:
-            raise expired(self.label, exc) from None
-
-    def read(self, channel: str, token: str) -> RecordPage:
-        page: RecordPage = self.call(self.client.read_records, channel, token)
-        return page
-
-
-def expired(label: str, cause: Exception | str) -> TunnelExpiredError:
-    """The error for a tunnel the service expired: it names the tunnel and the way out."""
-    return TunnelExpiredError(
-        f"{label} has expired on the service ({cause}): its incremental log outlived the stream retention "
-        "before it was consumed (for a BaseAndStream tunnel: the base data took longer than the retention), "
-        "so it can deliver no more changes. Nothing can be skipped to; delete it and create a new one "
-        "(createTunnelIfMissing=true), and start the query again with a new checkpoint location.",
-        "OTSTunnelExpired",
-    )
-
-
-class TablestoreRangeReader(RangeReader):
-    """Reads planned ranges on executors (see the module docstring). Picklable."""
-
-    def __init__(
-        self,
-        client: TunnelClient,
-        tunnel_id: str,
-        client_id: str | None,
-        timeout_s: int,
-        layout: RecordLayout,
-        base_channels: frozenset[str],
-        query_tag: str | None = None,
-    ) -> None:
-        self.client = client
-        self.tunnel_id = tunnel_id
-        self.client_id = client_id
-        self.timeout_s = timeout_s
-        self.layout = layout
-        self.base_channels = base_channels
-        self.query_tag = query_tag
-
-    def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
-        s, e = Pos.parse(channel, start), Pos.parse(channel, end)
-        count = e.n - s.n
-        if count < 0:
-            raise PositionError(f"channel {channel!r}: range end {end!r} lies before its start {start!r}")
-        if count == 0:
-            return
-        session = _Session(
-            self.client, self.tunnel_id, self.client_id, self.timeout_s, query_tag=self.query_tag
-        )
-        base = channel in self.base_channels
-        token, skip, produced = s.token, s.skip, 0
-        last_record: Any = None
-        # The next response is fetched while this one is decoded (the HTTP wait releases the GIL).
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tablestore-prefetch") as pool:
-            pending: Future[RecordPage] | None = None
-            while produced < count:
-                if token == FINISHED:
-                    raise PositionError(
-                        f"channel {channel!r}: the range [{start!r}, {end!r}) runs past the channel's end"
-                    )
-                page = pending.result() if pending is not None else session.read(channel, token)
-                pending = None
-                records = page.records
-                if skip > len(records):  # responses are cut shorter than when planned: keep skipping
-                    if page.finished or page.next_token == token:
-                        raise PositionError(
-                            f"channel {channel!r}: position {start!r} lies past the channel's last record"
-                        )
-                    skip -= len(records)
-                    token = page.next_token
-                    continue
-                take = list(records[skip : skip + count - produced])
-                more = produced + len(take) < count
-                at_head = page.next_token == token and skip + len(take) >= len(records)
-                if more and not at_head and page.next_token != FINISHED:
-                    pending = pool.submit(session.read, channel, page.next_token)
-                if take:
-                    yield self.layout.to_batch(channel, base, s.n + produced, take)
-                    produced += len(take)
-                    last_record = take[-1]
-                if produced < count:
-                    if at_head:
-                        raise PositionError(
-                            f"channel {channel!r}: only {produced} of the range's {count} records exist "
-                            f"(range [{start!r}, {end!r}))"
-                        )
-                    token, skip = page.next_token, 0
-        if e.last is not None and last_record is not None:
-            got = _order_key(decode_row(last_record.record), base)
-            if got != e.last:
-                raise PositionError(
-                    f"channel {channel!r}: the range [{start!r}, {end!r}) now ends at record {got!r}, not the "
-                    f"planned {e.last!r} (the server broke the token rule)"
-                )
-
-
-# ---------------------------------------------------------------------------------------------- backend
 _PAGE_CACHE_SIZE = 20_000
 
 
@@ -559,7 +165,7 @@ class TablestoreBackend(Backend):
         self.table = options.table_name
         self.layout = self._layout()  # first: a missing table is reported as such
         self.tunnel_name, self.tunnel_id, self.tunnel_type = self._resolve_tunnel()
-        self.session = _Session(
+        self.session = TunnelSession(
             self.client, self.tunnel_id, None, options.client_timeout, self._label(), options.client_tag
         )
         self._channels: dict[str, Any] = {}  # channel id -> pb.ChannelInfo, from the last describe
@@ -586,7 +192,7 @@ class TablestoreBackend(Backend):
                 if info.tunnel_id == o.tunnel_id:
                     if info.expired:
                         label = f"tunnel {info.tunnel_name!r} (id {info.tunnel_id}) of table {self.table!r}"
-                        raise expired(label, "ListTunnel")
+                        raise tunnel_expired(label, "ListTunnel")
                     return str(info.tunnel_name), str(info.tunnel_id), str(info.tunnel_type)
             raise OptionError(
                 f"option 'tunnel.id': no tunnel {o.tunnel_id!r} on table {self.table!r}", "tunnel.id"
@@ -605,7 +211,7 @@ class TablestoreBackend(Backend):
             return name, tunnel_id, o.tunnel_type
         info = resp.tunnel
         if info.expired:
-            raise expired(
+            raise tunnel_expired(
                 f"tunnel {name or info.tunnel_id!r} (id {info.tunnel_id}) of table {self.table!r}",
                 "DescribeTunnel",
             )
@@ -868,7 +474,7 @@ class TablestoreBackend(Backend):
                 # A response read before, summarised: consume it whole without reading it again when
                 # neither the budget nor the bound ends the range inside it.
                 avail = summary.count - skip
-                fits_bound = bound is None or avail == 0 or _within(summary.last, bound.last)
+                fits_bound = bound is None or avail == 0 or within(summary.last, bound.last)
                 fits_budget = max_records is None or taken + avail < max_records or avail == 0
                 if fits_bound and fits_budget:
                     if avail:
@@ -884,7 +490,7 @@ class TablestoreBackend(Backend):
             self._seen_records += len(records)
             self._seen_bytes += sum(len(r.record) for r in records)
             if records and page.next_token != token:
-                last_key = _order_key(decode_row(records[-1].record), base)
+                last_key = order_key(decode_row(records[-1].record), base)
                 self._remember(
                     channel, token, _PageSummary(len(records), page.next_token, last_key, page.finished)
                 )
@@ -901,11 +507,11 @@ class TablestoreBackend(Backend):
             avail = len(records) - skip
             allowed = avail
             if bound is not None and avail:
-                allowed = _count_within(records, skip, base, bound.last)
+                allowed = count_within(records, skip, base, bound.last)
             room = avail if max_records is None else min(avail, max_records - taken)
             take = min(allowed, room)
             if take > 0:
-                last = _order_key(decode_row(records[skip + take - 1].record), base)
+                last = order_key(decode_row(records[skip + take - 1].record), base)
                 skip += take
                 n += take
                 taken += take
@@ -978,13 +584,3 @@ class TablestoreBackend(Backend):
             except TablestoreError as exc:
                 log.debug("tunnel client shutdown failed: %s", exc)
         self.client.close()
-
-
-def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until true or ``timeout`` seconds pass (tests and the harness use it)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())

@@ -125,3 +125,14 @@ def error_for(code: str, message: str, http_status: int, request_id: str = "") -
         cls = TablestoreTransientError if http_status >= 500 else TablestoreServiceError
     text = f"{code}: {message} (HTTP {http_status}{', request ' + request_id if request_id else ''})"
     return cls(text, code, http_status, request_id)
+
+
+def tunnel_expired(label: str, cause: Exception | str) -> TunnelExpiredError:
+    """The error for a tunnel the service expired: it names the tunnel (``label``) and the way out."""
+    return TunnelExpiredError(
+        f"{label} has expired on the service ({cause}): its incremental log outlived the stream retention "
+        "before it was consumed (for a BaseAndStream tunnel: the base data took longer than the retention), "
+        "so it can deliver no more changes. Nothing can be skipped to; delete it and create a new one "
+        "(createTunnelIfMissing=true), and start the query again with a new checkpoint location.",
+        "OTSTunnelExpired",
+    )

@@ -1,0 +1,195 @@
+"""Records: how a tunnel record (PlainBuffer row, action type) becomes a change row in Arrow.
+
+Row images: what a change says about the row
+---------------------------------------------
+The backend declares a *partial* change schema (``_unchanged``, see :mod:`cdc.model`):
+
+* ``PUT_ROW`` replaces the whole row in Tablestore: an ``insert`` whose columns absent from the record
+  are null, ``_unchanged`` null.
+* ``UPDATE_ROW`` carries only the columns it touches: an ``update`` whose ``_unchanged`` lists the
+  catalog's value columns the record does not mention (null when it mentions all). A PUT cell gives
+  the column's new value; a ``DELETE_ALL_VERSION`` or ``DELETE_ONE_VERSION`` cell sets it to null (the
+  column is present, not unchanged).
+* ``DELETE_ROW`` is a ``delete`` (values null, ``_unchanged`` null); base-data rows are whole
+  ``snapshot`` rows.
+* The EMR columns agree: ``__ots_column_type_<col>`` is ``PUT`` / ``DELETE_ONE_VERSION`` /
+  ``DELETE_ALL_VERSION`` exactly for the columns the record mentions, null for the others (so an
+  update's ``_unchanged`` is its value columns whose column type is null).
+
+``DELETE_ONE_VERSION`` and ``max_versions > 1``: deleting a column's newest version makes an older
+version visible, but the stream record names only the deleted version's timestamp, never the value
+that becomes visible (and reading the row now would give a later value, not the one at this change, so
+a batch would no longer be a function of its offsets). The backend delivers such a column as null, the
+exact answer for tables that keep one version (the default, and what a table read as a change log
+should use), and warns at start-up when the table keeps more versions; ``__ots_column_type_<col> =
+DELETE_ONE_VERSION`` marks the records concerned so a pipeline can re-read those rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import pyarrow as pa
+
+from cdc.backends.tablestore import tunnel_pb as pb
+from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, Row, decode_row
+from cdc.errors import MalformedRecordError
+from cdc.model import ChangeSchema, Op
+
+log = logging.getLogger(__name__)
+
+RECORD_TYPE_COLUMN = "__ots_record_type__"
+RECORD_TIMESTAMP_COLUMN = "__ots_record_timestamp__"
+COLUMN_TYPE_PREFIX = "__ots_column_type_"
+_OPS = {pb.PUT_ROW: Op.INSERT, pb.UPDATE_ROW: Op.UPDATE, pb.DELETE_ROW: Op.DELETE}
+_RECORD_TYPES = {pb.PUT_ROW: "PUT", pb.UPDATE_ROW: "UPDATE", pb.DELETE_ROW: "DELETE"}
+_CELL_TYPES = {DELETE_ONE_VERSION: "DELETE_ONE_VERSION", DELETE_ALL_VERSION: "DELETE_ALL_VERSION"}
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """How decoded rows become Arrow rows. Picklable."""
+
+    schema: ChangeSchema
+    value_columns: tuple[str, ...]
+    ots_columns: bool
+    quarantine_path: str | None = None
+
+    def arrow(self) -> pa.Schema:
+        return self.schema.arrow()
+
+    def to_batch(self, channel: str, base: bool, first_n: int, records: Sequence[Any]) -> pa.RecordBatch:
+        """Arrow rows of ``records`` (``pb.Record``), the first being the ``first_n``-th of the channel.
+
+        A record that cannot be decoded or does not fit the schema raises :class:`MalformedRecordError`
+        naming the channel and the record, or, with ``quarantine_path``, is written there (one JSON file
+        per record, named by channel and position, so a replayed batch rewrites the same file) and left
+        out of the batch, with a warning.
+        """
+        schema = self.arrow()
+        rows: list[list[Any]] = []
+        for i, rec in enumerate(records):
+            n = first_n + i
+            try:
+                rows.append(self._row(channel, base, n, rec.action_type, decode_row(rec.record)))
+            except MalformedRecordError as exc:
+                if self.quarantine_path is None:
+                    raise MalformedRecordError(f"channel {channel!r}, record {n}: {exc}") from None
+                self._quarantine(channel, n, rec, exc)
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+        arrays = []
+        for f, values in zip(schema, columns, strict=True):
+            try:
+                arrays.append(pa.array(values, type=f.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                raise MalformedRecordError(f"channel {channel!r}: column {f.name!r}: {exc}") from None
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _quarantine(self, channel: str, n: int, rec: Any, exc: Exception) -> None:
+        import base64
+        import json
+        from pathlib import Path
+
+        assert self.quarantine_path is not None
+        folder = Path(self.quarantine_path) / _safe_name(channel)
+        folder.mkdir(parents=True, exist_ok=True)
+        entry = {
+            "channel": channel,
+            "position": n,
+            "action_type": int(rec.action_type),
+            "error": str(exc),
+            "record_base64": base64.b64encode(rec.record).decode("ascii"),
+        }
+        target = folder / f"{n:020d}.json"
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entry))
+        tmp.replace(target)
+        log.warning("channel %s, record %d is malformed (%s); quarantined to %s", channel, n, exc, target)
+
+    @cached_property
+    def _accepts(self) -> dict[str, tuple[type, ...]]:
+        """Python types a column accepts (exact types: a bool is not an integer)."""
+        out: dict[str, tuple[type, ...]] = {}
+        for f in self.schema.table:
+            t = f.type
+            if pa.types.is_int64(t):
+                out[f.name] = (int,)
+            elif pa.types.is_float64(t):
+                out[f.name] = (float, int)
+            elif pa.types.is_boolean(t):
+                out[f.name] = (bool,)
+            elif pa.types.is_string(t):
+                out[f.name] = (str,)
+            else:
+                out[f.name] = (bytes,)
+        return out
+
+    def _row(self, channel: str, base: bool, n: int, action: int, row: Row) -> list[Any]:
+        accepts = self._accepts
+        values: dict[str, Any] = {}
+        kinds: dict[str, str] = {}
+        for cell in row.cells:
+            if cell.name not in accepts:
+                continue  # not in the catalog: not read (a projection, as in the EMR connector)
+            if cell.cell_type is None:
+                values[cell.name] = cell.value
+                kinds[cell.name] = "PUT"
+            else:
+                values[cell.name] = None
+                kinds[cell.name] = _CELL_TYPES.get(cell.cell_type, f"UNKNOWN({cell.cell_type})")
+        if base:
+            op, seq = "snapshot", n
+            stamps = [c.timestamp for c in row.cells if c.timestamp is not None]
+            commit_us = max(stamps) * 1000 if stamps else 0
+            record_type, record_ts = "PUT", None
+        else:
+            if action not in _OPS:
+                raise MalformedRecordError(f"unknown action type {action}")
+            info = row.sequence_info
+            if info is None:
+                raise MalformedRecordError("a stream record has no sequence info")
+            if not 0 <= info.row_index < 1024:
+                raise MalformedRecordError(f"sequence row_index {info.row_index} is outside [0, 1024)")
+            op, seq = _OPS[action].value, info.timestamp * 1024 + info.row_index
+            commit_us, record_type, record_ts = info.timestamp, _RECORD_TYPES[action], info.timestamp
+            if action == pb.DELETE_ROW:
+                values, kinds = {}, {}
+        # Only an UPDATE_ROW is partial: the columns it does not mention keep their values. PUT_ROW
+        # replaces the whole row (absent columns are gone), DELETE_ROW and base-data rows are whole.
+        unchanged = None
+        if not base and action == pb.UPDATE_ROW:
+            unchanged = [name for name in self.value_columns if name not in kinds] or None
+        out: list[Any] = [op, seq, commit_us, channel, n]
+        if self.schema.partial:
+            out.append(unchanged)
+        pk = dict(row.primary_key)
+        for key in self.schema.keys:
+            if key not in pk:
+                raise MalformedRecordError(f"primary-key column {key!r} is missing")
+            key_value = pk[key]
+            if type(key_value) not in accepts[key]:
+                raise _mismatch(key, key_value, self.schema.table)
+            out.append(key_value)
+        for name in self.value_columns:
+            value = values.get(name)
+            if value is not None and type(value) not in accepts[name]:
+                raise _mismatch(name, value, self.schema.table)
+            out.append(value)
+        if self.ots_columns:
+            out.append(record_type)
+            out.append(record_ts)
+            out.extend(kinds.get(name) for name in self.value_columns)
+        return out
+
+
+def _safe_name(channel: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in channel)
+
+
+def _mismatch(name: str, value: Any, table: pa.Schema) -> MalformedRecordError:
+    t = table.field(name).type
+    return MalformedRecordError(f"column {name!r}: value of type {type(value).__name__} does not fit {t}")
