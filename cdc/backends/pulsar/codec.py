@@ -23,7 +23,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc.errors import OptionError, TerminalError
+from cdc.backends.pulsar.errors import SequenceRangeError
+from cdc.errors import OptionError
 from cdc.model import ChangeSchema, Op
 
 KEY, TOPIC, MESSAGE_ID, PUBLISH_TIME, EVENT_TIME, PROPERTIES = (
@@ -44,10 +45,6 @@ METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(PROPERTIES, pa.map_(pa.string(), pa.string())),
 )
 _EPOCH_DAY = date(1970, 1, 1)
-
-
-class SequenceRangeError(TerminalError, ValueError):
-    """A message id outside what a change record's ``_seq`` can encode (see :func:`sequence_of`)."""
 
 
 class Malformed(Exception):
