@@ -5,6 +5,7 @@ id). No other error may escape ``onMalformed`` (issue 11 item 6)."""
 from __future__ import annotations
 
 import json
+import math
 import struct
 from datetime import UTC, date, datetime
 from typing import Any
@@ -210,7 +211,7 @@ _typed = {
 }
 _image = st.one_of(
     st.fixed_dictionaries({}, optional={k: v | _json for k, v in _typed.items()}),
-    st.fixed_dictionaries({"id": _typed["id"]}, optional=_typed),
+    st.fixed_dictionaries({"id": _typed["id"]}, optional={k: v for k, v in _typed.items() if k != "id"}),
     _json,
 )
 _ts = st.one_of(_near(-62135596800000, 253402300799999), _json)
@@ -221,14 +222,20 @@ _envelope = st.fixed_dictionaries({}, optional={
     "ts_ms": _ts,
     "source": st.fixed_dictionaries({}, optional={"ts_ms": _ts}) | _json,
 })
-_documents = st.one_of(_envelope, _envelope.map(lambda e: {"payload": e}), _json)
+# Envelopes close to valid ones, where the type and range checks are reached, and anything else.
+_typed_image = st.fixed_dictionaries({"id": _typed["id"]}, optional={k: v for k, v in _typed.items() if k != "id"})
+_likely = st.fixed_dictionaries(
+    {"op": st.sampled_from(["c", "u", "d", "r"]), "before": _typed_image, "after": _typed_image},
+    optional={"ts_ms": _ts, "source": st.fixed_dictionaries({"ts_ms": _ts})},
+)
+_documents = st.one_of(_likely, _likely.map(lambda e: {"payload": e}), _envelope, _json)
 
 
 @st.composite
 def _payloads(draw: st.DrawFn) -> bytes:
     """A JSON envelope (valid or not), then maybe mutated at the byte level."""
     payload = json.dumps(draw(_documents)).encode()
-    for _ in range(draw(st.integers(0, 3))):
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2, 3]))):
         at = draw(st.integers(0, len(payload)))
         kind = draw(st.sampled_from(["delete", "insert", "replace", "truncate", "nest"]))
         if kind == "delete":
@@ -246,7 +253,7 @@ def _payloads(draw: st.DrawFn) -> bytes:
     return payload
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_payloads())
 def test_any_payload_decodes_into_a_batch_or_is_malformed(payload: bytes) -> None:
     dec = decoder()
@@ -254,4 +261,7 @@ def test_any_payload_decodes_into_a_batch_or_is_malformed(payload: bytes) -> Non
         op, commit, values = dec.decode_change(payload, 1000)
     except Malformed:
         return
-    assert build(dec, op, commit, values).num_rows == 1
+    batch = build(dec, op, commit, values)
+    for name in ("f", "d"):  # a float column never holds inf or NaN (1e400, or a double beyond float32)
+        value = batch.column(name)[0].as_py()
+        assert value is None or math.isfinite(value), (name, value)

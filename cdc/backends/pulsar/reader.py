@@ -201,9 +201,34 @@ class _Columns:
                 self._malformed(msg, mids[i], exc)
         if len(kept) < len(msgs):
             msgs, mids = [msgs[i] for i in kept], [mids[i] for i in kept]
+        try:
+            return msgs, mids, self._arrays(rows)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError):
+            # A value its decoder let through and its column cannot hold: fail or quarantine that message (by
+            # id, like any malformed one), not the whole batch with an error that names no message.
+            rows, msgs, mids = self._buildable(rows, msgs, mids)
+            return msgs, mids, self._arrays(rows)
+
+    def _arrays(self, rows: list[list[Any]]) -> list[pa.Array]:
         types = [f.type for f in self.schema]
-        arrays = [pa.array(col, type=types[j]) for j, col in enumerate(zip(*rows, strict=True))] if rows else []
-        return msgs, mids, arrays
+        return [pa.array(col, type=types[j]) for j, col in enumerate(zip(*rows, strict=True))] if rows else []
+
+    def _buildable(
+        self, rows: list[list[Any]], msgs: list[Any], mids: list[Any]
+    ) -> tuple[list[list[Any]], list[Any], list[Any]]:
+        """The rows whose every value converts to its column; the others go through onMalformed."""
+        kept: list[int] = []
+        for i, row in enumerate(rows):
+            for field, value in zip(self.schema, row, strict=False):
+                try:
+                    pa.array([value], type=field.type)
+                except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+                    reason = f"column {field.name!r} cannot hold {str(value)[:80]!r}: {type(exc).__name__} {exc}"
+                    self._malformed(msgs[i], mids[i], Malformed(reason[:500]))
+                    break
+            else:
+                kept.append(i)
+        return [rows[i] for i in kept], [msgs[i] for i in kept], [mids[i] for i in kept]
 
     def _malformed(self, msg: Any, mid: Any, exc: Malformed) -> None:
         options = self.options
