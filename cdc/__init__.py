@@ -67,8 +67,11 @@ def register(spark: Any) -> None:
     from udfs import register as register_udfs
 
     register_udfs(spark)
-    try:  # also "cdc-pulsar", the sink-only format name
-        from sinks.pulsar import register as register_pulsar_sink
-    except ImportError:  # pulsar-client not installed: reads and Delta still work
-        return
-    register_pulsar_sink(spark)
+    # "cdc-pulsar", the sink-only format name, where pulsar-client is installed (asked without loading its
+    # C++ core, which is slow to load and not needed by reads of other backends).
+    import importlib.util
+
+    if importlib.util.find_spec("pulsar") is not None:
+        from cdc.backends.pulsar.writer import register as register_pulsar_sink
+
+        register_pulsar_sink(spark)

@@ -37,12 +37,16 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
 from cdc.errors import OptionError
 from cdc.options import BackendOptions
+
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
+    from pyspark.sql.types import StructType
 
 Position = Any
 """A JSON-safe value (int, str, list or dict of those) that addresses a gap between records."""
@@ -152,6 +156,23 @@ class Backend(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release driver-side resources."""
 
+    # Writes (``df.write.format("cdc").option("backend", name)``): optional. They take the raw options
+    # because a system's write options are not its read options; no backend instance is opened for them.
+    @classmethod
+    def writer(cls, options: Mapping[str, Any], schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """The Spark batch writer of a backend that accepts writes; others raise :class:`OptionError`."""
+        raise _no_writes(cls.name)
+
+    @classmethod
+    def stream_writer(cls, options: Mapping[str, Any], schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """The Spark streaming writer of a backend that accepts writes; others raise :class:`OptionError`."""
+        raise _no_writes(cls.name)
+
+    @classmethod
+    def accepts_writes(cls) -> bool:
+        """Whether the backend overrides :meth:`writer`."""
+        return getattr(cls.writer, "__func__", None) is not getattr(Backend.writer, "__func__", None)
+
 
 # Backends are imported lazily so that, say, the local backend works without pulsar-client's C++ core.
 BACKENDS: dict[str, str] = {
@@ -194,6 +215,26 @@ def backend_class(name: str) -> type[Backend]:
     except (ImportError, AttributeError) as exc:
         raise OptionError(f"backend {key!r} is not available in this installation: {exc}", "backend") from exc
     return cls
+
+
+def writing_backends() -> list[str]:
+    """The backends that accept writes (imports each available backend to ask it)."""
+    names = []
+    for name in available_backends():
+        try:
+            if backend_class(name).accepts_writes():
+                names.append(name)
+        except OptionError:  # not installed here: it cannot take this write anyway
+            continue
+    return names
+
+
+def _no_writes(name: str) -> OptionError:
+    return OptionError(
+        f"option 'backend': backend {name!r} does not accept writes; accepted values for writes: "
+        f"{', '.join(writing_backends()) or 'none in this installation'}",
+        "backend",
+    )
 
 
 def open_backend(name: str, raw_options: Mapping[str, Any]) -> Backend:

@@ -8,6 +8,7 @@ partition through the backend's picklable :class:`~cdc.backend.RangeReader`, yie
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -233,15 +234,27 @@ class CdcDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         return CdcBatchReader(self._config, schema)
 
-    # Writes go to a change-log system that accepts them: Pulsar (``backend=pulsar``, see sinks.pulsar).
+    # Writes go to the change-log system named by ``backend``, if it accepts them (see Backend.writer).
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from sinks.pulsar import PulsarWriter
-
-        if overwrite:
-            raise OptionError("writes through format('cdc') only append; use mode('append')", "mode")
-        return PulsarWriter(self.options, schema)
+        return _write_backend(self.options).writer(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from sinks.pulsar import PulsarStreamWriter
+        return _write_backend(self.options).stream_writer(self.options, schema, overwrite)
 
-        return PulsarStreamWriter(self.options, schema)
+
+_WRITE_DEFAULT = "pulsar"
+
+
+def _write_backend(options: Mapping[str, Any]) -> type[Backend]:
+    """The backend a write names; a write that names none goes to Pulsar (deprecated: writes before there
+    was a writer hook had no other target)."""
+    name = next((str(v) for k, v in options.items() if k.lower() == "backend"), None)
+    if name is None:
+        message = (
+            "a write to format('cdc') without option 'backend' goes to Pulsar; this default is deprecated and "
+            "will be removed: add .option('backend', 'pulsar')"
+        )
+        log.warning(message)
+        warnings.warn(message, FutureWarning, stacklevel=3)
+        name = _WRITE_DEFAULT
+    return backend_class(name)

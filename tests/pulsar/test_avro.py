@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc.backends.pulsar import PulsarOptions
-from cdc.backends.pulsar.backend import SchemaMismatchError
 from cdc.backends.pulsar.client import open_client
 from cdc.backends.pulsar.codec import Decoder, Malformed
+from cdc.backends.pulsar.errors import SchemaMismatchError
 from cdc.errors import MalformedRecordError, OptionError
 from cdc.options import parse
 from cdc.servers.pulsar import EmbeddedBroker

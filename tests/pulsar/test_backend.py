@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from cdc.backends.pulsar import PulsarOptions, StallError, drop_subscription
 from cdc.backends.pulsar.client import open_client
-from cdc.backends.pulsar.codec import SequenceRangeError, sequence_of
+from cdc.backends.pulsar.codec import sequence_of
+from cdc.backends.pulsar.errors import SequenceRangeError
 from cdc.errors import BackendUnavailableError, MalformedRecordError, OptionError, PositionError
 from cdc.options import parse
 from cdc.planner import Planner
@@ -307,7 +308,7 @@ def test_module_commands_start_a_broker_and_drop_a_subscription(topic: str) -> N
 
 
 def test_sink_options_are_checked_without_spark() -> None:
-    from sinks.pulsar import PulsarWriter
+    from cdc.backends.pulsar.writer import PulsarWriter
 
     w = PulsarWriter({"backend": "pulsar", "service.url": "pulsar://127.0.0.1:1", "topic": "t",
                       "producer.batchingMaxMessages": "10"})

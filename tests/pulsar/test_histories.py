@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from cdc.backends.pulsar import PulsarBackend, PulsarOptions
-from cdc.backends.pulsar.client import key_of
+from cdc.backends.pulsar.positions import key_of
 from cdc.planner import Planner, positions
 from cdc.servers.pulsar import EmbeddedBroker
 from tests.pulsar.helpers import produce

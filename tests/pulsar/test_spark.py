@@ -21,9 +21,9 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def registered(spark: Any) -> Any:
-    import sinks.pulsar
+    from cdc.backends.pulsar.writer import register
 
-    sinks.pulsar.register(spark)
+    register(spark)
     return spark
 
 

@@ -1,6 +1,54 @@
-"""Apache Pulsar as a cdc-tunnel backend: topic partitions are channels, message ids are positions."""
+"""``backend=pulsar``: Apache Pulsar topic partitions as channels, message ids as positions; writes too.
 
-from cdc.backends.pulsar.backend import PulsarBackend, PulsarRangeReader, StallError, drop_subscription
-from cdc.backends.pulsar.options import PulsarOptions
+Files: :mod:`.options` (read and write options), :mod:`.backend` (the driver: channels, planning),
+:mod:`.reader` (the executor side), :mod:`.positions` (message ids as positions), :mod:`.index` (the
+driver's message-id index), :mod:`.heads` (partition heads, ``reader.topic=partition``),
+:mod:`.acknowledge` (the durable subscription), :mod:`.client` (connections, partitions), :mod:`.admin`
+(admin REST calls), :mod:`.codec` (payloads to rows: JSON, Avro, Debezium), :mod:`.writer` (the sink),
+:mod:`.errors`, :mod:`.cli` (``cdc pulsar``).
 
-__all__ = ["PulsarBackend", "PulsarOptions", "PulsarRangeReader", "StallError", "drop_subscription"]
+The names below are imported on first use (PEP 562), so that importing, say, :mod:`.codec` or
+:mod:`.positions` loads neither pydantic, pyspark nor pulsar-client.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cdc.backends.pulsar.backend import PulsarBackend, drop_subscription
+    from cdc.backends.pulsar.errors import SchemaMismatchError, StallError
+    from cdc.backends.pulsar.options import PulsarOptions, PulsarSinkOptions
+    from cdc.backends.pulsar.reader import PulsarRangeReader
+
+_LAZY = {
+    "PulsarBackend": "cdc.backends.pulsar.backend",
+    "drop_subscription": "cdc.backends.pulsar.backend",
+    "PulsarOptions": "cdc.backends.pulsar.options",
+    "PulsarSinkOptions": "cdc.backends.pulsar.options",
+    "PulsarRangeReader": "cdc.backends.pulsar.reader",
+    "SchemaMismatchError": "cdc.backends.pulsar.errors",
+    "StallError": "cdc.backends.pulsar.errors",
+}
+
+__all__ = [
+    "PulsarBackend",
+    "PulsarOptions",
+    "PulsarRangeReader",
+    "PulsarSinkOptions",
+    "SchemaMismatchError",
+    "StallError",
+    "drop_subscription",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

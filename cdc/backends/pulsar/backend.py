@@ -8,23 +8,19 @@ messages). How the driver finds them depends on ``reader.topic``:
 *``partition`` (Apache Pulsar; pulsar-lite when it serves partitions as topics).* Without a record budget
 a batch ends at each partition's last message id, asked of the broker (``getLastMessageId``: the admin
 API's ``lastMessageId`` when ``admin.url`` is given, else a consumer on a subscription made and removed for
-the question; :meth:`PulsarBackend._head`). When the answer has no batch index (pulsar-lite), the driver
+the question; :mod:`cdc.backends.pulsar.heads`). When the answer has no batch index (pulsar-lite), the driver
 reads that one entry to find its last message. No message is read to plan; ``records`` is then a lower
 bound (the contract allows it without a budget). Executors open one Reader per partition topic.
 
 *``parent`` (any broker), and any plan with a record budget.* Pulsar cannot count the messages between two
 ids without reading them, so the driver keeps a tailing Reader per topic that records every message id
-(:class:`~cdc.backends.pulsar.client.TopicIndex`; ids only, trimmed once planned). Each planning round reads
+(:class:`~cdc.backends.pulsar.index.TopicIndex`; ids only, trimmed once planned). Each planning round reads
 the new ids up to the head and stops as soon as the broker confirms there is nothing more
 (``has_message_available``). Executors open the Reader on the partitioned topic with a partition-scoped
-start id and drop other partitions' messages (see :mod:`cdc.backends.pulsar.client`).
+start id and drop other partitions' messages (see :mod:`cdc.backends.pulsar.index`).
 
-*Reading (executors).* A new Reader from the stored start id (never ``seek``), a loop that does per message
-only what decides membership (``message_id``, drop ids not greater than the last delivered: brokers may
-redeliver; stop at the planned end), and the Arrow columns built per batch of 8192 kept messages, one pass
-per column (:class:`_Columns`). A read that gets no message for ``reopenAfterMs`` short of its end opens a
-new Reader after the last delivered message; one that gets nothing for ``pollTimeoutMs`` fails with
-:class:`StallError`. A large receiver queue (20000) avoids most of pulsar-lite's redeliveries.
+*Reading (executors)* is :mod:`cdc.backends.pulsar.reader`; acknowledgement,
+:mod:`cdc.backends.pulsar.acknowledge`; writes, :mod:`cdc.backends.pulsar.writer`.
 
 Cost (``benchmarks/pulsar_source.py``, 1M messages, 2 partitions): with ``partition`` the source reads at
 the speed of one plain Reader loop over the topic (ratio ~1.0: planning 0.04 s, two partitions read in
@@ -36,278 +32,29 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
+from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import AdminClient, match_topics, registry_schema
-from cdc.backends.pulsar.client import (
-    START,
-    Channel,
-    Key,
-    TopicIndex,
-    before,
-    count_between,
-    is_start,
-    open_client,
-    partitions_of,
-    to_key,
-)
-from cdc.backends.pulsar.codec import PROPERTIES, TS, Decoder, Malformed, sequence_of
+from cdc.backends.pulsar.client import Channel, connect, partitions_of, token_of
+from cdc.backends.pulsar.codec import Decoder
+from cdc.backends.pulsar.errors import SchemaMismatchError
+from cdc.backends.pulsar.heads import PartitionHeads
+from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
-from cdc.errors import (
-    BackendUnavailableError,
-    DataLossError,
-    MalformedRecordError,
-    OptionError,
-    TerminalError,
-    TransientError,
-)
+from cdc.backends.pulsar.positions import START, before, count_between, to_key
+from cdc.backends.pulsar.reader import PulsarRangeReader
+from cdc.errors import OptionError
+
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
-
-ROWS_PER_BATCH = 8192
-
-
-class SchemaMismatchError(TerminalError):
-    """A topic of the query has a registry schema other than the one the query decodes with."""
-
-
-class StallError(TransientError):
-    """A read got no message for ``pollTimeoutMs`` before reaching its planned end."""
-
-
-def _token(options: PulsarOptions) -> str | None:
-    return options.auth_token.get_secret_value() if options.auth_token else None
-
-
-class PulsarRangeReader(RangeReader):
-    """Reads one partition's planned range on an executor; opens its own client there."""
-
-    def __init__(self, options: PulsarOptions) -> None:
-        self.options = options
-
-    def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
-        s, e = to_key(start, channel), to_key(end, channel)
-        if e <= s:
-            return
-        client = open_client(self.options.service_url, _token(self.options), self.options.operation_timeout_s)
-        try:
-            yield from _read_range(client, self.options, Channel.parse(channel), s, e)
-        finally:
-            client.close()
-
-
-def _open_reader(client: Any, options: PulsarOptions, ch: Channel, start: Key) -> tuple[Any, bool]:
-    """A Reader positioned at (or before) ``start``; returns it and whether it starts at ``start``'s entry."""
-    import pulsar
-
-    topic = ch.topic if options.reader_topic == "parent" or ch.partition < 0 else ch.id
-    if is_start(start) or start[1] < 0:
-        mid, inclusive, scoped = pulsar.MessageId.earliest, False, False
-    else:
-        # From the start of the entry, inclusively: ids inside a batch then never depend on how the
-        # broker treats a batch index, and the first message proves the entry still exists.
-        mid = pulsar.MessageId(ch.partition, start[0], start[1], -1)
-        inclusive, scoped = True, True
-    try:
-        reader = client.create_reader(
-            topic,
-            mid,
-            receiver_queue_size=options.receiver_queue_size,
-            start_message_id_inclusive=inclusive,
-        )
-    except Exception as exc:  # the C++ core raises its own exception types
-        raise BackendUnavailableError(
-            f"channel {ch.id!r}: cannot open a Reader at {list(start)} on {options.service_url}: {exc}"
-        ) from None
-    return reader, scoped
-
-
-def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, end: Key) -> Iterator[pa.RecordBatch]:
-    """The read loop: per message only what decides whether it belongs to the range; the columns are
-    taken from the kept messages in bulk, per Arrow batch (see :class:`_Columns`)."""
-    import pulsar
-
-    columns = _Columns(client, options, ch)
-    since = options.starting_time_ms
-    reader, check_first = _open_reader(client, options, ch, start)
-    opened_at = start
-    poll_ms = min(250, options.poll_timeout_ms, options.reopen_after_ms)
-    last = start
-    # A Reader on the parent topic also delivers other partitions (see cdc.backends.pulsar.client).
-    partition = ch.partition if ch.partition >= 0 and options.reader_topic == "parent" else None
-    msgs: list[Any] = []
-    mids: list[Any] = []
-    reopen_error: BackendUnavailableError | None = None
-    progress = opened = time.monotonic()
-    try:
-        read_next = getattr(reader, "_reader", reader).read_next  # C++ reader: no Python wrapper per message
-        while True:
-            try:
-                msg = read_next(poll_ms)
-            except pulsar.Timeout:
-                now = time.monotonic()
-                waited = now - progress
-                if waited * 1000 >= options.poll_timeout_ms:
-                    raise StallError(
-                        f"channel {ch.id!r}: no message for {waited:.0f} s while reading ({list(last)}, "
-                        f"{list(end)}] (option pollTimeoutMs={options.poll_timeout_ms}); is the broker up?"
-                        + (f" Reopening the reader failed: {reopen_error}" if reopen_error else "")
-                    ) from None
-                if (now - opened) * 1000 >= options.reopen_after_ms:
-                    # Short of the planned end, silence is a stall: open a new reader after the last
-                    # delivered message (never seek; pulsar-lite's dispatcher can stall a reader for good).
-                    # The old one is kept if that fails (it reconnects by itself when the broker returns).
-                    log.info("channel %s: reader silent at %s, reopening it", ch.id, list(last))
-                    opened = now
-                    try:
-                        fresh, scoped = _open_reader(client, options, ch, last)
-                    except BackendUnavailableError as exc:
-                        reopen_error = exc
-                        continue
-                    reader.close()
-                    reader, check_first, opened_at = fresh, scoped, last
-                    read_next = getattr(reader, "_reader", reader).read_next
-                continue
-            progress = opened = time.monotonic()  # any message: other partitions' may come first for long
-            mid = msg.message_id()
-            if partition is not None and mid.partition() != partition:
-                continue
-            k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-            if check_first:
-                check_first = False
-                if (k[0], k[1]) > (opened_at[0], opened_at[1]):
-                    raise DataLossError(
-                        f"channel {ch.id!r}: message entry {list(opened_at[:2])} is no longer held by the broker "
-                        f"(the next is {list(k)}); retention removed it. Set failOnDataLoss=false to skip ahead.",
-                        ch.id,
-                    )
-            if k <= last:
-                continue  # a redelivered duplicate, or the start entry read inclusively
-            if k > end:
-                break
-            last = k
-            if since is None or msg.publish_timestamp() >= since:
-                msgs.append(msg)
-                mids.append(mid)
-                if len(msgs) >= ROWS_PER_BATCH:
-                    batch = columns.batch(msgs, mids)
-                    msgs, mids = [], []
-                    if batch is not None:
-                        yield batch
-            if k == end:
-                break
-        if msgs:
-            batch = columns.batch(msgs, mids)
-            if batch is not None:
-                yield batch
-    finally:
-        columns.close()
-        reader.close()
-
-
-class _Columns:
-    """Builds one Arrow batch from a list of kept messages, column by column (one pass per column, no
-    per-row Python objects besides what decoding needs), and sets malformed messages aside."""
-
-    def __init__(self, client: Any, options: PulsarOptions, ch: Channel) -> None:
-        self.client, self.options, self.ch = client, options, ch
-        self.decoder = Decoder(options.value_format, options.value_schema, options.change_keys)
-        self.schema = self.decoder.schema()
-        self.change = self.decoder.change is not None
-        self._quarantine: Any = None
-
-    def batch(self, msgs: list[Any], mids: list[Any]) -> pa.RecordBatch | None:
-        if self.decoder.value_format == "bytes":
-            data = [pa.array([m.data() for m in msgs], type=pa.binary())]
-        else:
-            msgs, mids, data = self._decode(msgs, mids)
-            if not msgs:
-                return None
-        if not self.change:
-            data += _metadata(self.schema, msgs, mids, self.ch.id)
-        return pa.RecordBatch.from_arrays(data, schema=self.schema)
-
-    def _decode(self, msgs: list[Any], mids: list[Any]) -> tuple[list[Any], list[Any], list[pa.Array]]:
-        rows: list[list[Any]] = []
-        kept: list[int] = []
-        decoder, change, ch = self.decoder, self.change, self.ch.id
-        for i, msg in enumerate(msgs):
-            try:
-                if change:
-                    mid = mids[i]
-                    seq = sequence_of(mid.ledger_id(), mid.entry_id(), mid.batch_index())
-                    op, commit, values = decoder.decode_change(msg.data(), msg.publish_timestamp())
-                    rows.append([op, seq, commit, ch, seq, *values])
-                else:
-                    rows.append(decoder.decode_value(msg.data()))
-                kept.append(i)
-            except Malformed as exc:
-                self._malformed(msg, mids[i], exc)
-        if len(kept) < len(msgs):
-            msgs, mids = [msgs[i] for i in kept], [mids[i] for i in kept]
-        types = [f.type for f in self.schema]
-        arrays = [pa.array(col, type=types[j]) for j, col in enumerate(zip(*rows, strict=True))] if rows else []
-        return msgs, mids, arrays
-
-    def _malformed(self, msg: Any, mid: Any, exc: Malformed) -> None:
-        options = self.options
-        k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-        where = f"channel {self.ch.id!r} message {list(k)} (key {msg.partition_key() or None!r})"
-        if options.on_malformed == "fail":
-            raise MalformedRecordError(
-                f"{where} does not decode as {options.value_format}: {exc}; set onMalformed=quarantine "
-                "with quarantineTopic to set such messages aside"
-            ) from None
-        if self._quarantine is None:
-            self._quarantine = self.client.create_producer(options.quarantine_topic, batching_enabled=False)
-        self._quarantine.send(
-            msg.data(),
-            properties={
-                **msg.properties(),
-                "cdc.error": str(exc)[:1000],
-                "cdc.topic": self.ch.id,
-                "cdc.messageId": ",".join(map(str, k)),
-            },
-            partition_key=msg.partition_key() or None,
-        )
-        log.warning("%s quarantined to %s: %s", where, options.quarantine_topic, exc)
-
-    def close(self) -> None:
-        if self._quarantine is not None:
-            self._quarantine.flush()
-            self._quarantine.close()
-
-
-def _metadata(schema: pa.Schema, msgs: list[Any], mids: list[Any], channel: str) -> list[pa.Array]:
-    """``__key``, ``__topic``, ``__messageId``, ``__publishTime``, ``__eventTime``, ``__properties``."""
-    n = len(msgs)
-    publish = pa.array([m.publish_timestamp() for m in msgs], type=pa.int64())
-    event = pa.array([m.event_timestamp() for m in msgs], type=pa.int64())
-    props = [m.properties() for m in msgs]
-    props_type = schema.field(PROPERTIES).type
-    if any(props):
-        props_array = pa.array([list(p.items()) for p in props], type=props_type)
-    else:  # the common case: build the empty maps without converting n Python lists
-        props_array = pa.MapArray.from_arrays(
-            pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), pa.array([], pa.string())
-        )
-    return [
-        pa.array([m.partition_key() or None for m in msgs], type=pa.string()),
-        pa.repeat(pa.scalar(channel, pa.string()), n),
-        pa.array([mid.serialize() for mid in mids], type=pa.binary()),
-        pc.multiply(publish, 1000).cast(TS),
-        # event time 0 means "not set" in Pulsar
-        pc.if_else(pc.equal(event, 0), None, pc.multiply(event, 1000)).cast(TS),
-        props_array,
-    ]
 
 
 class PulsarBackend(Backend):
@@ -319,7 +66,7 @@ class PulsarBackend(Backend):
 
     def __init__(self, options: PulsarOptions) -> None:
         super().__init__(options)
-        self._admin = AdminClient(options.admin_url, _token(options)) if options.admin_url else None
+        self._admin = AdminClient(options.admin_url, token_of(options)) if options.admin_url else None
         # Topics whose registry schema was checked against the query's; None: the schema is an option.
         self._registry_checked: set[str] | None = None
         if options.value_format in ("json", "avro") and not options.value_schema:
@@ -334,15 +81,14 @@ class PulsarBackend(Backend):
         self._client: Any = None
         self._indexes: dict[str, TopicIndex] = {}
         self._channels: dict[str, Channel] = {}
-        self._consumers: dict[str, Any] = {}
+        self._subscription = Subscription(lambda: self.client, options.subscription())
         # reader.topic=partition: the broker serves each partition as a topic, so the driver asks it for each
         # partition's last message id (getLastMessageId) instead of reading every id (see _head).
         self._probe = options.reader_topic == "partition"
-        self._heads: dict[str, Key | None] = {}  # this planning round's answers (None: ask the index)
+        self._heads = PartitionHeads(lambda: self.client, self._admin, options)
         self._stale: set[str] = set()  # topics whose index has not caught up this round
         self._partitions: dict[str, list[Channel]] = {}
         self._verified: set[str] = set()  # topics whose partitions were checked to be served as topics
-        self._warned_no_admin = False
 
     def __repr__(self) -> str:
         return f"PulsarBackend({self.options.service_url!r}, topics={self._topics_hint()})"
@@ -350,13 +96,10 @@ class PulsarBackend(Backend):
     def _topics_hint(self) -> str:
         return self.options.topics_pattern or ",".join(self.options.topic_list())
 
-    def _new_client(self) -> Any:
-        return open_client(self.options.service_url, _token(self.options), self.options.operation_timeout_s)
-
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = self._new_client()
+            self._client = connect(self.options)
         return self._client
 
     def schema(self) -> pa.Schema:
@@ -455,7 +198,7 @@ class PulsarBackend(Backend):
 
     def latest(self, channel: str) -> Position:
         ch = self._channel(channel)
-        head = self._head(ch) if self._probe else None
+        head = self._heads.of(ch) if self._probe else None
         if head is not None:
             return list(head)
         return list(self._index(ch.topic).ids(ch.partition).last)
@@ -470,7 +213,7 @@ class PulsarBackend(Backend):
         s = to_key(start, channel)
         u = None if until is None else to_key(until, channel)
         if self._probe and max_records is None:
-            head = self._head(ch)
+            head = self._heads.of(ch)
             if head is not None:
                 # Without a record budget nothing needs counting: the range ends at the partition's last
                 # message (or the bound). ``records`` is then a lower bound (the contract allows it).
@@ -487,94 +230,6 @@ class PulsarBackend(Backend):
         end = list(keys[j - 1]) if j > i else list(start)
         index.trim(ch.partition, s)
         return PlannedRange(end, j - i)
-
-    # ------------------------------------------------------------------ partition heads (reader.topic=partition)
-    def _head(self, ch: Channel) -> Key | None:
-        """The id of the partition's last message, without reading the partition: ``getLastMessageId`` on the
-        partition's topic, then, when the broker leaves out the batch index (pulsar-lite does), the messages
-        of that one entry. ``None`` when the broker does not answer: planning then reads ids (the index)."""
-        if ch.id in self._heads:
-            return self._heads[ch.id]
-        head: Key | None
-        try:
-            k = self._last_message_id(ch)
-            if k[0] < 0:
-                head = (-1, -1, -1)  # an empty partition
-            elif k[1] < 0:
-                head = None  # (ledger, -1): no entry named (a new, empty ledger); the index knows the last id
-            elif k[2] < 0:
-                head = self._last_of_entry(ch, k[0], k[1])
-            else:
-                head = k
-        except Exception as exc:  # noqa: BLE001 - the C++ core raises its own types (an empty topic, on pulsar-lite)
-            log.debug("getLastMessageId on %s failed (%s); planning reads its message ids", ch.id, exc)
-            head = None
-        self._heads[ch.id] = head
-        return head
-
-    def _last_message_id(self, ch: Channel) -> Key:
-        """``getLastMessageId`` of one partition: through the admin API when ``admin.url`` is given (no
-        subscription involved), else through a consumer on a short-lived subscription of its own (only
-        consumers can ask; the query's durable subscription may be in use by another query: Exclusive),
-        removed at once."""
-        if self._admin is not None:
-            return self._admin.last_message_id(ch.id)
-        import pulsar
-
-        if not self._warned_no_admin:
-            self._warned_no_admin = True
-            log.warning(
-                "reader.topic=partition without admin.url: each planning round asks every partition's last message "
-                "id through a subscription made and removed for it (a metadata update on the broker per partition); "
-                "give admin.url to ask the admin API instead"
-            )
-        name = f"{self.options.subscription()}-head-{uuid.uuid4().hex[:12]}"
-        consumer = self.client.subscribe(
-            ch.id,
-            name,
-            consumer_type=pulsar.ConsumerType.Exclusive,
-            initial_position=pulsar.InitialPosition.Latest,
-            receiver_queue_size=1,
-        )
-        try:
-            mid = consumer.get_last_message_id()
-            return (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-        finally:
-            try:
-                consumer.unsubscribe()
-            except Exception:  # noqa: BLE001 - the C++ core raises its own types
-                log.warning("could not remove the subscription %s of %s; remove it by hand", name, ch.id, exc_info=True)
-                consumer.close()
-
-    def _last_of_entry(self, ch: Channel, ledger: int, entry: int) -> Key | None:
-        """The last message id of entry (ledger, entry): the entry itself when its message is not batched,
-        else its last batch index (a batch arrives whole, so reading stops at the first silence)."""
-        import pulsar
-
-        reader = self.client.create_reader(
-            ch.id,
-            pulsar.MessageId(ch.partition, ledger, entry, -1),
-            receiver_queue_size=self.options.receiver_queue_size,
-            start_message_id_inclusive=True,
-        )
-        try:
-            raw = getattr(reader, "_reader", reader)
-            mid = raw.read_next(self.options.poll_timeout_ms).message_id()
-            last = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-            if last[:2] != (ledger, entry):
-                return None  # not the entry the broker named: leave it to the index
-            while last[2] >= 0:
-                try:
-                    mid = raw.read_next(5).message_id()
-                except pulsar.Timeout:
-                    break
-                k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-                if k[:2] != (ledger, entry):
-                    break
-                last = max(last, k)
-            return last
-        finally:
-            reader.close()
 
     def reader(self) -> RangeReader:
         return PulsarRangeReader(self.options)
@@ -595,54 +250,36 @@ class PulsarBackend(Backend):
 
     # ------------------------------------------------------------------ acknowledgement
     def acknowledge(self, positions: Mapping[str, Position]) -> None:
-        """Advance the query's durable subscription (``subscription.name``) to the committed positions.
-
-        A position inside a batch acknowledges up to the entry before it (an entry is acknowledged whole),
-        so the backlog may show one batch more than was processed, never less.
-        """
+        """Advance the query's durable subscription (``subscription.name``) to the committed positions
+        (see :mod:`cdc.backends.pulsar.acknowledge`)."""
         if not self.options.acknowledge:
             return
-        import _pulsar  # type: ignore[import-not-found]
+        self._subscription.advance({self._channel(c): to_key(p, c) for c, p in positions.items()})
+        log.debug("acknowledged %s on subscription %s", dict(positions), self._subscription.name)
 
-        for channel, position in positions.items():
-            ch = self._channel(channel)
-            ledger, entry, batch = to_key(position, channel)
-            if batch != -1:
-                entry -= 1
-            if ledger < 0 or entry < 0:
-                continue
-            consumer = self._subscription_consumer(ch)
-            mid = _pulsar.MessageId(max(ch.partition, -1), ledger, entry, -1)
-            mid.topic_name(ch.id)
-            consumer.acknowledge_cumulative(mid)
-        log.debug("acknowledged %s on subscription %s", dict(positions), self.options.subscription())
+    # ------------------------------------------------------------------ writes
+    @classmethod
+    def writer(cls, options: Mapping[str, Any], schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """Batch writes (``df.write.format("cdc").option("backend", "pulsar")``): see
+        :mod:`cdc.backends.pulsar.writer`."""
+        from cdc.backends.pulsar.writer import PulsarWriter
 
-    def _subscription_consumer(self, ch: Channel) -> Any:
-        """The query's durable subscription, on the (parent) topic."""
-        import pulsar
+        if overwrite:
+            raise OptionError("the Pulsar sink only appends; use mode('append')", "mode")
+        return PulsarWriter(options, schema)
 
-        name = ch.topic
-        consumer = self._consumers.get(name)
-        if consumer is None:
-            consumer = self._consumers[name] = self.client.subscribe(
-                name,
-                self.options.subscription(),
-                consumer_type=pulsar.ConsumerType.Exclusive,
-                initial_position=pulsar.InitialPosition.Earliest,
-                receiver_queue_size=1,
-            )
-        return consumer
+    @classmethod
+    def stream_writer(cls, options: Mapping[str, Any], schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """Streaming writes: each micro-batch's rows are sent, at least once."""
+        from cdc.backends.pulsar.writer import PulsarStreamWriter
+
+        return PulsarStreamWriter(options, schema)
 
     def close(self) -> None:
         for index in self._indexes.values():
             index.close()
         self._indexes.clear()
-        for consumer in self._consumers.values():
-            try:
-                consumer.close()
-            except Exception:  # noqa: BLE001
-                log.debug("closing the subscription consumer failed", exc_info=True)
-        self._consumers.clear()
+        self._subscription.close()
         if self._client is not None:
             self._client.close()
             self._client = None

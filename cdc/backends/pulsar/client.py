@@ -1,62 +1,34 @@
-"""Pulsar client plumbing: connections, message-id positions, and the driver's message-id index.
+"""The Pulsar client: connections, and a topic's partitions as channels.
 
-Positions
----------
-A position is the JSON list ``[ledger, entry, batch]`` of the **last message already delivered** on a
-partition (so it names the gap after that message). Message ids order lexicographically by
-``(ledger, entry, batch_index)``; a message outside a batch has ``batch_index = -1``. Two extra values
-keep that order total:
-
-* ``[-1, -1, -1]`` (:data:`START`) is before every message: a partition nothing has been seen of yet.
-* ``[l, e, b - 1]`` (``[l, e, -2]`` for ``b <= 0``) is the gap *before* message ``(l, e, b)``; it is how
-  ``earliest`` names the start of a partition whose first message is known.
-
-A range ``[start, end)`` of the contract holds the messages with ``start < id <= end``.
-
-Why the driver reads message ids
---------------------------------
-Pulsar cannot count the messages between two ids without reading them (an entry may hold a batch of
-any size, and ledgers roll). The driver therefore keeps one tailing Reader per topic that records the id
-of every message (ids only, trimmed as batches are planned; after a stall, one Reader per partition). Planning is then exact:
-``plan(max_records=n)`` ends on the n-th message id, so admission control holds, and the id that ends a
-batch is a real message id stored in Spark's offset log, so a replay reads exactly the same messages.
-The cost is one extra read of each message on the driver.
-
-pulsar-lite (the broker that runs in tests and demos)
------------------------------------------------------
-When it auto-creates partitioned topics (``default_partitions > 0``) it cannot serve a Reader on one
-``<topic>-partition-N`` (it auto-creates a new partitioned topic of that name), so with
-``reader.topic=parent`` readers open on the partitioned parent topic. (With ``default_partitions = 0`` it
-serves partitions as topics, like Apache Pulsar: see ``reader.topic=partition`` in
-:mod:`cdc.backends.pulsar.backend`.) Such a Reader applies its start id to every
-partition by (ledger, entry); each pulsar-lite partition has its own ledger, so a read of partition p
-also receives the partitions whose ledger id is higher than p's, and drops them: read amplification
-up to the number of partitions (``reader.topic=partition`` avoids it on real Pulsar). Its dispatcher also
-redelivers (ids go backwards: dropped by id) and sometimes stalls a reader for good: silent readers are
-replaced by new ones (never ``seek``; the index resumes each partition with its own Reader), see
-:meth:`TopicIndex.catch_up` and the executor's read loop.
+Never create a client before a fork: pulsar-client's C++ core is not fork-safe. The driver, each executor's
+range reader and each writer task open their own.
 """
 
 from __future__ import annotations
 
-import bisect
-import logging
-import threading
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cdc.errors import BackendUnavailableError, PositionError
+from cdc.errors import BackendUnavailableError
 
 if TYPE_CHECKING:
     import pulsar
+    from pydantic import SecretStr
 
-log = logging.getLogger(__name__)
-
-START: list[int] = [-1, -1, -1]
-_NONE: tuple[int, int, int] = (-1, -1, -1)
 _PARTITION_SUFFIX = "-partition-"
+
+
+class ClientOptions(Protocol):
+    """What a connection needs of the read or the write options."""
+
+    @property
+    def service_url(self) -> str: ...
+
+    @property
+    def auth_token(self) -> SecretStr | None: ...
+
+    @property
+    def operation_timeout_s(self) -> int: ...
 
 
 def open_client(service_url: str, token: str | None = None, operation_timeout_s: int = 30) -> pulsar.Client:
@@ -75,48 +47,16 @@ def open_client(service_url: str, token: str | None = None, operation_timeout_s:
         raise BackendUnavailableError(f"cannot create a Pulsar client for {service_url}: {exc}") from exc
 
 
-# ---------------------------------------------------------------------------------------------- ids
-Key = tuple[int, int, int]
+def token_of(options: ClientOptions) -> str | None:
+    """The token in clear, for the client only (options keep it as a secret that never prints)."""
+    return options.auth_token.get_secret_value() if options.auth_token else None
 
 
-def key_of(mid: Any) -> Key:
-    return (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+def connect(options: ClientOptions) -> pulsar.Client:
+    """A new client for the options' broker and credentials."""
+    return open_client(options.service_url, token_of(options), options.operation_timeout_s)
 
 
-def before(key: Key) -> list[int]:
-    """The position just before message ``key``."""
-    ledger, entry, batch = key
-    return [ledger, entry, batch - 1 if batch > 0 else -2]
-
-
-def to_key(position: Any, channel: str = "?") -> Key:
-    """Validate a position (``[l, e, b]`` or ``{"ledgerId", "entryId", "batchIndex"}``) into a key."""
-    value = position
-    if isinstance(value, Mapping):
-        try:
-            value = [value["ledgerId"], value["entryId"], value.get("batchIndex", -1)]
-        except KeyError:
-            value = None
-    if (
-        isinstance(value, (list, tuple))
-        and len(value) == 3
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        and value[0] >= -1
-        and value[1] >= -1
-        and value[2] >= -2
-    ):
-        return (int(value[0]), int(value[1]), int(value[2]))
-    raise PositionError(
-        f"channel {channel!r}: a Pulsar position is [ledgerId, entryId, batchIndex] (the last message already "
-        f'processed) or {{"ledgerId": l, "entryId": e, "batchIndex": b}}; got {position!r}'
-    )
-
-
-def is_start(key: Key) -> bool:
-    return key == (-1, -1, -1)
-
-
-# ---------------------------------------------------------------------------------------------- channels
 @dataclass(frozen=True)
 class Channel:
     """A topic partition (``partition = -1`` for a non-partitioned topic)."""
@@ -141,273 +81,3 @@ def partitions_of(client: pulsar.Client, topic: str) -> list[Channel]:
     if len(names) == 1 and names[0] == topic:
         return [Channel(topic, -1)]
     return sorted((Channel.parse(n) for n in names), key=lambda c: c.partition)
-
-
-# ---------------------------------------------------------------------------------------------- index
-@dataclass
-class _PartitionIds:
-    keys: list[Key] = field(default_factory=list)
-    last: Key = (-1, -1, -1)
-
-
-class TopicIndex:
-    """The ids of a topic's messages, per partition, read by tailing Readers on the driver.
-
-    Keeps every id from the topic's start (or ``starting_time_ms``), minus ids below a partition's
-    trim point. Duplicates and backwards ids (the broker may redeliver) are dropped.
-    """
-
-    def __init__(
-        self,
-        client: pulsar.Client,
-        topic: str,
-        *,
-        starting_time_ms: int | None,
-        receiver_queue_size: int,
-        catch_up_ms: int,
-        max_catch_up_s: float = 60.0,
-        idle_reopen_s: float = 10.0,
-    ) -> None:
-        self.client = client
-        self.topic = topic
-        self.starting_time_ms = starting_time_ms
-        self.receiver_queue_size = receiver_queue_size
-        self.catch_up_ms = catch_up_ms
-        self.max_catch_up_s = max_catch_up_s
-        self.idle_reopen_s = idle_reopen_s
-        self._progress_at = time.monotonic()
-        self.parts: dict[int, _PartitionIds] = {}
-        self.floor: dict[int, Key] = {}  # ids at or below the floor were trimmed (nothing before is known)
-        self._readers: list[Any] = []  # one from earliest; after a stall, one per partition (see _reopen)
-        self._scoped = False
-        self._confirmed = False  # the last round ended at a head the broker confirmed
-        self._lock = threading.Lock()
-        self.partitions: list[int] = []  # set by the backend from the topic's metadata
-        self.indexed = 0  # messages indexed so far and the bytes of their payloads (maxBytesPerTrigger)
-        self.indexed_bytes = 0
-
-    def _open(self) -> list[Any]:
-        import pulsar
-
-        if not self._readers:
-            self._readers = [
-                self.client.create_reader(
-                    self.topic, pulsar.MessageId.earliest, receiver_queue_size=self.receiver_queue_size
-                )
-            ]
-            self._scoped = False
-        return self._readers
-
-    def _reopen(self) -> list[Any]:
-        """New readers after a stall: one per partition, each resuming at that partition's last id.
-
-        pulsar-lite serves a Reader started at one partition's message id that partition only (a single
-        Reader resumed at the smallest id left the other partitions stalled for good), while Pulsar also
-        serves the partitions whose ledgers come later (their messages are dropped by id). Each reader
-        starts inclusively at the start of the last indexed entry, so nothing after the last id is
-        skipped; while a partition holds no id yet, one more reader reads from earliest.
-        """
-        import pulsar
-
-        self._close_readers()
-        readers = []
-        held = [p for p in self.partitions or sorted(self.parts) if self.ids(p).last != _NONE]
-        for p in held:
-            ledger, entry, _ = self.parts[p].last
-            readers.append(
-                self.client.create_reader(
-                    self.topic,
-                    pulsar.MessageId(p, ledger, entry, -1),
-                    receiver_queue_size=self.receiver_queue_size,
-                    start_message_id_inclusive=True,
-                )
-            )
-        if not held or len(held) < len(self.partitions):
-            readers.append(
-                self.client.create_reader(
-                    self.topic, pulsar.MessageId.earliest, receiver_queue_size=self.receiver_queue_size
-                )
-            )
-        self._readers = readers
-        self._scoped = True
-        return readers
-
-    def _all_partitions_hold_ids(self) -> bool:
-        return bool(self.partitions) and all(self.ids(p).last != _NONE for p in self.partitions)
-
-    def _broker_has_more(self, raw: Any) -> bool | None:
-        """Whether the broker holds messages after the ones the reader delivered; ``None``: unknown.
-
-        Asked only of the reader from earliest (pulsar-client answers a false "yes" at the head for a
-        Reader started inclusively), and only when every partition holds a message: pulsar-lite fails
-        ``getLastMessageId`` on an empty partition (and pulsar-client 3.13 aborts the process when two
-        partitions fail at once).
-        """
-        if self._scoped or not self._all_partitions_hold_ids():
-            return None
-        try:
-            return bool(raw.has_message_available())
-        except Exception:  # noqa: BLE001 - the C++ core raises its own types
-            log.debug("has_message_available failed on %s", self.topic, exc_info=True)
-            return None
-
-    def catch_up(self) -> None:
-        """Read ids up to the broker's head as of now.
-
-        The head is reached when the reader has nothing queued and the broker confirms it holds nothing
-        after what was delivered (``has_message_available``, one request per partition): planning then
-        waits no longer than one short poll. Where the broker does not confirm (a partition without
-        messages yet, or readers resumed after a stall), ``catchUpMs`` of silence counts as the head.
-        Messages published after this round began end it early (they belong to the next round). Readers
-        whose last round was not confirmed and that brought nothing new for ``idle_reopen_s`` are
-        replaced at the next round (they may be stalled).
-
-        pulsar-lite's dispatcher can stall a reader (silent although the broker holds more, typically
-        on one partition while the others flow): a silence right after new ids gets a longer wait
-        (4 x ``catchUpMs``; 10 x for new readers that have delivered nothing yet) and then new readers,
-        one per partition (see :meth:`_reopen`; at most 3 times per round). If all fail, the round plans with what it has (the
-        next round goes on from there).
-        """
-        import pulsar
-
-        with self._lock:
-            now = time.monotonic()
-            if self._readers and now - self._progress_at > self.idle_reopen_s and not self._confirmed:
-                log.info("index readers of %s idle for %.0f s; opening new ones", self.topic, now - self._progress_at)
-                self._reopen()
-                self._progress_at = now
-            # The C++ readers: no Python wrapper per message.
-            raws = [getattr(r, "_reader", r) for r in self._open()]
-            current = 0
-            began_ms = int(time.time() * 1000)
-            deadline = now + self.max_catch_up_s
-            since = self.starting_time_ms
-            parts = self.parts
-            n = nbytes = 0
-            reopens = 0
-            flowing = False  # new ids since the last (re)open
-            delivered = 0  # messages (new or not) since the last (re)open
-            poll_ms = min(self.catch_up_ms, 50)
-            silent_since: float | None = None
-            self._confirmed = False
-            while True:
-                try:
-                    if len(raws) == 1:
-                        msg = raws[0].read_next(poll_ms)
-                    else:
-                        msg = _next_of(raws, current, poll_ms)
-                except pulsar.Timeout:
-                    t = time.monotonic()
-                    if t > deadline:
-                        break
-                    silent_since = silent_since or t - poll_ms / 1000
-                    silent = t - silent_since
-                    if len(raws) == 1 and self._broker_has_more(raws[0]) is False:
-                        log.debug("index of %s at the head the broker confirms", self.topic)
-                        self._confirmed = True
-                        break
-                    # Not confirmed. A silence right after new ids may be a stall: wait longer, then
-                    # try new readers; otherwise silence counts as the head.
-                    patience = self.catch_up_ms
-                    if reopens and not delivered:
-                        patience *= 10  # new readers that have not started delivering yet
-                    elif flowing:
-                        patience *= 4
-                    if silent * 1000 < patience:
-                        continue
-                    if not (flowing or (reopens and not delivered)) or reopens >= 3:
-                        log.debug("index of %s: %.2f s of silence taken as the head", self.topic, silent)
-                        break
-                    log.info("index reader of %s went silent after new messages; opening one per partition", self.topic)
-                    raws = [getattr(r, "_reader", r) for r in self._reopen()]
-                    reopens += 1
-                    silent_since = None
-                    flowing = False
-                    delivered = 0
-                    continue
-                silent_since = None
-                delivered += 1
-                if isinstance(msg, tuple):
-                    current, msg = msg
-                if since is not None and msg.publish_timestamp() < since:
-                    continue
-                mid = msg.message_id()
-                k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-                part = parts.get(mid.partition())
-                if part is None:
-                    part = parts[mid.partition()] = _PartitionIds()
-                if k > part.last:
-                    part.keys.append(k)
-                    part.last = k
-                    n += 1
-                    nbytes += msg.length()
-                    flowing = True
-                    # Now and then: a message newer than this round ends it (the rest is the next round's).
-                    if not n & 1023 and msg.publish_timestamp() > began_ms:
-                        break
-            if n:
-                self._progress_at = time.monotonic()
-                self.indexed += n
-                self.indexed_bytes += nbytes
-                log.debug("indexed %d new message ids of %s", n, self.topic)
-
-    def ids(self, partition: int) -> _PartitionIds:
-        return self.parts.get(partition) or _PartitionIds()
-
-    def first(self, partition: int) -> Key | None:
-        p = self.parts.get(partition)
-        if p is None or not p.keys:
-            return None
-        if partition in self.floor:
-            return None  # trimmed: the first id is no longer known
-        return p.keys[0]
-
-    def trim(self, partition: int, below: Key) -> None:
-        """Forget ids ``<= below`` (already planned); keeps memory bounded on long-running queries."""
-        p = self.parts.get(partition)
-        if p is None:
-            return
-        i = bisect.bisect_right(p.keys, below)
-        if i > 4096:
-            del p.keys[:i]
-            self.floor[partition] = max(self.floor.get(partition, (-1, -1, -1)), below)
-
-    def covers(self, partition: int, start: Key) -> bool:
-        return start >= self.floor.get(partition, (-1, -1, -1))
-
-    def _close_readers(self) -> None:
-        for reader in self._readers:
-            try:
-                reader.close()
-            except Exception:  # noqa: BLE001 - closing a dead reader is not worth an error
-                log.debug("closing an index reader of %s failed", self.topic, exc_info=True)
-        self._readers = []
-
-    def close(self) -> None:
-        self._close_readers()
-
-
-def _next_of(raws: list[Any], current: int, poll_ms: int) -> tuple[int, Any]:
-    """The next queued message of several readers, staying with ``current`` while it has some;
-    (reader index, message). Waits ``poll_ms`` on one reader when none has a message queued."""
-    import pulsar
-
-    count = len(raws)
-    for step in range(count):
-        i = (current + step) % count
-        try:
-            return i, raws[i].read_next(0)
-        except pulsar.Timeout:
-            continue
-    i = (current + 1) % count
-    return i, raws[i].read_next(poll_ms)
-
-
-def count_between(keys: list[Key], start: Key, until: Key | None, max_records: int | None) -> tuple[int, int]:
-    """Indices ``[i, j)`` of the keys in ``(start, until]``, at most ``max_records`` of them."""
-    i = bisect.bisect_right(keys, start)
-    j = len(keys) if until is None else bisect.bisect_right(keys, until)
-    j = max(i, j)
-    if max_records is not None:
-        j = min(j, i + max_records)
-    return i, j

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -23,7 +24,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc.errors import OptionError, TerminalError
+from cdc.backends.pulsar.errors import SequenceRangeError
+from cdc.errors import OptionError
 from cdc.model import ChangeSchema, Op
 
 KEY, TOPIC, MESSAGE_ID, PUBLISH_TIME, EVENT_TIME, PROPERTIES = (
@@ -44,10 +46,7 @@ METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(PROPERTIES, pa.map_(pa.string(), pa.string())),
 )
 _EPOCH_DAY = date(1970, 1, 1)
-
-
-class SequenceRangeError(TerminalError, ValueError):
-    """A message id outside what a change record's ``_seq`` can encode (see :func:`sequence_of`)."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Malformed(Exception):
@@ -62,16 +61,49 @@ class _Field:
     convert: Callable[[Any], Any]
 
 
-def _conv_int(v: Any) -> int:
+# Converters check that a value fits its column (Arrow would refuse it when the batch is built, far from
+# the message) and its meaning (a timestamp Spark can hold); they raise TypeError/ValueError saying what
+# was expected, which _row turns into Malformed.
+_CALENDAR = "within years 1 to 9999"
+# float32's largest finite value plus half a unit in the last place: doubles below it round to a finite float.
+_FLOAT32_LIMIT = float.fromhex("0x1.fffffep127") + 2.0**103
+
+
+def _integer(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError("an integer")
     return v
 
 
-def _conv_float(v: Any) -> float:
+def _conv_int_of(bits: int) -> Callable[[Any], int]:
+    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+    def conv(v: Any) -> int:
+        n = _integer(v)
+        if not low <= n <= high:
+            raise ValueError(f"an integer of {bits} bits")
+        return n
+
+    return conv
+
+
+def _conv_double(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError("a number")
-    return float(v)
+    try:
+        x = float(v)
+    except OverflowError:  # an integer beyond a double's range
+        raise ValueError("a finite number") from None
+    if not math.isfinite(x):  # 1e400 parses as inf
+        raise ValueError("a finite number")
+    return x
+
+
+def _conv_float(v: Any) -> float:
+    x = _conv_double(v)
+    if abs(x) >= _FLOAT32_LIMIT:
+        raise ValueError("a number within float's range (3.4e38)")
+    return x
 
 
 def _conv_bool(v: Any) -> bool:
@@ -83,6 +115,11 @@ def _conv_bool(v: Any) -> bool:
 def _conv_str(v: Any) -> str:
     if not isinstance(v, str):
         raise TypeError("a string")
+    if not v.isascii():
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:  # JSON's "\ud800" escapes decode into text UTF-8 cannot hold
+            raise ValueError("text without unpaired surrogates") from None
     return v
 
 
@@ -93,23 +130,34 @@ def _conv_bytes(v: Any) -> bytes:
 
 
 def _conv_ts(scale: int) -> Callable[[Any], datetime]:
+    unit = "milliseconds" if scale == 1000 else "microseconds"
+
     def conv(v: Any) -> datetime:
-        n = _conv_int(v)
-        return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=n * scale)
+        return _from_epoch(_integer(v), scale, f"epoch {unit}")
 
     return conv
 
 
+def _from_epoch(n: int, scale: int, what: str) -> datetime:
+    try:
+        return _EPOCH + timedelta(microseconds=n * scale)
+    except OverflowError:
+        raise ValueError(f"{what} {_CALENDAR}") from None
+
+
 def _conv_date(v: Any) -> date:
-    return _EPOCH_DAY + timedelta(days=_conv_int(v))
+    try:
+        return _EPOCH_DAY + timedelta(days=_integer(v))
+    except OverflowError:
+        raise ValueError(f"days since 1970-01-01 {_CALENDAR}") from None
 
 
 _PRIMITIVES: dict[str, tuple[pa.DataType, Callable[[Any], Any]]] = {
     "boolean": (pa.bool_(), _conv_bool),
-    "int": (pa.int32(), _conv_int),
-    "long": (pa.int64(), _conv_int),
+    "int": (pa.int32(), _conv_int_of(32)),
+    "long": (pa.int64(), _conv_int_of(64)),
     "float": (pa.float32(), _conv_float),
-    "double": (pa.float64(), _conv_float),
+    "double": (pa.float64(), _conv_double),
     "string": (pa.string(), _conv_str),
     "bytes": (pa.binary(), _conv_bytes),
 }
@@ -158,11 +206,23 @@ def parse_record_schema(text: str) -> list[_Field]:
     return fields
 
 
+def _brief(value: Any) -> str:
+    """A value for an error message: its repr, cut short (a payload's field may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _not_a_number(name: str) -> Any:
+    raise Malformed(f"not JSON: {name} is not a JSON number")
+
+
 def _decode_object(payload: bytes) -> dict[str, Any]:
     try:
-        obj = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise Malformed(f"not JSON: {exc}") from None
+        obj = json.loads(payload, parse_constant=_not_a_number)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
+        raise Malformed(f"not JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise Malformed("not JSON this decoder reads: nested deeper than Python's recursion limit") from None
     if not isinstance(obj, dict):
         raise Malformed(f"expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -180,7 +240,7 @@ def _row(fields: Sequence[_Field], obj: dict[str, Any], what: str) -> list[Any]:
         try:
             out.append(f.convert(v))
         except (TypeError, ValueError) as exc:
-            raise Malformed(f"{what}field {f.name!r}: expected {exc}, got {v!r}") from None
+            raise Malformed(f"{what}field {f.name!r}: expected {exc}, got {_brief(v)}") from None
     return out
 
 
@@ -256,12 +316,12 @@ class Decoder:
             env = env["payload"]  # Debezium's JSON converter with schemas.enable=true
         op = env.get("op")
         ops = {"c": Op.INSERT, "u": Op.UPDATE, "d": Op.DELETE, "r": Op.SNAPSHOT}
-        if op not in ops:
-            raise Malformed(f"envelope 'op' must be one of c, u, d, r; got {op!r}")
+        if not isinstance(op, str) or op not in ops:
+            raise Malformed(f"envelope 'op' must be one of c, u, d, r; got {_brief(op)}")
         image_name = "before" if op == "d" else "after"
         image = env.get(image_name)
         if not isinstance(image, dict):
-            raise Malformed(f"op {op!r} needs an object in {image_name!r}, got {image!r}")
+            raise Malformed(f"op {op!r} needs an object in {image_name!r}, got {_brief(image)}")
         if op == "d":
             keys = set(self.change.keys)
             image = {k: v for k, v in image.items() if k in keys}
@@ -272,9 +332,10 @@ class Decoder:
             ts = source.get("ts_ms")
         if ts is None:
             ts = publish_ms
-        if isinstance(ts, bool) or not isinstance(ts, int):
-            raise Malformed(f"envelope 'ts_ms' must be epoch milliseconds, got {ts!r}")
-        commit = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ts)
+        try:
+            commit = _from_epoch(_integer(ts), 1000, "epoch milliseconds")
+        except (TypeError, ValueError):
+            raise Malformed(f"envelope 'ts_ms' must be epoch milliseconds {_CALENDAR}, got {_brief(ts)}") from None
         return ops[op].value, commit, row
 
 

@@ -1,4 +1,5 @@
-"""Options of ``backend=pulsar`` (names follow StreamNative's pulsar-spark connector where it has one)."""
+"""Options of ``backend=pulsar``, reads and writes (names follow StreamNative's pulsar-spark connector where
+it has one)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from cdc.options import BackendOptions, Field, SecretStr
 ValueFormat = Literal["bytes", "json", "avro", "debezium"]
 OnMalformed = Literal["fail", "quarantine"]
 ReaderTopic = Literal["parent", "partition"]
+Compression = Literal["none", "lz4", "zlib", "zstd", "snappy"]
 
 
 class PulsarOptions(BackendOptions):
@@ -164,6 +166,35 @@ class PulsarOptions(BackendOptions):
 
     def subscription(self) -> str:
         return self.subscription_name or self.default_subscription()
+
+
+class PulsarSinkOptions(BackendOptions):
+    """Writes: ``df.write.format("cdc").option("backend", "pulsar")...`` (or format ``cdc-pulsar``)."""
+
+    service_url: str = Field(alias="service.url")
+    auth_token: SecretStr | None = Field(None, alias="auth.token")
+    topic: str | None = Field(None, alias="topic", description="Target topic when the rows have no topic column.")
+    value_format: Literal["bytes", "json"] = Field("bytes", alias="valueFormat")
+    max_message_size: PositiveInt = Field(
+        5 * 1024 * 1024,
+        alias="maxMessageSize",
+        description="The broker's limit (Pulsar's default 5 MiB); a larger payload fails naming the row's key.",
+    )
+    batching: bool = Field(True, alias="producer.batching")
+    batching_max_messages: PositiveInt = Field(1000, alias="producer.batchingMaxMessages")
+    batching_max_delay_ms: PositiveInt = Field(10, alias="producer.batchingMaxPublishDelayMs")
+    compression: Compression = Field("none", alias="producer.compression")
+    max_pending: PositiveInt = Field(10_000, alias="producer.maxPendingMessages")
+    send_timeout_ms: PositiveInt = Field(30_000, alias="producer.sendTimeoutMs")
+    operation_timeout_s: PositiveInt = Field(30, alias="operationTimeoutSeconds")
+    checkpoint_location: str | None = Field(None, alias="checkpointLocation", description="Spark's; ignored.")
+    path: str | None = Field(None, alias="path", description="Same as topic (df.write...save(topic)).")
+
+    @model_validator(mode="after")
+    def _topic_from_path(self) -> PulsarSinkOptions:
+        if self.topic is None and self.path:
+            object.__setattr__(self, "topic", self.path)
+        return self
 
 
 def normalize_topic(name: str) -> str:

@@ -16,14 +16,14 @@ column         type                           use
 With ``valueFormat=json`` every column that is not one of the above becomes a field of a JSON object
 payload. Delivery is at-least-once: a retried Spark task sends its rows again.
 
-Use it through Spark (``cdc.register`` or ``register(spark)`` registers the ``cdc-pulsar`` format)::
+Use it through Spark, with the ``cdc`` format (its writes dispatch on the ``backend`` option to
+:meth:`PulsarBackend.writer <cdc.backends.pulsar.backend.PulsarBackend.writer>`), or the sink-only format
+name ``cdc-pulsar`` (both registered by ``cdc.register(spark)``)::
 
-    df.write.format("cdc-pulsar").option("service.url", url).option("topic", "orders").save()
+    df.write.format("cdc").option("backend", "pulsar").option("service.url", url).option("topic", "orders").save()
     df.writeStream.format("cdc-pulsar").option("service.url", url).option("checkpointLocation", cp).start()
 
-or call :func:`write` / :func:`write_arrow` directly. :class:`PulsarWriter` and
-:class:`PulsarStreamWriter` take ``(options, schema)``, so another data source (``cdc``) can return them
-from its ``writer()`` / ``streamWriter()``.
+or call :func:`write` / :func:`write_arrow` directly. Options: :class:`~cdc.backends.pulsar.options.PulsarSinkOptions`.
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
-from pydantic import PositiveInt, model_validator
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -50,10 +49,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from cdc.backends.pulsar.client import open_client
-from cdc.backends.pulsar.options import normalize_topic
-from cdc.errors import OptionError, TerminalError, TransientError
-from cdc.options import BackendOptions, Field, SecretStr, parse
+from cdc.backends.pulsar.client import connect
+from cdc.backends.pulsar.errors import MessageTooLargeError, SendError
+from cdc.backends.pulsar.options import PulsarSinkOptions, normalize_topic
+from cdc.errors import OptionError
+from cdc.options import parse
 
 log = logging.getLogger(__name__)
 
@@ -77,41 +77,6 @@ _COLUMNS = {
     "event_time": ("eventTime", "__eventTime"),
 }
 _READ_ONLY = {"__messageId", "__publishTime"}
-
-
-class MessageTooLargeError(TerminalError):
-    """A row's payload exceeds the broker's message size limit (``maxMessageSize``)."""
-
-
-class SendError(TransientError):
-    """The broker did not accept a message."""
-
-
-class PulsarSinkOptions(BackendOptions):
-    service_url: str = Field(alias="service.url")
-    auth_token: SecretStr | None = Field(None, alias="auth.token")
-    topic: str | None = Field(None, alias="topic", description="Target topic when the rows have no topic column.")
-    value_format: Literal["bytes", "json"] = Field("bytes", alias="valueFormat")
-    max_message_size: PositiveInt = Field(
-        5 * 1024 * 1024,
-        alias="maxMessageSize",
-        description="The broker's limit (Pulsar's default 5 MiB); a larger payload fails naming the row's key.",
-    )
-    batching: bool = Field(True, alias="producer.batching")
-    batching_max_messages: PositiveInt = Field(1000, alias="producer.batchingMaxMessages")
-    batching_max_delay_ms: PositiveInt = Field(10, alias="producer.batchingMaxPublishDelayMs")
-    compression: Literal["none", "lz4", "zlib", "zstd", "snappy"] = Field("none", alias="producer.compression")
-    max_pending: PositiveInt = Field(10_000, alias="producer.maxPendingMessages")
-    send_timeout_ms: PositiveInt = Field(30_000, alias="producer.sendTimeoutMs")
-    operation_timeout_s: PositiveInt = Field(30, alias="operationTimeoutSeconds")
-    checkpoint_location: str | None = Field(None, alias="checkpointLocation", description="Spark's; ignored.")
-    path: str | None = Field(None, alias="path", description="Same as topic (df.write...save(topic)).")
-
-    @model_validator(mode="after")
-    def _topic_from_path(self) -> PulsarSinkOptions:
-        if self.topic is None and self.path:
-            object.__setattr__(self, "topic", self.path)
-        return self
 
 
 @dataclass
@@ -153,8 +118,7 @@ class _Sender:
         import pulsar
 
         self.options = options
-        token = options.auth_token.get_secret_value() if options.auth_token else None
-        self.client = open_client(options.service_url, token, options.operation_timeout_s)
+        self.client = connect(options)
         self.producers: dict[str, Any] = {}
         self.failure: str | None = None
         self.sent = 0

@@ -1,0 +1,64 @@
+"""Acknowledgement: the query's durable subscription, advanced to the positions Spark committed.
+
+Best effort (rule 4 of the backend contract): correctness never depends on it; it lets the broker's
+retention and backlog metrics see how far the query is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cdc.backends.pulsar.client import Channel
+from cdc.backends.pulsar.positions import Key
+
+log = logging.getLogger(__name__)
+
+
+class Subscription:
+    """The query's durable subscription (``subscription.name``) on each of its (parent) topics."""
+
+    def __init__(self, client: Callable[[], Any], name: str) -> None:
+        self._client = client  # the backend's client, opened on first use
+        self.name = name
+        self._consumers: dict[str, Any] = {}
+
+    def advance(self, keys: Mapping[Channel, Key]) -> None:
+        """Acknowledge every message up to each key, cumulatively.
+
+        A position inside a batch acknowledges up to the entry before it (an entry is acknowledged whole),
+        so the backlog may show one batch more than was processed, never less.
+        """
+        import _pulsar  # type: ignore[import-not-found]
+
+        for ch, (ledger, entry, batch) in keys.items():
+            if batch != -1:
+                entry -= 1
+            if ledger < 0 or entry < 0:
+                continue
+            mid = _pulsar.MessageId(max(ch.partition, -1), ledger, entry, -1)
+            mid.topic_name(ch.id)
+            self._consumer(ch).acknowledge_cumulative(mid)
+
+    def _consumer(self, ch: Channel) -> Any:
+        import pulsar
+
+        consumer = self._consumers.get(ch.topic)
+        if consumer is None:
+            consumer = self._consumers[ch.topic] = self._client().subscribe(
+                ch.topic,
+                self.name,
+                consumer_type=pulsar.ConsumerType.Exclusive,
+                initial_position=pulsar.InitialPosition.Earliest,
+                receiver_queue_size=1,
+            )
+        return consumer
+
+    def close(self) -> None:
+        for consumer in self._consumers.values():
+            try:
+                consumer.close()
+            except Exception:  # noqa: BLE001 - the C++ core raises its own types
+                log.debug("closing the subscription consumer failed", exc_info=True)
+        self._consumers.clear()

@@ -1,0 +1,124 @@
+"""Partition heads (``reader.topic=partition``): each partition's last message id, asked of the broker.
+
+*``partition`` (Apache Pulsar; pulsar-lite when it serves partitions as topics).* Without a record budget
+a batch ends at each partition's last message id, asked of the broker (``getLastMessageId``: the admin
+API's ``lastMessageId`` when ``admin.url`` is given, else a consumer on a subscription made and removed for
+the question; :meth:`PartitionHeads.of`). When the answer has no batch index (pulsar-lite), the driver
+reads that one entry to find its last message. No message is read to plan; ``records`` is then a lower
+bound (the contract allows it without a budget). Executors open one Reader per partition topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from cdc.backends.pulsar.admin import AdminClient
+from cdc.backends.pulsar.client import Channel
+from cdc.backends.pulsar.options import PulsarOptions
+from cdc.backends.pulsar.positions import Key
+
+log = logging.getLogger(__name__)
+
+
+class PartitionHeads:
+    """The last message id of each partition, asked once per planning round (:meth:`clear` starts one)."""
+
+    def __init__(self, client: Callable[[], Any], admin: AdminClient | None, options: PulsarOptions) -> None:
+        self._client = client  # the backend's client, opened on first use
+        self._admin = admin
+        self._options = options
+        self._answers: dict[str, Key | None] = {}  # this round's answers (None: ask the index)
+        self._warned_no_admin = False
+
+    def clear(self) -> None:
+        self._answers.clear()
+
+    def of(self, ch: Channel) -> Key | None:
+        """The id of the partition's last message, without reading the partition: ``getLastMessageId`` on the
+        partition's topic, then, when the broker leaves out the batch index (pulsar-lite does), the messages
+        of that one entry. ``None`` when the broker does not answer: planning then reads ids (the index)."""
+        if ch.id in self._answers:
+            return self._answers[ch.id]
+        head: Key | None
+        try:
+            k = self._last_message_id(ch)
+            if k[0] < 0:
+                head = (-1, -1, -1)  # an empty partition
+            elif k[1] < 0:
+                head = None  # (ledger, -1): no entry named (a new, empty ledger); the index knows the last id
+            elif k[2] < 0:
+                head = self._last_of_entry(ch, k[0], k[1])
+            else:
+                head = k
+        except Exception as exc:  # noqa: BLE001 - the C++ core raises its own types (an empty topic, on pulsar-lite)
+            log.debug("getLastMessageId on %s failed (%s); planning reads its message ids", ch.id, exc)
+            head = None
+        self._answers[ch.id] = head
+        return head
+
+    def _last_message_id(self, ch: Channel) -> Key:
+        """``getLastMessageId`` of one partition: through the admin API when ``admin.url`` is given (no
+        subscription involved), else through a consumer on a short-lived subscription of its own (only
+        consumers can ask; the query's durable subscription may be in use by another query: Exclusive),
+        removed at once."""
+        if self._admin is not None:
+            return self._admin.last_message_id(ch.id)
+        import pulsar
+
+        if not self._warned_no_admin:
+            self._warned_no_admin = True
+            log.warning(
+                "reader.topic=partition without admin.url: each planning round asks every partition's last message "
+                "id through a subscription made and removed for it (a metadata update on the broker per partition); "
+                "give admin.url to ask the admin API instead"
+            )
+        name = f"{self._options.subscription()}-head-{uuid.uuid4().hex[:12]}"
+        consumer = self._client().subscribe(
+            ch.id,
+            name,
+            consumer_type=pulsar.ConsumerType.Exclusive,
+            initial_position=pulsar.InitialPosition.Latest,
+            receiver_queue_size=1,
+        )
+        try:
+            mid = consumer.get_last_message_id()
+            return (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+        finally:
+            try:
+                consumer.unsubscribe()
+            except Exception:  # noqa: BLE001 - the C++ core raises its own types
+                log.warning("could not remove the subscription %s of %s; remove it by hand", name, ch.id, exc_info=True)
+                consumer.close()
+
+    def _last_of_entry(self, ch: Channel, ledger: int, entry: int) -> Key | None:
+        """The last message id of entry (ledger, entry): the entry itself when its message is not batched,
+        else its last batch index (a batch arrives whole, so reading stops at the first silence)."""
+        import pulsar
+
+        reader = self._client().create_reader(
+            ch.id,
+            pulsar.MessageId(ch.partition, ledger, entry, -1),
+            receiver_queue_size=self._options.receiver_queue_size,
+            start_message_id_inclusive=True,
+        )
+        try:
+            raw = getattr(reader, "_reader", reader)
+            mid = raw.read_next(self._options.poll_timeout_ms).message_id()
+            last = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+            if last[:2] != (ledger, entry):
+                return None  # not the entry the broker named: leave it to the index
+            while last[2] >= 0:
+                try:
+                    mid = raw.read_next(5).message_id()
+                except pulsar.Timeout:
+                    break
+                k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+                if k[:2] != (ledger, entry):
+                    break
+                last = max(last, k)
+            return last
+        finally:
+            reader.close()

@@ -1,0 +1,89 @@
+"""Writes through ``format("cdc")`` belong to the backend named by ``backend`` (the writer hook), without
+Spark: the data source's ``writer()`` is called as Spark calls it, and its tasks' ``write()`` run here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+from cdc.backends.pulsar.writer import PulsarStreamWriter, PulsarWriter
+from cdc.errors import OptionError
+from cdc.servers.pulsar import EmbeddedBroker
+from cdc.source import CdcDataSource
+from tests.pulsar.helpers import backend, drain
+
+SCHEMA = StructType([StructField("value", BinaryType()), StructField("key", StringType())])
+
+
+def _rows(n: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {"value": [f"v{i}".encode() for i in range(n)], "key": [f"k{i}" for i in range(n)]},
+        schema=pa.schema([("value", pa.binary()), ("key", pa.string())]),
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_write_to_a_backend_without_a_writer_fails_naming_backend(tmp_path: object, stream: bool) -> None:
+    source = CdcDataSource({"backend": "local", "path": str(tmp_path)})
+    with pytest.raises(OptionError, match=r"option 'backend': backend 'local' does not accept writes; "
+                                          r"accepted values for writes: pulsar") as err:
+        if stream:
+            source.streamWriter(SCHEMA, False)
+        else:
+            source.writer(SCHEMA, False)
+    assert err.value.option == "backend"
+
+
+def test_a_write_naming_pulsar_gets_the_pulsar_writers(broker: EmbeddedBroker, topic: str) -> None:
+    options = {"backend": "pulsar", "service.url": broker.url, "topic": topic}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # naming the backend: no deprecation warning
+        assert isinstance(CdcDataSource(options).writer(SCHEMA, False), PulsarWriter)
+        assert isinstance(CdcDataSource(options).streamWriter(SCHEMA, False), PulsarStreamWriter)
+    with pytest.raises(OptionError, match=r"only appends.*mode\('append'\)"):
+        CdcDataSource(options).writer(SCHEMA, True)
+
+
+def test_a_write_naming_no_backend_still_reaches_pulsar_and_warns(broker: EmbeddedBroker, topic: str,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    source = CdcDataSource({"service.url": broker.url, "topic": topic})
+    with pytest.warns(FutureWarning, match=r"without option 'backend' goes to Pulsar.*deprecated"):
+        writer = source.writer(SCHEMA, False)
+    assert "deprecated" in caplog.text
+    commit = writer.write(iter([_rows(5)]))
+    writer.commit([commit])
+    table, _ = drain(backend(broker.url, topic))
+    assert sorted(table.column("value").to_pylist()) == [f"v{i}".encode() for i in range(5)]
+    assert sorted(table.column("__key").to_pylist()) == [f"k{i}" for i in range(5)]
+
+
+def test_the_cdc_core_imports_no_sink_and_sinks_hold_no_pulsar() -> None:
+    """Writes belong to their backend: nothing under cdc/ reaches into sinks/, and sinks/ has no Pulsar."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    offenders = [
+        str(p.relative_to(root))
+        for p in (root / "cdc").rglob("*.py")
+        if any(line.lstrip().startswith(("import sinks", "from sinks")) for line in p.read_text().splitlines())
+    ]
+    assert offenders == []
+    assert not list((root / "sinks").rglob("*pulsar*"))
+
+
+def test_wire_modules_load_neither_the_client_nor_pyspark_nor_pydantic() -> None:
+    """The package is lazy: its codec and positions load nothing beyond what ``import cdc`` already has."""
+    code = (
+        "import sys, cdc; before = set(sys.modules)\n"
+        "import cdc.backends.pulsar.codec, cdc.backends.pulsar.positions, cdc.backends.pulsar.errors\n"
+        "print(' '.join(sorted(set(sys.modules) - before)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    loaded = {name.split(".")[0] for name in out}
+    assert not loaded & {"pulsar", "_pulsar", "pyspark", "pydantic", "fastavro", "numpy"}, out
+    assert "cdc.backends.pulsar.backend" not in out and "cdc.backends.pulsar.options" not in out, out
