@@ -26,7 +26,7 @@ leaves as they were (their values in the record are null and mean nothing). ``_u
 empty) for a record that carries the whole row: every insert, delete and snapshot row, and updates that set
 every column. A column that a change sets to null (Tablestore: deletes) is not in ``_unchanged``. Sinks
 fold consecutive partial changes of a key in sequence order and keep the target's value for the columns
-that stay unchanged (see ``sinks.delta.semantics``).
+that stay unchanged (see ``sinks.delta.batch``).
 
 The Arrow schema (:func:`ChangeSchema.arrow`) and the Spark schema (:func:`ChangeSchema.spark`) agree
 exactly: ``pyspark``'s ``to_arrow_schema(spark())`` equals ``arrow()``, which is what a Python data source

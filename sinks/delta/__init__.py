@@ -5,12 +5,17 @@
     changes.writeStream.foreachBatch(sink).option("checkpointLocation", ck).start()
     read(spark, "/lake/orders").show()
 
-Modules: :mod:`~sinks.delta.semantics` (every rule, engine-independent), :mod:`~sinks.delta.rs` (delta-rs,
-the default), :mod:`~sinks.delta.spark` (delta-spark), :mod:`~sinks.delta.sink` (the foreachBatch sink).
+Modules: :mod:`~sinks.delta.sink` (the foreachBatch sink) runs, per batch, the engine-independent steps
+:mod:`~sinks.delta.batch` (validate, reduce per key), :mod:`~sinks.delta.schema` (create, evolve),
+:mod:`~sinks.delta.scd1` or :mod:`~sinks.delta.scd2` (stage the MERGE source) and :mod:`~sinks.delta.merge`
+(the MERGE statement), configured by :mod:`~sinks.delta.spec` (options, rules) over the table described in
+:mod:`~sinks.delta.layout`; an engine runs the statements: :mod:`~sinks.delta.rs` (delta-rs, the default) or
+:mod:`~sinks.delta.spark` (delta-spark). :mod:`~sinks.delta.staging` keeps pipelined mode's staged batches;
+:mod:`~sinks.delta.reader` reads a table into Spark.
 """
 
 from sinks.delta.reader import read
-from sinks.delta.semantics import SchemaEvolutionError
+from sinks.delta.schema import SchemaEvolutionError
 from sinks.delta.sink import DeltaUpsertSink
 
 __all__ = ["DeltaUpsertSink", "SchemaEvolutionError", "read"]

@@ -1,7 +1,8 @@
-"""What an engine must do for the sink: run the statements :mod:`sinks.delta.semantics` generates.
+"""What an engine must do for the sink: run the statements :mod:`sinks.delta.merge` generates.
 
-An engine decides nothing: the sink prepares each batch and builds every MERGE predicate and clause once,
-in :mod:`sinks.delta.semantics`; an engine only reads the table's schema and heads and commits.
+An engine decides nothing: the sink prepares and stages each batch and builds every MERGE predicate and
+clause once, engine-independently (see :mod:`sinks.delta.spec`); an engine only reads the table's schema and
+heads and commits.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from sinks.delta.semantics import MergePlan
+from sinks.delta.merge import MergePlan
 
 
 class Engine(Protocol):

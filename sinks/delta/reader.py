@@ -8,7 +8,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from cdc.errors import TerminalError
-from sinks.delta.semantics import DELETED_AT, HIDDEN_PREFIX, IS_CURRENT
+from sinks.delta.layout import DELETED_AT, HIDDEN_PREFIX, IS_CURRENT
 
 # Reader features that make the data files alone an incorrect view of the table.
 _UNSUPPORTED = {"deletionVectors", "columnMapping"}

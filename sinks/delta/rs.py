@@ -12,7 +12,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Field, Transaction
 from deltalake.exceptions import TableNotFoundError
 
-from sinks.delta.semantics import MergePlan
+from sinks.delta.merge import MergePlan
 
 log = logging.getLogger(__name__)
 

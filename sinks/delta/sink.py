@@ -14,8 +14,14 @@ import pyarrow as pa
 
 from cdc.errors import OptionError
 from cdc.model import CHANNEL, POSITION
+from sinks.delta.batch import prepare
 from sinks.delta.engine import Engine
-from sinks.delta.semantics import DEFAULT_DELETE_CONDITION, IS_DELETE, SinkSpec
+from sinks.delta.layout import DEFAULT_DELETE_CONDITION, IS_DELETE
+from sinks.delta.merge import merge_plan
+from sinks.delta.scd1 import purge_predicate, stage_scd1
+from sinks.delta.scd2 import heads_condition, stage_scd2
+from sinks.delta.schema import new_columns, table_schema
+from sinks.delta.spec import SinkSpec
 from sinks.delta.staging import StagingLog
 
 log = logging.getLogger(__name__)
@@ -243,26 +249,26 @@ class DeltaUpsertSink:
             return False
         now = self.clock()
         spec = self.spec
-        prepared = spec.prepare(changes, now)
+        prepared = prepare(spec, changes, now)
         if prepared.num_rows == 0:
             log.debug("batch %d has no changes", batch_id)
             return False
         schema = engine.schema()
         if schema is None:
-            engine.create(spec.table_schema(prepared.schema))
+            engine.create(table_schema(spec, prepared.schema))
             schema = engine.schema()
             assert schema is not None
-        added = spec.new_columns(schema, prepared.schema)
+        added = new_columns(spec, schema, prepared.schema)
         if added:
             log.info("adding columns %s to %s", [f.name for f in added], self.path)
             engine.add_columns(added)
             schema = pa.schema([*schema, *added])
         if spec.scd_type == 1:
-            source = spec.stage_scd1(prepared)
+            source = stage_scd1(spec, prepared)
         else:
-            heads = engine.read(*spec.heads_condition(prepared))
-            source = spec.stage_scd2(prepared, heads)
-        plan = spec.merge_plan(source, schema)
+            heads = engine.read(*heads_condition(spec, prepared))
+            source = stage_scd2(spec, prepared, heads)
+        plan = merge_plan(spec, source, schema)
         metrics = engine.merge(source, plan, app, batch_id)
         log.info("batch %d: merged %d changes into %s: %s", batch_id, prepared.num_rows, self.path, metrics)
         if self.compact_every and (batch_id + 1) % self.compact_every == 0:
@@ -274,7 +280,7 @@ class DeltaUpsertSink:
         engine = self.engine()
         if engine.schema() is None:
             return
-        purge = self.spec.purge_predicate(now or self.clock())
+        purge = purge_predicate(self.spec, now or self.clock())
         if purge is not None:
             engine.delete(purge)
         engine.compact()

@@ -1,7 +1,7 @@
 """The delta-spark engine: ``DeltaTable.forPath(...).merge`` inside the JVM, for clusters where the
 ``io.delta`` jars are on the classpath (not on the machines this project is built on: no Maven access).
 
-It runs exactly the statements :mod:`sinks.delta.semantics` generates for delta-rs (same predicate, same
+It runs exactly the statements :mod:`sinks.delta.merge` generates for delta-rs (same predicate, same
 WHEN clauses, same staging), so the surface that cannot be tested here is this thin adapter. Exactly-once
 uses Delta's idempotent writes: the session confs ``spark.databricks.delta.write.txnAppId`` /
 ``txnVersion`` make Delta skip a commit already made under that application transaction.
@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc.errors import TerminalError
-from sinks.delta.semantics import MergePlan, quote
+from sinks.delta.merge import MergePlan, quote
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sinks.delta import DeltaUpsertSink
-from sinks.delta.semantics import DELETED_AT, IS_CURRENT, VALID_FROM, VALID_TO
+from sinks.delta.layout import DELETED_AT, IS_CURRENT, VALID_FROM, VALID_TO
 
 TS = pa.timestamp("us", tz="UTC")
 KEYS = st.tuples(st.integers(0, 5), st.sampled_from(["x", "y"]))  # a two-column key

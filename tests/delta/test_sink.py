@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 
 from cdc.errors import MalformedRecordError, OptionError, TerminalError
 from sinks.delta import DeltaUpsertSink, SchemaEvolutionError
-from sinks.delta.semantics import DELETED_AT
+from sinks.delta.layout import DELETED_AT
 
 TS = pa.timestamp("us", tz="UTC")
 
