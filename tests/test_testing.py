@@ -117,6 +117,6 @@ def test_a_child_before_its_parent_is_caught() -> None:
         merged = pa.concat_tables(result.batches)
         result.batches = [merged]
         with pytest.raises(ScriptError, match="before its parent"):
-            _check_history(harness.backend(), result, complete=True)
+            _check_history(harness, harness.backend(), result, complete=True)
     finally:
         harness.close()

@@ -25,6 +25,11 @@ class Harness(ABC):
     supports_merge: bool = True
     exact_counts_without_budget: bool = True
     """False for a backend that reports a lower bound as ``records`` when planning has no record budget."""
+    identity_columns: tuple[str, ...] = ("_channel", "_position")
+    """Columns that identify a record (what :func:`cdc.testing.play` checks is never delivered twice)."""
+    order_columns: tuple[str, str] | None = ("_channel", "_seq")
+    """(channel, order) columns: per channel, order increases in delivery order; ``None``: not checked
+    (records outside the change model, such as raw Pulsar messages)."""
 
     @abstractmethod
     def backend(self) -> Backend:

@@ -11,7 +11,6 @@ from typing import Any
 import pyarrow as pa
 
 from cdc.backend import Backend
-from cdc.model import CHANNEL, POSITION, SEQ
 from cdc.planner import Planner
 from cdc.testing.harness import Harness, read_range
 
@@ -90,8 +89,8 @@ def _read_batch(backend: Backend, start: dict[str, Any], end: dict[str, Any]) ->
 def play(harness: Harness, steps: Sequence[Step], *, drain_at_end: bool = True) -> PlayResult:
     """Run ``steps`` against ``harness`` as a streaming query would, and check the contract's promises.
 
-    Checked: a replayed batch equals its first attempt; no record (``_channel``, ``_position``) is delivered
-    twice; per channel, ``_seq`` increases in delivery order; a child channel's first record comes in a
+    Checked: a replayed batch equals its first attempt; no record (``harness.identity_columns``) is
+    delivered twice; per channel, the order column increases in delivery order (``harness.order_columns``); a child channel's first record comes in a
     later batch than every record of its parents; with ``drain_at_end`` (the default), the remaining records
     are delivered after the last step and every appended record must have arrived. A violation raises
     :class:`ScriptError`.
@@ -140,27 +139,32 @@ def play(harness: Harness, steps: Sequence[Step], *, drain_at_end: bool = True) 
         if drain_at_end:
             while run_batch(None, False):
                 pass
-        _check_history(backend, result, complete=drain_at_end)
+        _check_history(harness, backend, result, complete=drain_at_end)
     finally:
         backend.close()
     return result
 
 
-def _check_history(backend: Backend, result: PlayResult, complete: bool) -> None:
-    seen: set[tuple[str, int]] = set()
-    last_seq: dict[str, int] = {}
-    batches_of: dict[str, list[int]] = defaultdict(list)
+def _check_history(harness: Harness, backend: Backend, result: PlayResult, complete: bool) -> None:
+    seen: set[tuple[Any, ...]] = set()
+    last: dict[Any, Any] = {}
+    batches_of: dict[Any, list[int]] = defaultdict(list)
     for b, table in enumerate(result.batches):
-        columns = (table.column(CHANNEL).to_pylist(), table.column(POSITION).to_pylist(), table.column(SEQ).to_pylist())
-        for channel, position, seq in zip(*columns, strict=True):
-            if (channel, position) in seen:
-                raise ScriptError(f"record {channel}@{position} delivered twice (again in batch {b})")
-            seen.add((channel, position))
-            if channel in last_seq and seq <= last_seq[channel]:
-                raise ScriptError(f"channel {channel}: _seq {seq} delivered after {last_seq[channel]} (batch {b})")
-            last_seq[channel] = seq
+        identities = zip(*(table.column(c).to_pylist() for c in harness.identity_columns), strict=True)
+        for identity in identities:
+            if identity in seen:
+                raise ScriptError(f"record {identity} delivered twice (again in batch {b})")
+            seen.add(identity)
+        if harness.order_columns is None:
+            continue
+        channel_col, order_col = harness.order_columns
+        for channel, order in zip(table.column(channel_col).to_pylist(), table.column(order_col).to_pylist(),
+                                  strict=True):
+            if channel in last and order <= last[channel]:
+                raise ScriptError(f"channel {channel}: {order_col} {order} delivered after {last[channel]} (batch {b})")
+            last[channel] = order
             batches_of[channel].append(b)
-    for info in backend.list_channels():
+    for info in backend.list_channels() if harness.order_columns else ():
         for parent in info.parents:
             if batches_of.get(info.id) and batches_of.get(parent) and min(batches_of[info.id]) <= max(batches_of[parent]):
                 raise ScriptError(f"channel {info.id} delivered before its parent {parent} was complete")

@@ -15,7 +15,7 @@ from cdc.backends.pulsar.writer import PulsarStreamWriter, PulsarWriter
 from cdc.errors import OptionError
 from cdc.servers.pulsar import EmbeddedBroker
 from cdc.source import CdcDataSource
-from tests.pulsar.helpers import backend, drain
+from tests.backends.pulsar.helpers import backend, drain
 
 SCHEMA = StructType([StructField("value", BinaryType()), StructField("key", StringType())])
 

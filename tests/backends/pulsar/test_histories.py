@@ -21,7 +21,7 @@ from cdc.backends.pulsar import PulsarBackend, PulsarOptions
 from cdc.backends.pulsar.positions import key_of
 from cdc.planner import Planner, positions
 from cdc.servers.pulsar import EmbeddedBroker
-from tests.pulsar.helpers import produce
+from tests.backends.pulsar.helpers import produce
 
 _topics = itertools.count()
 BROKER: EmbeddedBroker | None = None

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cdc.servers.pulsar import EmbeddedBroker
-from tests.pulsar.helpers import backend, drain, produce
+from tests.backends.pulsar.helpers import backend, drain, produce
 
 pytestmark = pytest.mark.spark
 

@@ -26,8 +26,8 @@ from cdc.backends.pulsar.errors import SchemaMismatchError
 from cdc.errors import MalformedRecordError, OptionError
 from cdc.options import parse
 from cdc.servers.pulsar import EmbeddedBroker
-from tests.pulsar.helpers import backend, drain, produce
-from tests.pulsar.test_admin import _Admin, serve_admin
+from tests.backends.pulsar.admin_api import RecordedAdmin, serve_admin
+from tests.backends.pulsar.helpers import backend, drain, produce
 
 SCHEMA: dict[str, Any] = {
     "type": "record",
@@ -73,7 +73,7 @@ def registry_path(topic: str) -> str:
 
 
 @pytest.fixture
-def registry() -> Iterator[type[_Admin]]:
+def registry() -> Iterator[type[RecordedAdmin]]:
     with serve_admin() as handler:
         yield handler
 

@@ -24,6 +24,8 @@ class PulsarHarness(Harness):
 
     supports_split = False
     supports_merge = False
+    identity_columns = ("__topic", "__messageId")
+    order_columns = None  # raw messages carry no change-model sequence
 
     def __init__(self, broker: EmbeddedBroker, batching: bool, partition_topics: bool = False) -> None:
         self.broker = broker

@@ -22,7 +22,7 @@ from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.reader import _Columns
 from cdc.errors import MalformedRecordError
 from cdc.servers.pulsar import EmbeddedBroker
-from tests.pulsar.helpers import backend, drain, produce
+from tests.backends.pulsar.helpers import backend, drain, produce
 
 SCHEMA = json.dumps({"type": "record", "name": "T", "fields": [
     {"name": "id", "type": "long"},

@@ -34,7 +34,7 @@ def topic(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(autouse=True)
 def _close_backends() -> Iterator[None]:
-    from tests.pulsar.helpers import close_all
+    from tests.backends.pulsar.helpers import close_all
 
     yield
     close_all()

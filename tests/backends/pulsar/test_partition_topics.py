@@ -18,14 +18,14 @@ from cdc.backends.pulsar.client import Channel
 from cdc.errors import OptionError
 from cdc.planner import Planner
 from cdc.servers.pulsar import EmbeddedBroker
-from tests.pulsar.helpers import backend, drain, produce
-from tests.pulsar.test_admin import _Admin, serve_admin
+from tests.backends.pulsar.admin_api import RecordedAdmin, serve_admin
+from tests.backends.pulsar.helpers import backend, drain, produce
 
 Key = tuple[int, int, int]
 
 
 @pytest.fixture
-def admin_api() -> Iterator[type[_Admin]]:
+def admin_api() -> Iterator[type[RecordedAdmin]]:
     with serve_admin() as handler:
         yield handler
 

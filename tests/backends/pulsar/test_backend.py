@@ -19,7 +19,7 @@ from cdc.errors import BackendUnavailableError, MalformedRecordError, OptionErro
 from cdc.options import parse
 from cdc.planner import Planner
 from cdc.servers.pulsar import EmbeddedBroker
-from tests.pulsar.helpers import backend, drain, produce
+from tests.backends.pulsar.helpers import backend, drain, produce
 
 
 # ---------------------------------------------------------------------------------------------- broker
