@@ -32,8 +32,9 @@ from pyspark.sql.types import StructType
 
 from cdc.backend import Backend, Position, RangeReader, backend_class
 from cdc.errors import OptionError
+from cdc.offsets import ChannelOffset, Offset, OffsetJson
 from cdc.options import BackendOptions, SourceOptions, split_and_parse
-from cdc.planner import Offset, Planner, describe, positions
+from cdc.planner import Planner, describe
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class _ReaderBase:
             )
         return self._planner
 
-    def _partitions(self, start: Offset, end: Offset) -> list[ChannelPartition]:
+    def _partitions(self, start: OffsetJson, end: OffsetJson) -> list[ChannelPartition]:
         ranges = Planner.ranges(start, end)
         log.debug("batch ranges: %s", describe(ranges))
         reader = self.backend.reader()
@@ -125,16 +126,16 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
         super().__init__(config, schema)
         self._target: dict[str, Position] | None = None
 
-    def initialOffset(self) -> Offset:
+    def initialOffset(self) -> OffsetJson:
         offset = self.planner.initial(self._config.source.starting_offsets)
-        log.info("starting from %s", positions(offset))
+        log.info("starting from %s", Offset.from_json(offset).positions())
         return offset
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self._config.source.max_records_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
-    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+    def latestOffset(self, start: OffsetJson, limit: ReadLimit) -> OffsetJson:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         max_bytes = self._config.source.max_bytes_per_trigger
         if max_bytes is not None:
@@ -164,16 +165,16 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
         self._target = self.planner.until("latest")
         log.info("Trigger.AvailableNow target: %s", self._target)
 
-    def reportLatestOffset(self) -> Offset | None:
+    def reportLatestOffset(self) -> OffsetJson | None:
         backend = self.backend
-        return {"channels": {c.id: {"pos": backend.latest(c.id)} for c in backend.list_channels()}}
+        return Offset({c.id: ChannelOffset(backend.latest(c.id)) for c in backend.list_channels()}).to_json()
 
-    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+    def partitions(self, start: OffsetJson, end: OffsetJson) -> Sequence[InputPartition]:
         return self._partitions(start, end)
 
-    def commit(self, end: Offset) -> None:
+    def commit(self, end: OffsetJson) -> None:
         try:
-            self.backend.acknowledge(positions(end))
+            self.backend.acknowledge(Offset.from_json(end).positions())
         except Exception as exc:  # acknowledgement is best effort; correctness never depends on it
             log.warning("acknowledging committed positions failed (will retry on the next commit): %s", exc)
 
