@@ -55,8 +55,7 @@ class PositionError(TerminalError, ValueError):
 
 
 class OffsetError(TerminalError, ValueError):
-    """An offset (Spark's offset log, ``startingOffsets``/``endingOffsets``) is not a cdc offset, or a batch's
-    end lies before its start."""
+    """An offset (from Spark's offset log or a checkpoint) is not a cdc offset."""
 
 
 class MalformedRecordError(TerminalError):

@@ -280,9 +280,13 @@ class Planner:
 
     def until(self, spec: str) -> dict[str, Position]:
         """Per-channel upper bounds from ``endingOffsets`` (batch) or a frozen AvailableNow target."""
+        return self._bounds(spec)[0]
+
+    def _bounds(self, spec: str) -> tuple[dict[str, Position], set[str]]:
+        """The bounds of :meth:`until`, and the channels whose bound was given as a position."""
         text = spec.strip()
         if text.lower() == "latest":
-            return {c.id: self.backend.latest(c.id) for c in self.backend.list_channels()}
+            return {c.id: self.backend.latest(c.id) for c in self.backend.list_channels()}, set()
         try:
             given = json.loads(text)
         except json.JSONDecodeError:
@@ -300,7 +304,39 @@ class Planner:
         unknown = sorted(set(given) - known)
         if unknown:
             raise OptionError(f"option 'endingOffsets': unknown channels {unknown}", "endingOffsets")
-        return out
+        return out, {ch for ch in known if given.get(ch, "latest") != "latest"}
+
+    def batch_end(self, start: OffsetJson, ending: str) -> OffsetJson:
+        """The end offset of a batch read from ``start`` to ``ending`` (``endingOffsets``), every channel at once.
+
+        An ending position before the start is refused, naming both. Positions are the backend's own, so the
+        backend answers: a given bound lies before the start when the range from the bound up to the start
+        holds a record, or is no longer held. Only a channel whose range came out empty can have such a
+        bound, and only a given position can be one (``latest`` is never before a start the backend accepted).
+        """
+        bounds, given = self._bounds(ending)
+        end = self.next(start, None, bounds, respect_lineage=False)
+        begin, stop = Offset.from_json(start), Offset.from_json(end)
+        backwards = []
+        for cid in sorted(given, key=_channel_sort_key):
+            entry, last = begin.channels.get(cid), stop.channels.get(cid)
+            if entry is None or last is None or last.pos != entry.pos or bounds[cid] == entry.pos:
+                continue
+            try:
+                behind = self.backend.plan(cid, bounds[cid], 1, entry.pos).records > 0
+            except DataLossError:
+                behind = True
+            if behind:
+                backwards.append(
+                    f"channel {cid!r}: endingOffsets position {bounds[cid]!r} is before its startingOffsets "
+                    f"position {entry.pos!r}"
+                )
+        if backwards:
+            raise OptionError(
+                f"a batch read cannot end before it starts (option 'endingOffsets'): {'; '.join(backwards)}",
+                "endingOffsets",
+            )
+        return end
 
     # ------------------------------------------------------------------ planning
     def next(

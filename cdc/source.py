@@ -115,11 +115,14 @@ class _ReaderBase:
         reader = self.backend.reader()
         return [ChannelPartition(r.channel, r.start, r.end, reader) for r in ranges]
 
-    def read(self, partition: ChannelPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, ChannelPartition):
+            # PySpark hands a batch read that planned no partition one InputPartition(None) all the same.
+            return iter(())
         return _conform(partition.reader.read(partition.channel, partition.start, partition.end), self._arrow_schema)
 
 
-class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader: offsets are every channel's position; see :mod:`cdc.planner`."""
 
     def __init__(self, config: _Config, schema: StructType) -> None:
@@ -183,7 +186,7 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
             self._backend.close()
 
 
-class CdcBatchReader(_ReaderBase, DataSourceReader):  # type: ignore[misc]
+class CdcBatchReader(_ReaderBase, DataSourceReader):
     """Batch reader: a bounded stream from ``startingOffsets`` to ``endingOffsets``, all channels at once."""
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -196,8 +199,7 @@ class CdcBatchReader(_ReaderBase, DataSourceReader):  # type: ignore[misc]
                 "startingOffsets",
             )
         start = self.planner.initial(source.starting_offsets)
-        end = self.planner.next(start, None, self.planner.until(source.ending_offsets), respect_lineage=False)
-        return self._partitions(start, end)
+        return self._partitions(start, self.planner.batch_end(start, source.ending_offsets))
 
 
 class CdcDataSource(DataSource):

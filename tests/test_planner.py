@@ -375,3 +375,19 @@ def test_the_planner_writes_the_same_offset_json_as_before(tmp_path: Path) -> No
         cur = snapping.next(cur, max_records=4)
         got.append(cur)
     assert [re.sub(r"snap-[0-9a-f]+-", "snap-ID-", json.dumps(o)) for o in got] == GOLDEN_OFFSETS
+
+
+def test_a_batch_end_before_its_start_is_refused_naming_both(tmp_path: Path) -> None:
+    log, planner = make(tmp_path)
+    log.append(rows(10), channel="c0")
+    log.append(rows(10, 100), channel="c1")
+    start = planner.initial('{"c0": 6, "c1": 2}')
+    assert positions(planner.batch_end(start, '{"c0": 6, "c1": 5}')) == {"c0": 6, "c1": 5}
+    assert planner.ranges(start, planner.batch_end(start, '{"c0": 6}')) != []  # c1 runs to latest
+    with pytest.raises(OptionError, match=r"channel 'c0': endingOffsets position 3 is before its startingOffsets "
+                                          r"position 6") as e:
+        planner.batch_end(start, '{"c0": 3, "c1": 5}')
+    assert e.value.option == "endingOffsets" and "'c1'" not in str(e.value)
+    log.truncate("c0", 5)  # an ending position no longer held lies before any start the log still holds
+    with pytest.raises(OptionError, match="endingOffsets position 1 is before"):
+        planner.batch_end(planner.initial('{"c0": 6}'), '{"c0": 1}')
