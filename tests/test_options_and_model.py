@@ -135,13 +135,18 @@ def test_register_warns_once_when_py4j_logs_option_values(caplog: pytest.LogCapt
     import cdc
 
     py4j = logging.getLogger("py4j")
-    monkeypatch.setattr(py4j, "level", logging.INFO)
+    monkeypatch.setattr(cdc, "_warned_py4j_debug", False, raising=False)  # a once-per-process warning
     caplog.set_level(logging.WARNING, logger="cdc")
-    cdc.register(MagicMock())
-    assert not [r for r in caplog.records if "py4j" in r.getMessage()]
-    monkeypatch.setattr(py4j, "level", logging.DEBUG)
-    cdc.register(MagicMock())
-    cdc.register(MagicMock())
+    level = py4j.level
+    try:
+        py4j.setLevel(logging.INFO)
+        cdc.register(MagicMock())
+        assert not [r for r in caplog.records if "py4j" in r.getMessage()]
+        py4j.setLevel(logging.DEBUG)
+        cdc.register(MagicMock())
+        cdc.register(MagicMock())
+    finally:
+        py4j.setLevel(level)
     warned = [r for r in caplog.records if "py4j" in r.getMessage()]
     assert len(warned) == 1 and warned[0].levelno == logging.WARNING
     assert "secret" in warned[0].getMessage() and "environment" in warned[0].getMessage()
