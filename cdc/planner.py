@@ -71,10 +71,6 @@ class ChannelPlan:
     """``begin`` jumped forward past data the backend no longer holds (``failOnDataLoss=false``)."""
 
 
-def empty_offset() -> OffsetJson:
-    return Offset().to_json()
-
-
 def _channel_sort_key(cid: str) -> tuple[int, str]:
     return (len(cid), cid)
 
