@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc.errors import OffsetError, TerminalError
+from cdc.offsets import Offset, Position
+
 _BATCH_FILE = re.compile(r"^\d+$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(TerminalError, ValueError):
     """The checkpoint cannot answer the question asked (missing, not a cdc query, mid-snapshot, ...)."""
 
 
@@ -35,13 +38,17 @@ class BatchOffsets:
     metadata: dict[str, Any]
     sources: tuple[dict[str, Any] | None, ...]
 
-    def source(self, index: int = 0) -> dict[str, Any]:
+    def source(self, index: int = 0) -> Offset:
+        """The end offset of source ``index`` (in the order of the query plan) in this batch."""
         if not 0 <= index < len(self.sources):
             raise CheckpointError(f"batch {self.batch_id} has {len(self.sources)} sources; no source #{index}")
-        offset = self.sources[index]
-        if offset is None or not isinstance(offset.get("channels"), dict):
+        raw = self.sources[index]
+        if raw is None or not isinstance(raw.get("channels"), dict):
             raise CheckpointError(f"source #{index} of batch {self.batch_id} is not a cdc source")
-        return offset
+        try:
+            return Offset.from_json(raw)
+        except OffsetError as exc:
+            raise CheckpointError(f"source #{index} of batch {self.batch_id}: {exc}") from exc
 
 
 def _batch_ids(directory: Path) -> list[int]:
@@ -79,7 +86,7 @@ def last_committed(checkpoint: str | Path) -> BatchOffsets:
     raise CheckpointError(f"{root}: no committed batch yet; a new query should start where the old one was told to")
 
 
-def starting_offsets(offset: dict[str, Any]) -> dict[str, Any]:
+def starting_offsets(offset: Offset) -> dict[str, Position]:
     """Turn a batch's end offset into a ``startingOffsets`` JSON object for a new query.
 
     Every channel starts at its logged end position. A finished channel read to its end keeps its final
@@ -87,14 +94,14 @@ def starting_offsets(offset: dict[str, Any]) -> dict[str, Any]:
     not change channels, and a new query cannot resume one half-read; it should start with
     ``startingOffsets=snapshot`` again.
     """
-    out: dict[str, Any] = {}
-    for cid, entry in offset["channels"].items():
-        if entry.get("snapshot"):
-            if not entry.get("done"):
+    out: dict[str, Position] = {}
+    for cid, entry in offset.channels.items():
+        if entry.snapshot:
+            if not entry.done:
                 raise CheckpointError(
                     f"the batch ended inside a snapshot (chunk {cid!r} not finished); a new query cannot resume a "
                     "half-read snapshot: start it with startingOffsets=snapshot, or use a later batch"
                 )
             continue
-        out[cid] = entry["pos"]
+        out[cid] = entry.pos
     return out

@@ -117,9 +117,9 @@ def offsets_cmd(checkpoint: str, batch_id: int | None, source_index: int, as_sta
     click.echo(f"batch {batch.batch_id} ({'committed' if batch.committed else 'not committed'}); "
                f"last batch in the offset log: {latest.batch_id} "
                f"({'committed' if latest.committed else 'planned, replayed on restart'})")
-    for cid, entry in sorted(offset["channels"].items()):
-        flags = [name for name in ("done", "snapshot") if entry.get(name)]
-        click.echo(json.dumps({"channel": cid, "pos": entry["pos"], **({"flags": flags} if flags else {})}))
+    for cid, entry in sorted(offset.channels.items()):
+        flags = [name for name, on in (("done", entry.done), ("snapshot", entry.snapshot)) if on]
+        click.echo(json.dumps({"channel": cid, "pos": entry.pos, **({"flags": flags} if flags else {})}))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Every error cdc-tunnel raises derives from :class:`CdcError`.
 
-Errors cross the driver/executor boundary inside Spark, so each one pickles: their constructors take
-only the message (plus plain, picklable fields restored through ``__reduce__``).
+Errors cross the driver/executor boundary inside Spark, so every one pickles, with every attribute: the
+root's ``__reduce__`` rebuilds an error from its class, its ``args`` and its ``__dict__`` without calling
+its constructor, so a subclass may take any constructor arguments and set attributes after construction
+(``err.channel = ...``) and still arrive whole. Subclasses do not define their own ``__reduce__``.
 """
 
 from __future__ import annotations
@@ -9,8 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 
+def _rebuild(cls: type[CdcError], args: tuple[Any, ...], state: dict[str, Any]) -> CdcError:
+    # BaseException.__new__ sets ``args`` and skips ``__init__``: the state is restored exactly as it was,
+    # whatever the subclass's constructor would do with those arguments.
+    err = cls.__new__(cls, *args)
+    err.__dict__.update(state)
+    return err
+
+
 class CdcError(Exception):
     """Root of every cdc-tunnel error."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
 
 
 class TransientError(CdcError):
@@ -28,9 +41,6 @@ class OptionError(TerminalError, ValueError):
         super().__init__(message)
         self.option = option
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.option))
-
 
 class DataLossError(TerminalError):
     """A position the query needs is no longer held by the backend (retention, truncation)."""
@@ -39,12 +49,13 @@ class DataLossError(TerminalError):
         super().__init__(message)
         self.channel = channel
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.channel))
-
 
 class PositionError(TerminalError, ValueError):
     """A position is malformed or lies outside its channel."""
+
+
+class OffsetError(TerminalError, ValueError):
+    """An offset (from Spark's offset log or a checkpoint) is not a cdc offset."""
 
 
 class MalformedRecordError(TerminalError):

@@ -3,16 +3,23 @@
 Each backend declares its options as a pydantic model (``BackendOptions`` subclass) whose field aliases are
 the user-facing option names (``service.url``, ``maxRecordsPerTrigger``). :func:`parse` matches keys
 case-insensitively, and turns every problem into an :class:`~cdc.errors.OptionError` that names the option
-and what it accepts. Secret fields are ``SecretStr``: they never show in reprs, logs or errors.
+and what it accepts. Secret fields are ``SecretStr``: they never show in reprs, logs or errors, whatever
+the type of the value given (pydantic reports errors under the option name, so fields are found by alias).
+
+Credentials should come from the environment where the backend reads them (Tablestore:
+``ALIBABA_CLOUD_ACCESS_KEY_ID``, ``ALIBABA_CLOUD_ACCESS_KEY_SECRET``, ``ALIBABA_CLOUD_SECURITY_TOKEN``), not
+from ``.option(...)``: a driver logging py4j at DEBUG logs every option value it sends to the JVM, and
+:func:`cdc.register` warns when it does.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretBytes, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
 
 from cdc.errors import OptionError
 
@@ -96,12 +103,26 @@ def _alias(model: type[BaseModel], field: str) -> str:
     return (info.alias or field) if info else field
 
 
+def _holds_secret(annotation: Any) -> bool:
+    """``SecretStr`` anywhere in a field's type (``SecretStr | None``, ``dict[str, SecretStr]``...)."""
+    if isinstance(annotation, type) and issubclass(annotation, (SecretStr, SecretBytes)):
+        return True
+    return any(_holds_secret(arg) for arg in get_args(annotation))
+
+
+def _field_of(model: type[BaseModel], key: str) -> FieldInfo | None:
+    """The field an error location names: models are validated by alias, so pydantic reports the alias."""
+    by_alias = {info.alias or name: info for name, info in model.model_fields.items()}
+    return by_alias.get(key) or model.model_fields.get(key)
+
+
 def _describe(model: type[BaseModel], err: Mapping[str, Any]) -> str:
     loc = err.get("loc") or ("?",)
-    field = str(loc[0])
-    alias = _alias(model, field)
-    info = model.model_fields.get(field)
-    secret = info is not None and info.annotation in (SecretStr, SecretStr | None)
+    key = str(loc[0])
+    info = _field_of(model, key)
+    alias = _alias(model, key)
+    # An option that is not a field cannot be told apart from a mistyped secret: keep its value out too.
+    secret = info is None or _holds_secret(info.annotation)
     msg = str(err.get("msg", "invalid value"))
     if err.get("type") == "missing":
         return f"option {alias!r} is required"

@@ -1,14 +1,8 @@
 """Planning micro-batches over channels: offsets, lineage, admission control. No Spark in here.
 
-An **offset** is what Spark writes to its offset log for each batch, a JSON-safe dict::
-
-    {"channels": {"c0": {"pos": 120}, "c1": {"pos": 80, "done": true}, "c2": {"pos": 7, "from": 0}}}
-
-``pos`` is the channel's position at the end of the batch. ``done`` marks a finished channel that has
-been read to its final end: its children may start in the *next* batch. ``from`` appears only in the
-batch that first reads a channel (a newly discovered channel, or a jump forward after data loss with
-``failOnDataLoss=false``): it is where that batch's range starts, so a replay never has to ask the backend
-where a channel began. A batch's ranges are therefore a pure function of its (start, end) offsets.
+An **offset** is what Spark writes to its offset log for each batch: every channel's position at the end
+of the batch, plus the marks a replay needs; :mod:`cdc.offsets` defines its JSON. A batch's ranges are a
+pure function of its (start, end) offsets: a replay never has to ask the backend where a range began.
 
 ``startingOffsets=snapshot`` starts with a snapshot of the table at a consistent cut of the log (see
 :class:`~cdc.backend.SnapshotInfo`): its chunks enter the offset as channels marked ``"snapshot": true``,
@@ -28,22 +22,25 @@ source again, which for ``latest`` (or after retention moved ``earliest``) gives
 Lineage rule: a channel takes part in a batch only when every parent is ``done`` in the batch's *start*
 offset, i.e. has been completely delivered by an earlier batch. A parent the backend has forgotten and the
 offset never saw is taken as finished (there is nothing left to deliver from it).
+
+:meth:`Planner.next` is three pure steps around the backend's answers, each testable alone:
+:func:`eligible_channels` (lineage, snapshot gating), :func:`share_budget` (who reads how much) and
+:func:`end_offset` (the offset that records it); :func:`batch_ranges` reads the ranges back. The :class:`Planner` speaks the JSON Spark stores.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cdc.backend import Backend, ChannelInfo, Position
 from cdc.errors import DataLossError, OptionError
+from cdc.offsets import ChannelOffset, Offset, OffsetJson
 
 log = logging.getLogger(__name__)
-
-Offset = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -55,19 +52,168 @@ class ChannelRange:
     end: Position
 
 
-def empty_offset() -> Offset:
-    return {"channels": {}}
+@dataclass(frozen=True)
+class Taken:
+    """What one request to a channel gave: ``records`` records, and whether the channel is now exhausted."""
+
+    records: int
+    finished: bool
 
 
-def _entries(offset: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    channels = offset.get("channels")
-    if not isinstance(channels, dict):
-        raise ValueError(f"not a cdc offset: {json.dumps(offset)[:200]}")
-    return channels
+@dataclass(frozen=True)
+class ChannelPlan:
+    """A channel's range in the batch being planned: ``[begin, end)``."""
+
+    begin: Position
+    end: Position
+    finished: bool = False
+    skipped: bool = False
+    """``begin`` jumped forward past data the backend no longer holds (``failOnDataLoss=false``)."""
 
 
+def _channel_sort_key(cid: str) -> tuple[int, str]:
+    return (len(cid), cid)
+
+
+# ---------------------------------------------------------------------- the steps of Planner.next
+def eligible_channels(
+    start: Offset,
+    new: Mapping[str, Position],
+    channels: Mapping[str, ChannelInfo],
+    *,
+    respect_lineage: bool = True,
+) -> list[str]:
+    """The channels that may take records in the batch from ``start``, in planning order.
+
+    ``new`` are the channels registered by this batch (at their earliest position), ``channels`` what the
+    backend lists now. Snapshot chunks are always eligible until done. A change channel is eligible when the
+    backend still lists it and, under ``respect_lineage``, no snapshot chunk is pending in ``start`` and every
+    parent is done in ``start``. Batch reads pass ``respect_lineage=False``: they read every channel at once.
+    """
+    snapshot_pending = any(e.snapshot and not e.done for e in start.channels.values())
+    candidates = [cid for cid, e in start.channels.items() if not e.done]
+    candidates += [cid for cid in new if cid not in start.channels]
+    out = []
+    for cid in sorted(candidates, key=_channel_sort_key):
+        entry = start.channels.get(cid)
+        if entry is not None and entry.snapshot:
+            out.append(cid)
+        elif cid in channels and (
+            not respect_lineage or (not snapshot_pending and parents_done(channels[cid], start, channels))
+        ):
+            out.append(cid)
+    return out
+
+
+def parents_done(ch: ChannelInfo, start: Offset, channels: Mapping[str, ChannelInfo]) -> bool:
+    """Every parent of ``ch`` was completely delivered before ``start`` (see the lineage rule above)."""
+    for parent in ch.parents:
+        entry = start.channels.get(parent)
+        if entry is None:
+            if parent in channels:
+                return False  # the parent is known but not yet registered: it goes first
+            continue  # forgotten by the backend and never seen: nothing left to deliver
+        if not entry.done:
+            return False
+    return True
+
+
+def share_budget(
+    order: Sequence[str],
+    budget: int | None,
+    cap: int | None,
+    turn: int,
+    take: Callable[[str, int | None], Taken],
+) -> dict[str, int]:
+    """Ask ``take(channel, want)`` for records until the budget is spent; return the records per channel.
+
+    Without a budget every channel is asked once, for at most ``cap`` (``None``: everything). With one,
+    water-filling: share the budget evenly, hand what exhausted channels leave to the others. Every round
+    either drops a channel or spends at least one record, so it terminates. Who goes first rotates with
+    ``turn``, so a budget smaller than the number of channels starves none. A channel the budget never
+    reached is still asked for 0 records: a finished, already exhausted channel must be marked done.
+    """
+    taken = dict.fromkeys(order, 0)
+    if budget is None:
+        for cid in order:
+            taken[cid] += take(cid, cap).records
+        return taken
+    asked: set[str] = set()
+    active = list(order)
+    if active:
+        first = turn % len(active)
+        active = active[first:] + active[:first]
+    while budget > 0 and active:
+        share = max(1, budget // len(active))
+        still = []
+        for cid in active:
+            room = budget if cap is None else min(budget, cap - taken[cid])
+            want = min(share, room)
+            if want <= 0:
+                continue
+            got = take(cid, want)
+            asked.add(cid)
+            taken[cid] += got.records
+            budget -= got.records
+            if got.records == want and not got.finished:
+                still.append(cid)
+        active = still
+    for cid in order:
+        if cid not in asked:
+            take(cid, 0)
+    return taken
+
+
+def end_offset(
+    start: Offset, new: Mapping[str, Position], plans: Mapping[str, ChannelPlan], *, limited: bool
+) -> Offset | None:
+    """The end offset of the batch from ``start``, or ``None`` when nothing moved and nothing was learned
+    (Spark then runs no batch).
+
+    ``new`` are the channels this batch registers (at their earliest position), ``plans`` the ranges of the
+    channels that took part. A range gets a ``from`` when it does not start at the channel's previous
+    position (a new channel, a skip after data loss), and every range of the first batch gets one: Spark
+    keeps no start offset for batch 0. ``limited`` batches count their ``turn``.
+    """
+    entries = start.without_from()
+    for cid, pos in new.items():
+        entries.setdefault(cid, ChannelOffset(pos))
+    for cid, p in plans.items():
+        entries[cid] = replace(entries[cid], pos=p.end, done=entries[cid].done or p.finished)
+    if not new and not any(p.skipped for p in plans.values()) and entries == start.without_from():
+        return None
+    for cid, p in plans.items():
+        if p.skipped or (cid in new and p.begin != p.end):
+            entries[cid] = replace(entries[cid], from_=p.begin)
+    if start.initial:
+        for cid, e in entries.items():
+            if e.from_ is None:
+                entries[cid] = replace(e, from_=start.channels[cid].pos if cid in start.channels else e.pos)
+    return Offset(entries, turn=(start.turn or 0) + 1 if limited else None)
+
+
+def batch_ranges(start: Offset, end: Offset) -> list[ChannelRange]:
+    """The channel ranges of the batch ``(start, end]``; empty ranges are left out."""
+    if start == end:
+        return []  # no batch: ``from`` marks of an offset returned unchanged do not start a range
+    out = []
+    for cid, e in end.channels.items():
+        if e.from_ is not None:
+            begin = e.from_
+        elif cid in start.channels:
+            begin = start.channels[cid].pos
+        else:
+            continue  # registered in this batch with nothing to read
+        if begin != e.pos:
+            out.append(ChannelRange(cid, begin, e.pos))
+    out.sort(key=lambda r: _channel_sort_key(r.channel))
+    return out
+
+
+# ---------------------------------------------------------------------- the planner
 class Planner:
-    """Turns backend state into offsets and offsets into ranges."""
+    """Turns backend state into offsets and offsets into ranges. Takes and returns offsets as the JSON Spark
+    stores (:class:`~cdc.offsets.Offset` is its typed form)."""
 
     def __init__(
         self,
@@ -81,25 +227,26 @@ class Planner:
         self.max_records_per_channel = max_records_per_channel
 
     # ------------------------------------------------------------------ start positions
-    def initial(self, spec: str) -> Offset:
-        """The offset a new query starts from: ``earliest``, ``latest`` or JSON per channel."""
+    def initial(self, spec: str) -> OffsetJson:
+        """The offset a new query starts from: ``earliest``, ``latest``, ``snapshot`` or JSON per channel."""
         channels = self.backend.list_channels()
         text = spec.strip()
         per_channel: dict[str, Any] = {}
         default = text.lower()
         if default == "snapshot":
-            return self._initial_snapshot()
+            return self._initial_snapshot().to_json()
         if default not in ("earliest", "latest"):
             try:
-                per_channel = json.loads(text)
+                given = json.loads(text)
             except json.JSONDecodeError:
-                per_channel = None  # type: ignore[assignment]
-            if not isinstance(per_channel, dict):
+                given = None
+            if not isinstance(given, dict):
                 raise OptionError(
                     "option 'startingOffsets': accepted values are earliest, latest, or a JSON object "
                     f'{{"<channel>": <position> | "earliest" | "latest"}}; got {spec!r}',
                     "startingOffsets",
                 )
+            per_channel = given
             known = {c.id for c in channels}
             unknown = sorted(set(per_channel) - known)
             if unknown:
@@ -108,32 +255,34 @@ class Planner:
                     "startingOffsets",
                 )
             default = "earliest"
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, ChannelOffset] = {}
         for ch in channels:
             where = per_channel.get(ch.id, default)
             if where == "earliest":
-                out[ch.id] = {"pos": self.backend.earliest(ch.id)}
+                out[ch.id] = ChannelOffset(self.backend.earliest(ch.id))
             elif where == "latest":
-                out[ch.id] = {"pos": self.backend.latest(ch.id)}
-                if ch.finished:
-                    out[ch.id]["done"] = True
+                out[ch.id] = ChannelOffset(self.backend.latest(ch.id), done=ch.finished)
             else:
-                out[ch.id] = {"pos": self.backend.parse_position(ch.id, where)}
-        return {"channels": out, "initial": True}
+                out[ch.id] = ChannelOffset(self.backend.parse_position(ch.id, where))
+        return Offset(out, initial=True).to_json()
 
     def _initial_snapshot(self) -> Offset:
         snap = self.backend.snapshot()
-        out: dict[str, dict[str, Any]] = {chunk: {"pos": self.backend.earliest(chunk), "snapshot": True} for chunk in snap.chunks}
+        out = {chunk: ChannelOffset(self.backend.earliest(chunk), snapshot=True) for chunk in snap.chunks}
         for cid, pos in snap.positions.items():
-            out[cid] = {"pos": pos}
+            out[cid] = ChannelOffset(pos)
         log.info("snapshot %s: %d chunks, change log cut at %s", snap.id, len(snap.chunks), dict(snap.positions))
-        return {"channels": out, "initial": True}
+        return Offset(out, initial=True)
 
     def until(self, spec: str) -> dict[str, Position]:
         """Per-channel upper bounds from ``endingOffsets`` (batch) or a frozen AvailableNow target."""
+        return self._bounds(spec)[0]
+
+    def _bounds(self, spec: str) -> tuple[dict[str, Position], set[str]]:
+        """The bounds of :meth:`until`, and the channels whose bound was given as a position."""
         text = spec.strip()
         if text.lower() == "latest":
-            return {c.id: self.backend.latest(c.id) for c in self.backend.list_channels()}
+            return {c.id: self.backend.latest(c.id) for c in self.backend.list_channels()}, set()
         try:
             given = json.loads(text)
         except json.JSONDecodeError:
@@ -151,158 +300,94 @@ class Planner:
         unknown = sorted(set(given) - known)
         if unknown:
             raise OptionError(f"option 'endingOffsets': unknown channels {unknown}", "endingOffsets")
-        return out
+        return out, {ch for ch in known if given.get(ch, "latest") != "latest"}
+
+    def batch_end(self, start: OffsetJson, ending: str) -> OffsetJson:
+        """The end offset of a batch read from ``start`` to ``ending`` (``endingOffsets``), every channel at once.
+
+        An ending position before the start is refused, naming both. Positions are the backend's own, so the
+        backend answers: a given bound lies before the start when the range from the bound up to the start
+        holds a record, or is no longer held. Only a channel whose range came out empty can have such a
+        bound, and only a given position can be one (``latest`` is never before a start the backend accepted).
+        """
+        bounds, given = self._bounds(ending)
+        end = self.next(start, None, bounds, respect_lineage=False)
+        begin, stop = Offset.from_json(start), Offset.from_json(end)
+        backwards = []
+        for cid in sorted(given, key=_channel_sort_key):
+            entry, last = begin.channels.get(cid), stop.channels.get(cid)
+            if entry is None or last is None or last.pos != entry.pos or bounds[cid] == entry.pos:
+                continue
+            try:
+                behind = self.backend.plan(cid, bounds[cid], 1, entry.pos).records > 0
+            except DataLossError:
+                behind = True
+            if behind:
+                backwards.append(
+                    f"channel {cid!r}: endingOffsets position {bounds[cid]!r} is before its startingOffsets "
+                    f"position {entry.pos!r}"
+                )
+        if backwards:
+            raise OptionError(
+                f"a batch read cannot end before it starts (option 'endingOffsets'): {'; '.join(backwards)}",
+                "endingOffsets",
+            )
+        return end
 
     # ------------------------------------------------------------------ planning
     def next(
         self,
-        start: Offset,
+        start: OffsetJson,
         max_records: int | None = None,
         until: Mapping[str, Position] | None = None,
         *,
         respect_lineage: bool = True,
-    ) -> Offset:
-        """The end offset of the next batch from ``start``: at most ``max_records`` records in all."""
-        start_entries = _entries(start)
+    ) -> OffsetJson:
+        """The end offset of the next batch from ``start``: at most ``max_records`` records in all.
+
+        Returns ``start`` itself when there is nothing to read and nothing to record.
+        """
+        begin = Offset.from_json(start)
         channels = {c.id: c for c in self.backend.list_channels()}
-        entries: dict[str, dict[str, Any]] = {
-            cid: {k: v for k, v in e.items() if k != "from"} for cid, e in start_entries.items()
+        new = {
+            cid: self.backend.earliest(cid)
+            for cid in sorted(channels)
+            if cid not in begin.channels and (until is None or cid in until)
         }
-        for cid in sorted(channels):
-            if cid not in entries and (until is None or cid in until):
-                pos = self.backend.earliest(cid)
-                entries[cid] = {"pos": pos, "new": True}
+        order = eligible_channels(begin, new, channels, respect_lineage=respect_lineage)
+        plans: dict[str, ChannelPlan] = {}
+        for cid in order:
+            pos = new[cid] if cid in new else begin.channels[cid].pos
+            plans[cid] = ChannelPlan(pos, pos)
 
-        snapshot_pending = any(e.get("snapshot") and not e.get("done") for e in start_entries.values())
-        eligible = [
-            cid
-            for cid in sorted(entries, key=_channel_sort_key)
-            if not entries[cid].get("done")
-            and (
-                entries[cid].get("snapshot")
-                or (
-                    cid in channels
-                    and not (respect_lineage and snapshot_pending)
-                    and (not respect_lineage or self._parents_done(channels[cid], start_entries, channels))
-                )
-            )
-        ]
-        positions = {cid: entries[cid]["pos"] for cid in eligible}
-        begin = dict(positions)
-        taken = dict.fromkeys(eligible, 0)
-        finished: dict[str, bool] = {}
-        budget = max_records
-        active = list(eligible)
-        turn = int(start.get("turn", 0))
-
-        def plan(cid: str, want: int | None) -> int:
+        def take(cid: str, want: int | None) -> Taken:
             bound = None if until is None else until.get(cid)
+            p = plans[cid]
             try:
-                p = self.backend.plan(cid, positions[cid], want, bound)
+                planned = self.backend.plan(cid, p.end, want, bound)
             except DataLossError as exc:
                 if self.fail_on_data_loss:
                     raise
                 earliest = self.backend.earliest(cid)
                 log.warning("%s; skipping to %r because failOnDataLoss is false", exc, earliest)
-                positions[cid] = begin[cid] = earliest
-                entries[cid]["skipped"] = True
-                p = self.backend.plan(cid, earliest, want, bound)
-            positions[cid] = p.end
-            finished[cid] = p.finished
-            taken[cid] += p.records
-            return p.records
+                p = ChannelPlan(earliest, earliest, skipped=True)
+                planned = self.backend.plan(cid, earliest, want, bound)
+            plans[cid] = replace(p, end=planned.end, finished=planned.finished)
+            return Taken(planned.records, planned.finished)
 
-        cap = self.max_records_per_channel
-        if budget is None:
-            for cid in active:
-                plan(cid, cap)
-        else:
-            # Water-filling: share the budget evenly, hand what exhausted channels leave to the others.
-            # Every round either drops a channel or spends at least one record, so it terminates.
-            # Who goes first rotates from batch to batch (the offset counts the turns), so a budget
-            # smaller than the number of channels starves no channel.
-            if active:
-                first = turn % len(active)
-                active = active[first:] + active[:first]
-            while budget > 0 and active:
-                share = max(1, budget // len(active))
-                still = []
-                for cid in active:
-                    room = budget if cap is None else min(budget, cap - taken[cid])
-                    want = min(share, room)
-                    if want <= 0:
-                        continue
-                    got = plan(cid, want)
-                    budget -= got
-                    if got == want and not finished[cid]:
-                        still.append(cid)
-                active = still
-            for cid in eligible:  # a finished, already-exhausted channel must still be marked done
-                if cid not in finished:
-                    plan(cid, 0)
-
-        for cid in eligible:
-            e = entries[cid]
-            e["pos"] = positions[cid]
-            if finished.get(cid):
-                e["done"] = True
-        first_batch = bool(start.get("initial"))
-        unchanged = entries == {cid: {k: v for k, v in e.items() if k != "from"} for cid, e in start_entries.items()}
-        if unchanged:
-            return start  # nothing to read and nothing learned: Spark runs no batch
-        out: dict[str, dict[str, Any]] = {}
-        for cid, e in entries.items():
-            is_new = e.pop("new", False)
-            skipped = e.pop("skipped", False)
-            if cid in begin and (skipped or (is_new and begin[cid] != e["pos"])):
-                e["from"] = begin[cid]
-            out[cid] = e
-        if first_batch:  # every range of batch 0 is recorded: its start is not kept by Spark
-            for cid, e in out.items():
-                e.setdefault("from", start_entries[cid]["pos"] if cid in start_entries else e["pos"])
-        return {"channels": out, "turn": turn + 1} if max_records is not None else {"channels": out}
-
-    @staticmethod
-    def _parents_done(
-        ch: ChannelInfo, start_entries: Mapping[str, Mapping[str, Any]], channels: Mapping[str, ChannelInfo]
-    ) -> bool:
-        for parent in ch.parents:
-            entry = start_entries.get(parent)
-            if entry is None:
-                if parent in channels:
-                    return False  # the parent is known but not yet registered: it goes first
-                continue  # forgotten by the backend and never seen: nothing left to deliver
-            if not entry.get("done"):
-                return False
-        return True
+        share_budget(order, max_records, self.max_records_per_channel, begin.turn or 0, take)
+        end = end_offset(begin, new, plans, limited=max_records is not None)
+        return start if end is None else end.to_json()
 
     # ------------------------------------------------------------------ ranges
     @staticmethod
-    def ranges(start: Offset, end: Offset) -> list[ChannelRange]:
+    def ranges(start: OffsetJson, end: OffsetJson) -> list[ChannelRange]:
         """The channel ranges of the batch ``(start, end]``; empty ranges are left out."""
-        if start == end:
-            return []  # no batch: ``from`` marks of an offset returned unchanged do not start a range
-        start_entries = _entries(start)
-        out = []
-        for cid, e in _entries(end).items():
-            if "from" in e:
-                begin = e["from"]
-            elif cid in start_entries:
-                begin = start_entries[cid]["pos"]
-            else:
-                continue  # registered in this batch with nothing to read
-            if begin != e["pos"]:
-                out.append(ChannelRange(cid, begin, e["pos"]))
-        out.sort(key=lambda r: _channel_sort_key(r.channel))
-        return out
+        return batch_ranges(Offset.from_json(start), Offset.from_json(end))
 
 
-def _channel_sort_key(cid: str) -> tuple[int, str]:
-    return (len(cid), cid)
-
-
-def positions(offset: Offset) -> dict[str, Position]:
-    return {cid: e["pos"] for cid, e in _entries(offset).items()}
+def positions(offset: OffsetJson) -> dict[str, Position]:
+    return Offset.from_json(offset).positions()
 
 
 def describe(ranges: Sequence[ChannelRange]) -> str:

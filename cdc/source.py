@@ -33,8 +33,9 @@ from pyspark.sql.types import StructType
 
 from cdc.backend import Backend, Position, RangeReader, backend_class
 from cdc.errors import OptionError
+from cdc.offsets import ChannelOffset, Offset, OffsetJson
 from cdc.options import BackendOptions, SourceOptions, split_and_parse
-from cdc.planner import Offset, Planner, describe, positions
+from cdc.planner import Planner, describe
 
 log = logging.getLogger(__name__)
 
@@ -109,33 +110,36 @@ class _ReaderBase:
             )
         return self._planner
 
-    def _partitions(self, start: Offset, end: Offset) -> list[ChannelPartition]:
+    def _partitions(self, start: OffsetJson, end: OffsetJson) -> list[ChannelPartition]:
         ranges = Planner.ranges(start, end)
         log.debug("batch ranges: %s", describe(ranges))
         reader = self.backend.reader()
         return [ChannelPartition(r.channel, r.start, r.end, reader) for r in ranges]
 
-    def read(self, partition: ChannelPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, ChannelPartition):
+            # PySpark hands a batch read that planned no partition one InputPartition(None) all the same.
+            return iter(())
         return _conform(partition.reader.read(partition.channel, partition.start, partition.end), self._arrow_schema)
 
 
-class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader: offsets are every channel's position; see :mod:`cdc.planner`."""
 
     def __init__(self, config: _Config, schema: StructType) -> None:
         super().__init__(config, schema)
         self._target: dict[str, Position] | None = None
 
-    def initialOffset(self) -> Offset:
+    def initialOffset(self) -> OffsetJson:
         offset = self.planner.initial(self._config.source.starting_offsets)
-        log.info("starting from %s", positions(offset))
+        log.info("starting from %s", Offset.from_json(offset).positions())
         return offset
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self._config.source.max_records_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
-    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+    def latestOffset(self, start: OffsetJson, limit: ReadLimit) -> OffsetJson:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         max_bytes = self._config.source.max_bytes_per_trigger
         if max_bytes is not None:
@@ -165,16 +169,16 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
         self._target = self.planner.until("latest")
         log.info("Trigger.AvailableNow target: %s", self._target)
 
-    def reportLatestOffset(self) -> Offset | None:
+    def reportLatestOffset(self) -> OffsetJson | None:
         backend = self.backend
-        return {"channels": {c.id: {"pos": backend.latest(c.id)} for c in backend.list_channels()}}
+        return Offset({c.id: ChannelOffset(backend.latest(c.id)) for c in backend.list_channels()}).to_json()
 
-    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+    def partitions(self, start: OffsetJson, end: OffsetJson) -> Sequence[InputPartition]:
         return self._partitions(start, end)
 
-    def commit(self, end: Offset) -> None:
+    def commit(self, end: OffsetJson) -> None:
         try:
-            self.backend.acknowledge(positions(end))
+            self.backend.acknowledge(Offset.from_json(end).positions())
         except Exception as exc:  # acknowledgement is best effort; correctness never depends on it
             log.warning("acknowledging committed positions failed (will retry on the next commit): %s", exc)
 
@@ -183,7 +187,7 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
             self._backend.close()
 
 
-class CdcBatchReader(_ReaderBase, DataSourceReader):  # type: ignore[misc]
+class CdcBatchReader(_ReaderBase, DataSourceReader):
     """Batch reader: a bounded stream from ``startingOffsets`` to ``endingOffsets``, all channels at once."""
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -196,8 +200,7 @@ class CdcBatchReader(_ReaderBase, DataSourceReader):  # type: ignore[misc]
                 "startingOffsets",
             )
         start = self.planner.initial(source.starting_offsets)
-        end = self.planner.next(start, None, self.planner.until(source.ending_offsets), respect_lineage=False)
-        return self._partitions(start, end)
+        return self._partitions(start, self.planner.batch_end(start, source.ending_offsets))
 
 
 class CdcDataSource(DataSource):

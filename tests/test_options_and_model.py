@@ -102,6 +102,56 @@ def test_secrets_never_show() -> None:
     assert "hunter2" not in str(e.value)
 
 
+@pytest.mark.parametrize("value", [["x", "TOPSECRET-1"], {"k": "TOPSECRET-1"}, 7.5])
+def test_a_secret_of_the_wrong_type_is_not_echoed(value: object) -> None:
+    """pydantic reports errors under the option name (the alias), not the field name."""
+    with pytest.raises(OptionError, match="'access.key.secret'") as e:
+        parse(_WithSecret, {"access.key.secret": value}, what="test")
+    assert "TOPSECRET" not in str(e.value) and "7.5" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("backend", "secret"),
+    [("tablestore", "access.key.secret"), ("tablestore", "access.key.id"), ("tablestore", "sts.token"),
+     ("pulsar", "auth.token")],
+)
+def test_backend_secrets_of_the_wrong_type_are_not_echoed(backend: str, secret: str) -> None:
+    from cdc.backends.pulsar.options import PulsarOptions
+    from cdc.backends.tablestore.options import TablestoreOptions
+    from cdc.options import split_and_parse
+
+    model = {"pulsar": PulsarOptions, "tablestore": TablestoreOptions}[backend]
+    with pytest.raises(OptionError, match=repr(secret)) as e:
+        split_and_parse({"backend": backend, secret: ["x", "TOPSECRET-1"]}, model, backend)
+    assert "TOPSECRET" not in str(e.value)
+
+
+def test_register_warns_once_when_py4j_logs_option_values(caplog: pytest.LogCaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """At DEBUG, py4j logs every call the driver makes, ``.option("access.key.secret", ...)`` included."""
+    import logging
+    from unittest.mock import MagicMock
+
+    import cdc
+
+    py4j = logging.getLogger("py4j")
+    monkeypatch.setattr(cdc, "_warned_py4j_debug", False, raising=False)  # a once-per-process warning
+    caplog.set_level(logging.WARNING, logger="cdc")
+    level = py4j.level
+    try:
+        py4j.setLevel(logging.INFO)
+        cdc.register(MagicMock())
+        assert not [r for r in caplog.records if "py4j" in r.getMessage()]
+        py4j.setLevel(logging.DEBUG)
+        cdc.register(MagicMock())
+        cdc.register(MagicMock())
+    finally:
+        py4j.setLevel(level)
+    warned = [r for r in caplog.records if "py4j" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert "secret" in warned[0].getMessage() and "environment" in warned[0].getMessage()
+
+
 def test_errors_pickle() -> None:
     for err in (OptionError("bad", "opt"), DataLossError("gone", "c0")):
         back = pickle.loads(pickle.dumps(err))

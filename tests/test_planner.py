@@ -270,3 +270,124 @@ def test_a_budget_smaller_than_the_channel_count_starves_no_channel(tmp_path: Pa
         assert total(planner, cur, end) == 1
         cur = end
     assert served == {"c0", "c1", "c2", "c3"}
+
+
+# Offsets as the planner wrote them before it was cut into steps (recorded from commit 4cee05e): Spark keeps
+# them in users' checkpoints and compares them as text, so the same history must give the same bytes.
+GOLDEN_OFFSETS = [
+    '{"channels": {"c0": {"pos": 0}, "c1": {"pos": 0}}, "initial": true}',
+    '{"channels": {"c0": {"pos": 2, "from": 0}, "c1": {"pos": 2, "from": 0}}, "turn": 1}',
+    '{"channels": {"c0": {"pos": 3}, "c1": {"pos": 5}}, "turn": 2}',
+    (
+        '{"channels": {"c0": {"pos": 3, "done": true}, "c1": {"pos": 9}, "c2": {"pos": 0}, "c3": '
+        '{"pos": 0}}}'
+    ),
+    (
+        '{"channels": {"c0": {"pos": 3, "done": true}, "c1": {"pos": 9}, "c2": {"pos": 1}, "c3": '
+        '{"pos": 1}}}'
+    ),
+    (
+        '{"channels": {"c0": {"pos": 3, "done": true}, "c1": {"pos": 9}, "c2": {"pos": 1}, "c3": '
+        '{"pos": 1}}}'
+    ),
+    (
+        '{"channels": {"c0": {"pos": 3, "done": true}, "c1": {"pos": 11}, "c2": {"pos": 1, "done": '
+        'true}, "c3": {"pos": 1, "done": true}, "c4": {"pos": 0}}, "turn": 1}'
+    ),
+    (
+        '{"channels": {"c0": {"pos": 3, "done": true}, "c1": {"pos": 11}, "c2": {"pos": 1, "done": '
+        'true}, "c3": {"pos": 1, "done": true}, "c4": {"pos": 2}}, "turn": 2}'
+    ),
+    (
+        '{"channels": {"c0": {"pos": 3, "done": true}, "c1": {"pos": 11}, "c2": {"pos": 1, "done": '
+        'true}, "c3": {"pos": 1, "done": true}, "c4": {"pos": 2}}, "turn": 2}'
+    ),
+    (
+        '{"channels": {"c0": {"pos": 3, "done": true}, "c1": {"pos": 11}, "c2": {"pos": 1, "done": '
+        'true}, "c3": {"pos": 1, "done": true}, "c4": {"pos": 2}}, "initial": true}'
+    ),
+    (
+        '{"channels": {"c0": {"pos": 0}, "c1": {"pos": 2}, "c2": {"pos": 0}, "c3": {"pos": 0}, '
+        '"c4": {"pos": 0}}, "initial": true}'
+    ),
+    '{"channels": {"c0": {"pos": 15, "from": 5}}}',
+    (
+        '{"channels": {"snap-ID-0": {"pos": 0, "snapshot": true}, "snap-ID-1": {"pos": 0, '
+        '"snapshot": true}, "snap-ID-2": {"pos": 0, "snapshot": true}, "c0": {"pos": 3}, "c1": '
+        '{"pos": 4}}, "initial": true}'
+    ),
+    (
+        '{"channels": {"snap-ID-0": {"pos": 2, "snapshot": true, "from": 0}, "snap-ID-1": {"pos": '
+        '1, "snapshot": true, "from": 0}, "snap-ID-2": {"pos": 1, "snapshot": true, "done": true, '
+        '"from": 0}, "c0": {"pos": 3, "from": 3}, "c1": {"pos": 4, "from": 4}}, "turn": 1}'
+    ),
+    (
+        '{"channels": {"snap-ID-0": {"pos": 3, "snapshot": true, "done": true}, "snap-ID-1": '
+        '{"pos": 3, "snapshot": true, "done": true}, "snap-ID-2": {"pos": 1, "snapshot": true, '
+        '"done": true}, "c0": {"pos": 3}, "c1": {"pos": 4}}, "turn": 2}'
+    ),
+    (
+        '{"channels": {"snap-ID-0": {"pos": 3, "snapshot": true, "done": true}, "snap-ID-1": '
+        '{"pos": 3, "snapshot": true, "done": true}, "snap-ID-2": {"pos": 1, "snapshot": true, '
+        '"done": true}, "c0": {"pos": 5}, "c1": {"pos": 4}}, "turn": 3}'
+    ),
+]
+
+
+def test_the_planner_writes_the_same_offset_json_as_before(tmp_path: Path) -> None:
+    import re
+
+    got = []
+    log, _ = make(tmp_path)
+    planner = planner_for(log, fail_on_data_loss=False)
+    log.append(rows(3), channel="c0")
+    cur = planner.initial("earliest")
+    got.append(cur)
+    log.append(rows(5, 10), channel="c1")
+    for _ in range(2):
+        cur = planner.next(cur, max_records=4)
+        got.append(cur)
+    kids = log.split("c0")
+    log.append(rows(6, 100))
+    for _ in range(3):
+        cur = planner.next(cur)
+        got.append(cur)
+    log.merge(list(kids))
+    log.append(rows(4, 200))
+    for _ in range(3):
+        cur = planner.next(cur, max_records=3)
+        got.append(cur)
+    got += [planner.initial("latest"), planner.initial('{"c1": 2}')]
+    lossy = LocalLog.create(tmp_path / "lossy", [("k", pa.int64()), ("v", pa.string())], ["k"], channels=1)
+    for i in range(3):
+        lossy.append(rows(5, 5 * i))
+    skipping = planner_for(lossy, fail_on_data_loss=False)
+    start = skipping.initial("earliest")
+    lossy.truncate("c0", 5)
+    got.append(skipping.next(start))
+    snap = LocalLog.create(tmp_path / "snap", [("k", pa.int64()), ("v", pa.string())], ["k"], channels=2)
+    snapping = Planner(LocalBackend(LocalOptions.model_validate({"path": str(snap.path), "snapshotChunkRows": 3})))
+    snap.append(rows(7))
+    cur = snapping.initial("snapshot")
+    got.append(cur)
+    snap.append(rows(2, 50))
+    for _ in range(3):
+        cur = snapping.next(cur, max_records=4)
+        got.append(cur)
+    assert [re.sub(r"snap-[0-9a-f]+-", "snap-ID-", json.dumps(o)) for o in got] == GOLDEN_OFFSETS
+
+
+def test_a_batch_end_before_its_start_is_refused_naming_both(tmp_path: Path) -> None:
+    log, planner = make(tmp_path)
+    log.append(rows(10), channel="c0")
+    log.append(rows(10, 100), channel="c1")
+    start = planner.initial('{"c0": 6, "c1": 2}')
+    assert positions(planner.batch_end(start, '{"c0": 6, "c1": 5}')) == {"c0": 6, "c1": 5}
+    assert planner.ranges(start, planner.batch_end(start, '{"c0": 6}')) != []  # c1 runs to latest
+    with pytest.raises(OptionError, match=r"channel 'c0': endingOffsets position 3 is before its startingOffsets "
+                                          r"position 6") as e:
+        planner.batch_end(start, '{"c0": 3, "c1": 5}')
+    assert e.value.option == "endingOffsets" and "'c1'" not in str(e.value)
+    log.truncate("c0", 5)  # an ending position no longer held lies before any start the log still holds
+    with pytest.raises(OptionError, match="endingOffsets position 1 is before"):
+        planner.batch_end(planner.initial('{"c0": 6}'), '{"c0": 1}')

@@ -125,6 +125,46 @@ def test_batch_read_with_starting_and_ending_offsets(spark: Any, tmp_path: Path)
         base.option("startingOffsets", "latest").load().count()
 
 
+def test_batch_reads_with_nothing_to_read_return_no_rows(spark: Any, tmp_path: Path) -> None:
+    """PySpark turns an empty partition list into one ``InputPartition(None)``; each of these reads plans none."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cdc.cli import main
+
+    log = new_log(tmp_path)
+
+    def count(**options: str) -> int:
+        reader = spark.read.format("cdc").option("path", str(log.path))  # a DataFrameReader keeps its options
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return int(reader.load().count())
+
+    assert count() == 0  # an empty log
+    log.append(orders(0, 30))
+    assert count(startingOffsets='{"c0": 5, "c1": 3}', endingOffsets='{"c0": 5, "c1": 3}') == 0
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    run_available_now(spark, log, out, ck)
+    printed = CliRunner().invoke(main, ["offsets", str(ck), "--starting-offsets"])
+    assert printed.exit_code == 0, printed.output
+    caught_up = json.loads(printed.output)
+    assert sum(caught_up.values()) == 30
+    assert count(startingOffsets=printed.output.strip()) == 0
+
+
+def test_a_batch_read_ending_before_its_start_fails_naming_both(spark: Any, tmp_path: Path) -> None:
+    log = new_log(tmp_path)
+    log.append(orders(0, 20), channel="c0")
+    backwards = (
+        spark.read.format("cdc").option("path", str(log.path))
+        .option("startingOffsets", '{"c0": 12}').option("endingOffsets", '{"c0": 4}')
+    )
+    with pytest.raises(Exception, match=r"endingOffsets.*'c0'.*4.*before.*startingOffsets.*12") as e:
+        backwards.load().count()
+    assert "AttributeError" not in str(e.value)
+
+
 def test_schema_is_the_change_model(spark: Any, tmp_path: Path) -> None:
     log = new_log(tmp_path)
     df = spark.read.format("cdc").option("path", str(log.path)).load()

@@ -1,0 +1,128 @@
+"""The offsets Spark writes to a query's offset log, as frozen types. Users' checkpoints keep them forever.
+
+An offset is stored as JSON, one object per batch end::
+
+    {"channels": {"c0": {"pos": 120}, "c1": {"pos": 80, "done": true}, "c2": {"pos": 7, "from": 0}},
+     "turn": 3}
+
+Per channel (:class:`ChannelOffset`):
+
+``pos``
+    the channel's position at the end of the batch (a backend-defined JSON value, never ``null``).
+``done``
+    the channel is finished and was read to its final end: its children may start in the *next* batch.
+``from``
+    only in the batch that first reads a channel (a new channel, a jump forward after data loss, every
+    channel of batch 0): where that batch's range starts, so a replay never asks the backend.
+``snapshot``
+    the channel is a chunk of a snapshot (``startingOffsets=snapshot``), not a change channel.
+
+Per offset (:class:`Offset`): ``turn`` counts batches planned under a record budget (present only then),
+``initial`` marks the offset a query starts from (never the end of a batch).
+
+The JSON written by every release must still load: :meth:`Offset.from_json` accepts exactly these keys
+and :meth:`Offset.to_json` writes them back in the same order, so ``json.dumps`` gives the same text (Spark
+compares offsets as text). Keys are omitted when false or absent, as they always were.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cdc.errors import OffsetError
+
+Position = Any
+"""A backend's JSON-safe position (see :mod:`cdc.backend`)."""
+
+OffsetJson = dict[str, Any]
+"""An offset as Spark stores it and hands it to the source."""
+
+_CHANNEL_KEYS = frozenset({"pos", "done", "from", "snapshot"})
+_OFFSET_KEYS = frozenset({"channels", "turn", "initial"})
+
+
+def _flag(value: Any, key: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise OffsetError(f"not a cdc offset: {where}: {key!r} must be true or false, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ChannelOffset:
+    """One channel's entry in an offset."""
+
+    pos: Position
+    snapshot: bool = False
+    done: bool = False
+    from_: Position | None = None
+    """JSON ``from``: where this batch's range of the channel starts, when not at the previous ``pos``."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pos": self.pos}
+        if self.snapshot:
+            out["snapshot"] = True
+        if self.done:
+            out["done"] = True
+        if self.from_ is not None:
+            out["from"] = self.from_
+        return out
+
+    @classmethod
+    def from_json(cls, channel: str, value: Any) -> ChannelOffset:
+        where = f"channel {channel!r}"
+        if not isinstance(value, dict) or "pos" not in value:
+            raise OffsetError(f"not a cdc offset: {where} has no position: {json.dumps(value)[:200]}")
+        unknown = sorted(set(value) - _CHANNEL_KEYS)
+        if unknown:
+            raise OffsetError(f"not a cdc offset: {where} has unknown keys {unknown}")
+        return cls(
+            pos=value["pos"],
+            snapshot=_flag(value.get("snapshot", False), "snapshot", where),
+            done=_flag(value.get("done", False), "done", where),
+            from_=value.get("from"),
+        )
+
+
+@dataclass(frozen=True)
+class Offset:
+    """Every channel's entry at the end of a batch (or at a query's start). Treat ``channels`` as read-only:
+    it keeps the order the channels were registered in, which is the order of the JSON."""
+
+    channels: Mapping[str, ChannelOffset] = field(default_factory=dict)
+    turn: int | None = None
+    initial: bool = False
+
+    def positions(self) -> dict[str, Position]:
+        return {cid: e.pos for cid, e in self.channels.items()}
+
+    def without_from(self) -> dict[str, ChannelOffset]:
+        """The channel entries with their ``from`` marks dropped: the state a following batch starts from."""
+        return {cid: replace(e, from_=None) if e.from_ is not None else e for cid, e in self.channels.items()}
+
+    def to_json(self) -> OffsetJson:
+        out: OffsetJson = {"channels": {cid: e.to_json() for cid, e in self.channels.items()}}
+        if self.initial:
+            out["initial"] = True
+        if self.turn is not None:
+            out["turn"] = self.turn
+        return out
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Offset:
+        channels = value.get("channels") if isinstance(value, Mapping) else None
+        if not isinstance(channels, dict):
+            raise OffsetError(f"not a cdc offset: {json.dumps(value, default=repr)[:200]}")
+        unknown = sorted(set(value) - _OFFSET_KEYS)
+        if unknown:
+            raise OffsetError(f"not a cdc offset: unknown keys {unknown}")
+        turn = value.get("turn")
+        if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int) or turn < 0):
+            raise OffsetError(f"not a cdc offset: 'turn' must be a count, got {turn!r}")
+        return cls(
+            channels={str(cid): ChannelOffset.from_json(str(cid), e) for cid, e in channels.items()},
+            turn=turn,
+            initial=_flag(value.get("initial", False), "initial", "the offset"),
+        )
