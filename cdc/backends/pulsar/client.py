@@ -6,6 +6,7 @@ range reader and each writer task open their own.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,9 +48,16 @@ def open_client(service_url: str, token: str | None = None, operation_timeout_s:
         raise BackendUnavailableError(f"cannot create a Pulsar client for {service_url}: {exc}") from exc
 
 
+ENV_AUTH_TOKEN = "PULSAR_AUTH_TOKEN"
+
+
 def token_of(options: ClientOptions) -> str | None:
-    """The token in clear, for the client only (options keep it as a secret that never prints)."""
-    return options.auth_token.get_secret_value() if options.auth_token else None
+    """The token in clear, for the client only (options keep it as a secret that never prints): the
+    ``auth.token`` option, else the ``PULSAR_AUTH_TOKEN`` environment variable (the way to keep it out of
+    the query's code and of py4j's debug log)."""
+    if options.auth_token:
+        return options.auth_token.get_secret_value()
+    return os.environ.get(ENV_AUTH_TOKEN) or None
 
 
 def connect(options: ClientOptions) -> pulsar.Client:

@@ -29,7 +29,9 @@ class PulsarOptions(BackendOptions):
         "valueSchema from the schema registry when that option is not given.",
     )
     auth_token: SecretStr | None = Field(
-        None, alias="auth.token", description="JWT for token authentication (broker and admin API)."
+        None,
+        alias="auth.token",
+        description="JWT for token authentication (broker and admin API); default: $PULSAR_AUTH_TOKEN.",
     )
     topic: str | None = Field(None, alias="topic", description="One topic.")
     topics: str | None = Field(None, alias="topics", description="Comma-separated topics.")

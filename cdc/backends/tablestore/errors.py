@@ -7,8 +7,6 @@ boundary) and none carries a credential.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cdc.errors import CdcError, DataLossError, TerminalError, TransientError
 
 
@@ -20,9 +18,6 @@ class TablestoreError(CdcError):
         self.code = code
         self.http_status = http_status
         self.request_id = request_id
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.code, self.http_status, self.request_id))
 
 
 class TablestoreServiceError(TablestoreError, TerminalError):

@@ -55,6 +55,16 @@ def test_options_name_the_problem() -> None:
     assert "s3cret" not in repr(o)
 
 
+def test_the_token_comes_from_the_environment_when_no_option_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc.backends.pulsar.client import token_of
+
+    monkeypatch.setenv("PULSAR_AUTH_TOKEN", "from-env")
+    assert token_of(parse(PulsarOptions, {"service.url": "u", "topic": "t"}, what="b")) == "from-env"
+    assert token_of(parse(PulsarOptions, {"service.url": "u", "topic": "t", "auth.token": "opt"}, what="b")) == "opt"
+    monkeypatch.delenv("PULSAR_AUTH_TOKEN")
+    assert token_of(parse(PulsarOptions, {"service.url": "u", "topic": "t"}, what="b")) is None
+
+
 def test_positions_are_validated(broker: EmbeddedBroker, topic: str) -> None:
     b = backend(broker.url, topic)
     ch = b.list_channels()[0].id
