@@ -7,7 +7,7 @@ the records from ``start`` up to, not including, ``end``. Channels have a **line
 splits or merges, it is *finished* (no record will ever follow its final position) and its children name
 it among their ``parents``. The source never delivers a child's record before every record of its parents.
 
-Rules every backend keeps (the shared contract suite in ``tests/contract`` checks them):
+Rules every backend keeps (the shared contract suite, :mod:`cdc.testing.contract`, checks them):
 
 1. ``read(channel, start, end)`` of the same range always yields the same records, in position order,
    however often and from whichever process it is called: a batch's content is fixed by its offsets.

@@ -1,6 +1,6 @@
 """Backends: one sub-package per change-log system, every one with the same file set.
 
-Required in every backend (``REQUIRED_FILES``; ``tests/test_layout.py`` checks it):
+Required in every backend (``REQUIRED_FILES``; ``tests/core/test_layout.py`` checks it):
 
 ``__init__.py``
     Thin and lazy: names the package's public classes, imports them on first use.

@@ -11,7 +11,7 @@ import pytest
 
 from cdc.backends import REQUIRED_FILES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = [p for pkg in ("cdc", "sinks", "udfs") for p in sorted((ROOT / pkg).rglob("*.py"))]
 BACKENDS = sorted(p for p in (ROOT / "cdc" / "backends").iterdir() if (p / "__init__.py").exists())
 MAX_LINES = 650
