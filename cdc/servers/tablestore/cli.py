@@ -118,4 +118,3 @@ def merge(ctx: click.Context, endpoint: str, table: str, shard_ids: tuple[str, .
 def shards(ctx: click.Context, endpoint: str, table: str) -> None:
     """List TABLE's partitions (open and sealed) with their lineage."""
     click.echo(json.dumps(_admin(ctx, endpoint).shards(table), indent=2))
-

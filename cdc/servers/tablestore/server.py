@@ -32,8 +32,10 @@ from tablestore.protobuf import table_store_pb2 as pb
 from cdc.backends.tablestore import tunnel_pb as tpb
 from cdc.servers.ports import free_port
 
+from .errors import OTSError
+from .faults import Faults
 from .service import HANDLERS, TUNNEL_API
-from .store import Faults, OTSError, Store
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -347,22 +349,8 @@ class LocalTablestore:
     def set_fault(
         self, kind: str, count: int = -1, seconds: float = 0.0, path_prefix: str = ""
     ) -> dict[str, Any]:
-        """Inject a fault into the next ``count`` requests (-1: until cleared) whose path starts with ``path_prefix``.
-
-        Kinds: ``unavailable`` (503 ``OTSServerUnavailable`` / ``OTSTunnelServerUnavailable``), ``drop``
-        (close the connection without answering), ``delay`` (sleep ``seconds``, then serve), ``clear``.
-        """
-        if kind not in ("unavailable", "drop", "delay", "clear"):
-            raise OTSError(
-                "OTSParameterInvalid", f"fault kind {kind!r}: expected unavailable, drop, delay or clear", 400
-            )
-        with self.faults.lock:
-            self.faults.kind = "" if kind == "clear" else kind
-            self.faults.remaining = 0 if kind == "clear" else count
-            self.faults.seconds = seconds
-            self.faults.path_prefix = path_prefix
-        log.info("fault set: %s count=%s seconds=%s prefix=%r", kind, count, seconds, path_prefix)
-        return {"kind": kind, "count": count}
+        """Inject a fault (see :meth:`.faults.Faults.set`)."""
+        return self.faults.set(kind, count, seconds, path_prefix)
 
 
 class AdminClient:

@@ -1,7 +1,7 @@
 """Protobuf request handlers: the table API (``/PutRow``...) and the tunnel API (``/tunnel/...``).
 
 Each handler takes the request body and returns the serialized response body, or raises
-:class:`~cdc.servers.tablestore.store.OTSError`. Table messages come from the SDK's own
+:class:`~cdc.servers.tablestore.errors.OTSError`. Table messages come from the SDK's own
 ``tablestore.protobuf.table_store_pb2``; tunnel messages from :mod:`cdc.backends.tablestore.tunnel_pb`.
 """
 
@@ -22,17 +22,12 @@ from cdc.backends.tablestore.plainbuffer import (
     encode_rows,
 )
 
+from .errors import param_invalid
 from .filters import Predicate, parse_filter
-from .store import (
-    ACTION_DELETE,
-    ACTION_PUT,
-    ACTION_UPDATE,
-    PK_TYPES,
-    Store,
-    WriteOp,
-    make_token,
-    param_invalid,
-)
+from .rows import ACTION_DELETE, ACTION_PUT, ACTION_UPDATE, WriteOp
+from .store import Store
+from .tables import PK_TYPES
+from .tokens import make_token
 
 Handler = Callable[[Store, bytes], bytes]
 
