@@ -25,6 +25,7 @@ from cdc.backends.tablestore.plainbuffer import (
 from .database import Database
 from .errors import OTSError, param_invalid
 from .keys import encode_key
+from .limits import check_write
 from .tables import Tables, check_pk
 
 if TYPE_CHECKING:
@@ -133,6 +134,7 @@ class Rows:
                 try:
                     pk = op.row.primary_key
                     check_pk(info, pk, allow_auto=op.kind == ACTION_PUT)
+                    check_write(pk, op.row.cells)
                     if any(v is AUTO_INCREMENT for _, v in pk):
                         if auto_next is None:
                             auto_next = self.tables.auto_increment(db, table)
@@ -236,5 +238,3 @@ def _check_columns(cells: Sequence[Cell], pk: Sequence[tuple[str, PrimaryKeyValu
     for cell in cells:
         if cell.name in pk_names:
             raise param_invalid(f"attribute column {cell.name!r} has the name of a primary-key column")
-        if not cell.name:
-            raise param_invalid("attribute column name is empty")

@@ -14,6 +14,7 @@ from cdc.backends.tablestore.plainbuffer import AUTO_INCREMENT, PrimaryKeyValue,
 
 from .database import Database
 from .errors import OTSError, not_exist, param_invalid
+from .limits import MAX_DEFINED_COLUMNS, check_name, check_pk_values
 
 PK_TYPES = {1: "INTEGER", 2: "STRING", 3: "BINARY", 5: "BOOLEAN"}
 
@@ -85,8 +86,13 @@ class Tables:
         stream: dict[str, Any],
     ) -> None:
         """Record a new table (inside the caller's transaction)."""
-        if not name:
-            raise param_invalid("table name is empty")
+        check_name("table", name)
+        for column in [*(n for n, _, _ in pk), *(n for n, _ in defined)]:
+            check_name("column", column)
+        if len(defined) > MAX_DEFINED_COLUMNS:
+            raise param_invalid(
+                f"The number of predefined columns must be in range: [0, {MAX_DEFINED_COLUMNS}]."
+            )
         if not pk:
             raise param_invalid("The number of primary key columns must be in range: [1, 4].")
         if len(pk) > 4:
@@ -146,3 +152,4 @@ def check_pk(
             raise param_invalid(
                 f"Validate PK type fail. Column {name!r} is {ptype}, got {type(value).__name__}."
             )
+    check_pk_values(pk)
