@@ -84,6 +84,8 @@ body))``; ``GET /admin/health`` is open.
 
 from cdc.servers.ports import free_port
 
-from .server import AdminClient, LocalTablestore, TablestoreProcess
+from .admin import AdminClient
+from .process import TablestoreProcess
+from .server import LocalTablestore
 
 __all__ = ["AdminClient", "LocalTablestore", "TablestoreProcess", "free_port"]
