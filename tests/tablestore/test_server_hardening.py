@@ -21,6 +21,7 @@ import pytest
 
 from cdc.servers.ports import free_port
 from cdc.servers.tablestore import AdminClient, LocalTablestore
+from cdc.servers.tablestore.admin import ADMIN_DATE_HEADER, ADMIN_SIGNATURE_HEADER, admin_headers
 
 
 @pytest.fixture
@@ -118,8 +119,6 @@ def _raw_admin(server: LocalTablestore, path: str, body: bytes, headers: dict[st
 
 
 def test_malformed_admin_bodies_get_an_answer(server: LocalTablestore) -> None:
-    from cdc.servers.tablestore.admin import ADMIN_SIGNATURE_HEADER, admin_headers
-
     secret = server.access_key_secret
     not_utf8 = b'{"kind": "\xff\xfe"}'
     assert _status(_raw_admin(server, "/admin/fault", not_utf8, {ADMIN_SIGNATURE_HEADER: "x"})) == 403
@@ -131,8 +130,6 @@ def test_malformed_admin_bodies_get_an_answer(server: LocalTablestore) -> None:
 
 
 def test_a_captured_admin_call_cannot_be_replayed_later(server: LocalTablestore) -> None:
-    from cdc.servers.tablestore.admin import ADMIN_DATE_HEADER, ADMIN_SIGNATURE_HEADER, admin_headers
-
     secret, path, body = server.access_key_secret, "/admin/fault", b'{"kind": "clear"}'
     fresh = admin_headers(secret, path, body)
     assert _status(_raw_admin(server, path, body, fresh)) == 200
