@@ -490,7 +490,7 @@ def test_every_change_exactly_once_in_order_per_key(
 
 
 def test_reads_stop_at_a_size_limit(tmp_path: Any) -> None:
-    from cdc.servers.tablestore import store
+    from cdc.servers.tablestore import sessions
 
     with LocalTablestore(tmp_path, max_records_per_read=1000) as server:
         client = OTSClient(
@@ -505,7 +505,7 @@ def test_reads_stop_at_a_size_limit(tmp_path: Any) -> None:
         tid = tunnel.create("t", "cdc", pb.Stream)
         cid = tunnel.connect(tid)
         [held] = tunnel.heartbeat(tid, cid)
-        blob = "x" * (store.MAX_BYTES_PER_READ // 4)
+        blob = "x" * (sessions.MAX_BYTES_PER_READ // 4)
         for i in range(10):
             client.put_row("t", Row([("id", i)], [("v", blob)]), IGNORE)
         token = tunnel.get_checkpoint(tid, cid, held.channel_id)[0]

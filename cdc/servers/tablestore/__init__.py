@@ -70,8 +70,16 @@ that has the parent channels gets the child channels, in ``WAIT`` until the pare
 the canonical request); a wrong key id or signature gets HTTP 403 ``OTSAuthFailed``. Responses carry
 ``x-ots-contentmd5``, ``x-ots-requestid``, ``x-ots-date``, ``x-ots-contenttype`` and ``Authorization:
 OTS <id>:<signature>`` as the SDK checks them. Admin endpoints (``POST /admin/split|merge|shards|fault|
-expire-client|trim``, JSON bodies) need ``x-cdc-admin-signature`` = ``base64(HMAC-SHA1(secret, path + "\\n" +
-body))``; ``GET /admin/health`` is open.
+expire-client|trim``, JSON bodies) need ``x-cdc-admin-date`` (Unix seconds, at most 15 minutes off the
+server's clock) and ``x-cdc-admin-signature`` = ``base64(HMAC-SHA1(secret, path + "\\n" + date + "\\n" +
+body))`` (:mod:`.admin`); ``GET /admin/health`` is open. Listening beyond loopback with the default secret
+logs a warning.
+
+**Limits and hardening**: the service's documented limits (names, 1 KB primary-key values, 2 MB
+attribute values, 4 MB writes, GetRange ``limit`` >= 1...) are enforced with the service's error codes,
+a body over the service's 5 MiB request limit is refused unread, idle connections close after
+``--idle-timeout`` (60 s), at most ``--max-connections`` (64) are served at once: see ``README.md`` in
+this package for the table of limits with their sources, and what happens to each kind of bad input.
 
 **Durability**: one sqlite database (WAL) in the data directory; an acknowledged write survives
 ``kill -9``. Tunnel clients are stored too, so they survive a restart until they time out.
@@ -84,6 +92,8 @@ body))``; ``GET /admin/health`` is open.
 
 from cdc.servers.ports import free_port
 
-from .server import AdminClient, LocalTablestore, TablestoreProcess
+from .admin import AdminClient
+from .process import TablestoreProcess
+from .server import LocalTablestore
 
 __all__ = ["AdminClient", "LocalTablestore", "TablestoreProcess", "free_port"]

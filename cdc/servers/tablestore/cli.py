@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from .server import AdminClient, LocalTablestore
+from .admin import AdminClient
+from .server import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, LocalTablestore
 
 _SECRET_ENV = "CDC_TABLESTORE_ACCESS_KEY_SECRET"
 
@@ -38,6 +39,20 @@ _SECRET_ENV = "CDC_TABLESTORE_ACCESS_KEY_SECRET"
     help="Most records one ReadRecords call returns.",
 )
 @click.option(
+    "--idle-timeout",
+    default=DEFAULT_IDLE_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds a connection may send nothing (between requests or mid-request) before it is closed.",
+)
+@click.option(
+    "--max-connections",
+    default=DEFAULT_MAX_CONNECTIONS,
+    show_default=True,
+    type=click.IntRange(1, 10000),
+    help="Connections served at once; more are answered 503 OTSServerBusy.",
+)
+@click.option(
     "--log-level",
     default="INFO",
     show_default=True,
@@ -53,6 +68,8 @@ def main(
     access_key_id: str,
     access_key_secret: str,
     max_records_per_read: int,
+    idle_timeout: float,
+    max_connections: int,
     log_level: str,
 ) -> None:
     """Serve the Tablestore table API and Tunnel service on HOST:PORT, data kept in DATA_DIR."""
@@ -62,7 +79,11 @@ def main(
         return
     if data_dir is None:
         raise click.UsageError("--data-dir is required to serve")
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # force: the top-level ``cdc`` group has configured logging already, and basicConfig without it
+    # would leave that configuration (and its level) in place.
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
     server = LocalTablestore(
         data_dir,
         host=host,
@@ -71,6 +92,8 @@ def main(
         access_key_id=access_key_id,
         access_key_secret=access_key_secret,
         max_records_per_read=max_records_per_read,
+        idle_timeout=idle_timeout,
+        max_connections=max_connections,
     )
     server.serve_forever()
 
@@ -118,4 +141,3 @@ def merge(ctx: click.Context, endpoint: str, table: str, shard_ids: tuple[str, .
 def shards(ctx: click.Context, endpoint: str, table: str) -> None:
     """List TABLE's partitions (open and sealed) with their lineage."""
     click.echo(json.dumps(_admin(ctx, endpoint).shards(table), indent=2))
-

@@ -13,7 +13,7 @@ from typing import Any
 
 from tablestore.protobuf import table_store_filter_pb2 as fpb
 
-from .store import param_invalid
+from .errors import param_invalid
 
 Predicate = Callable[[dict[str, Any] | None], bool]
 

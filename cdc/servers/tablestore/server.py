@@ -1,8 +1,11 @@
 """HTTP front of the local Tablestore server: request signatures, signed responses, faults, admin calls.
 
-:class:`LocalTablestore` runs the server in-process (a thread); :class:`TablestoreProcess` runs
-``python -m cdc.servers.tablestore`` as a child process (so tests can ``kill -9`` and restart it);
-:class:`AdminClient` drives the admin endpoints of either.
+:class:`LocalTablestore` runs the server in-process (a thread). The front holds up under hostile input:
+a declared body over the service's 5 MiB request limit is refused before it is read (413
+``OTSRequestBodyTooLarge``); a connection that sends nothing for ``idle_timeout`` seconds (default 60) is
+closed, with 408 ``OTSRequestTimeout`` if it stopped in the middle of a body; at most
+``max_connections`` (default 64) are served at once, more get 503 ``OTSServerBusy`` at once; every
+malformed request gets a 4xx answer.
 """
 
 from __future__ import annotations
@@ -11,17 +14,13 @@ import base64
 import datetime as dt
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,16 +29,22 @@ from typing import Any
 from tablestore.protobuf import table_store_pb2 as pb
 
 from cdc.backends.tablestore import tunnel_pb as tpb
-from cdc.servers.ports import free_port
 
+from .admin import check_admin_call
+from .errors import OTSError
+from .faults import Faults
 from .service import HANDLERS, TUNNEL_API
-from .store import Faults, OTSError, Store
+from .store import Store
 
 log = logging.getLogger(__name__)
 
 _DATE_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _MAX_SKEW_S = 15 * 60
-ADMIN_SIGNATURE_HEADER = "x-cdc-admin-signature"
+# "The data size of an HTTP request body: 5 MB" (Tablestore, "Limits on the Wide Column model").
+MAX_BODY_BYTES = 5 * 1024 * 1024
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_ACCESS_KEY_SECRET = "local-access-key-secret"
 
 
 def _hmac_b64(key: str | bytes, text: str, digest: Any = hashlib.sha1) -> str:
@@ -60,17 +65,15 @@ def _ots_headers_string(headers: dict[str, str]) -> str:
     return "\n".join(sorted(items))
 
 
-def admin_signature(secret: str, path: str, body: bytes) -> str:
-    """Admin calls carry ``base64(HMAC-SHA1(secret, path + "\\n" + body))`` (the secret never travels)."""
-    return _hmac_b64(secret, path + "\n" + body.decode("utf-8"))
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
     def setup(self) -> None:
         super().setup()
+        # Every blocking read and write of this connection gives up after the idle timeout: a client that
+        # stops sending (idle between calls, or half-way through a request) cannot hold a thread forever.
+        self.connection.settimeout(self.server.app.idle_timeout)
         # Headers and body go out in separate writes: without NODELAY, Nagle plus the client's delayed
         # ACK adds ~40 ms to every call.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -117,10 +120,60 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, b"not found", path, sign=False, content_type="text/plain")
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's naming
-        app = self.server.app
         path = self.path.split("?", 1)[0]
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        try:
+            self._post(path)
+        except OSError:
+            raise  # the connection itself failed (timed out, reset): nobody to answer
+        except Exception:  # noqa: BLE001 - a server bug must still answer, as the service does
+            log.exception("internal error serving %s", path)
+            self.close_connection = True
+            try:
+                self._error(
+                    OTSError("OTSInternalServerError", "internal server error", 500), path, sign=False
+                )
+            except OSError:
+                pass
+
+    def _refuse(self, path: str, code: str, message: str, status: int) -> None:
+        """Answer, then close: the rest of the request (a body not read) must not be taken for the next."""
+        self.close_connection = True
+        if path.startswith("/admin/"):
+            body = json.dumps({"error": message, "code": code}).encode()
+            self._send(status, body, path, sign=False, content_type="application/json")
+        else:
+            self._error(OTSError(code, message, status), path, sign=False)
+
+    def _read_body(self, path: str) -> bytes | None:
+        """The request body, or None when the request was answered (or dropped) here."""
+        declared = self.headers.get("Content-Length")
+        if declared is None:
+            return b""
+        if not declared.strip().isdigit():
+            self._refuse(
+                path, "OTSParameterInvalid", f"Content-Length {declared[:40]!r} is not a length", 400
+            )
+            return None
+        length = int(declared)
+        if length > MAX_BODY_BYTES:
+            self._refuse(path, "OTSRequestBodyTooLarge", "The size of POST data is too large.", 413)
+            return None
+        try:
+            body = self.rfile.read(length) if length else b""
+        except TimeoutError:
+            log.info("closing a connection whose request body stalled for %ss", self.server.app.idle_timeout)
+            self._refuse(path, "OTSRequestTimeout", "Request timeout.", 408)
+            return None
+        if len(body) < length:  # the client closed the connection mid-body: nobody to answer
+            self.close_connection = True
+            return None
+        return body
+
+    def _post(self, path: str) -> None:
+        app = self.server.app
+        body = self._read_body(path)
+        if body is None:
+            return
         if path.startswith("/admin/"):
             self._admin(path, body)
             return
@@ -210,20 +263,22 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ admin
     def _admin(self, path: str, body: bytes) -> None:
         app = self.server.app
-        given = self.headers.get(ADMIN_SIGNATURE_HEADER, "")
-        if not hmac.compare_digest(given, admin_signature(app.access_key_secret, path, body)):
-            self._send(
-                403, b'{"error": "bad admin signature"}', path, sign=False, content_type="application/json"
-            )
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        refused = check_admin_call(app.access_key_secret, path, body, headers)
+        if refused is not None:
+            payload = json.dumps({"error": refused}).encode()
+            self._send(403, payload, path, sign=False, content_type="application/json")
             return
         try:
             args = json.loads(body or b"{}")
+            if not isinstance(args, dict):
+                raise TypeError(f"the body must be a JSON object, not {type(args).__name__}")
             result = app.admin(path, args)
         except OTSError as err:
             payload = json.dumps({"error": err.message, "code": err.code}).encode()
             self._send(err.status, payload, path, sign=False, content_type="application/json")
             return
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError) as exc:  # UnicodeDecodeError and JSON errors included
             payload = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode()
             self._send(400, payload, path, sign=False, content_type="application/json")
             return
@@ -231,9 +286,43 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, at most ``app.max_connections`` of them."""
+
     daemon_threads = True
     allow_reuse_address = True
     app: LocalTablestore
+    slots: threading.BoundedSemaphore
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self._busy(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _busy(self, request: socket.socket) -> None:
+        """Answer 503 from the accepting thread, without reading the request, and close."""
+        log.warning("refusing a connection: %d connections are being served", self.app.max_connections)
+        body = pb.Error(code="OTSServerBusy", message="Server is busy.").SerializeToString()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/x-protobuf\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        try:
+            request.settimeout(1.0)  # the answer fits the socket buffer; never let it block accepting
+            request.sendall(head.encode("ascii") + body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
 
 class LocalTablestore:
@@ -255,8 +344,10 @@ class LocalTablestore:
         port: int = 0,
         instance: str = "local",
         access_key_id: str = "local-access-key-id",
-        access_key_secret: str = "local-access-key-secret",
+        access_key_secret: str = DEFAULT_ACCESS_KEY_SECRET,
         max_records_per_read: int = 1000,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.host = host
@@ -265,6 +356,8 @@ class LocalTablestore:
         self.access_key_id = access_key_id
         self.access_key_secret = access_key_secret
         self.max_records_per_read = max_records_per_read
+        self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
         self.faults = Faults()
         self.store: Store
         self._httpd: _Server | None = None
@@ -281,6 +374,7 @@ class LocalTablestore:
         self.store = Store(self.data_dir, self.instance, self.max_records_per_read)
         httpd = _Server((self.host, self.port), _Handler)
         httpd.app = self
+        httpd.slots = threading.BoundedSemaphore(self.max_connections)
         self.port = httpd.server_address[1]
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -293,6 +387,13 @@ class LocalTablestore:
             self.endpoint,
             self.data_dir,
         )
+        if self.access_key_secret == DEFAULT_ACCESS_KEY_SECRET and not _is_loopback(self.host):
+            log.warning(
+                "the local Tablestore listens on %s, beyond loopback, with the well-known default access key "
+                "secret: anyone who reaches the port can read, write and administer it; give "
+                "--access-key-secret (or $CDC_TABLESTORE_ACCESS_KEY_SECRET)",
+                self.host,
+            )
         return self
 
     def serve_forever(self) -> None:
@@ -347,208 +448,14 @@ class LocalTablestore:
     def set_fault(
         self, kind: str, count: int = -1, seconds: float = 0.0, path_prefix: str = ""
     ) -> dict[str, Any]:
-        """Inject a fault into the next ``count`` requests (-1: until cleared) whose path starts with ``path_prefix``.
-
-        Kinds: ``unavailable`` (503 ``OTSServerUnavailable`` / ``OTSTunnelServerUnavailable``), ``drop``
-        (close the connection without answering), ``delay`` (sleep ``seconds``, then serve), ``clear``.
-        """
-        if kind not in ("unavailable", "drop", "delay", "clear"):
-            raise OTSError(
-                "OTSParameterInvalid", f"fault kind {kind!r}: expected unavailable, drop, delay or clear", 400
-            )
-        with self.faults.lock:
-            self.faults.kind = "" if kind == "clear" else kind
-            self.faults.remaining = 0 if kind == "clear" else count
-            self.faults.seconds = seconds
-            self.faults.path_prefix = path_prefix
-        log.info("fault set: %s count=%s seconds=%s prefix=%r", kind, count, seconds, path_prefix)
-        return {"kind": kind, "count": count}
+        """Inject a fault (see :meth:`.faults.Faults.set`)."""
+        return self.faults.set(kind, count, seconds, path_prefix)
 
 
-class AdminClient:
-    """Calls the admin endpoints of a running server (in-process or not)."""
-
-    def __init__(self, endpoint: str, access_key_secret: str, timeout: float = 30.0) -> None:
-        self.endpoint = endpoint.rstrip("/")
-        self._secret = access_key_secret
-        self.timeout = timeout
-
-    def __repr__(self) -> str:
-        return f"AdminClient({self.endpoint!r})"
-
-    def call(self, path: str, **args: Any) -> Any:
-        body = json.dumps({k: v for k, v in args.items() if v is not None}).encode()
-        request = urllib.request.Request(self.endpoint + path, data=body, method="POST")
-        request.add_header(ADMIN_SIGNATURE_HEADER, admin_signature(self._secret, path, body))
-        request.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode("utf-8", "replace")
-            raise RuntimeError(f"admin call {path} failed ({exc.code}): {detail}") from None
-
-    def split(
-        self, table: str, shard_id: str | None = None, split_key: list[Any] | None = None
-    ) -> dict[str, Any]:
-        return self.call("/admin/split", table=table, shard_id=shard_id, split_key=split_key)  # type: ignore[no-any-return]
-
-    def merge(self, table: str, shard_ids: list[str] | None = None) -> dict[str, Any]:
-        return self.call("/admin/merge", table=table, shard_ids=shard_ids)  # type: ignore[no-any-return]
-
-    def shards(self, table: str) -> list[dict[str, Any]]:
-        return self.call("/admin/shards", table=table)  # type: ignore[no-any-return]
-
-    def fault(self, kind: str, count: int = -1, seconds: float = 0.0, path_prefix: str = "") -> None:
-        self.call("/admin/fault", kind=kind, count=count, seconds=seconds, path_prefix=path_prefix)
-
-    def clear_faults(self) -> None:
-        self.fault("clear")
-
-    def expire_client(self, client_id: str) -> None:
-        self.call("/admin/expire-client", client_id=client_id)
-
-    def trim(self, table: str, before_ms: int | None = None) -> dict[str, int]:
-        """Expire the change log of ``table`` before ``before_ms`` (default: now)."""
-        return self.call("/admin/trim", table=table, before_ms=before_ms)  # type: ignore[no-any-return]
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.endpoint + "/admin/health", timeout=2) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-
-class TablestoreProcess:
-    """``python -m cdc.servers.tablestore`` as a child process on a fixed free port (kept across restarts).
-
-    The secret reaches the child through its environment, never its command line.
-    """
-
-    def __init__(
-        self,
-        data_dir: Path | str,
-        *,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        instance: str = "local",
-        access_key_id: str = "local-access-key-id",
-        access_key_secret: str = "local-access-key-secret",
-        max_records_per_read: int = 1000,
-        log_file: Path | str | None = None,
-    ) -> None:
-        self.data_dir = Path(data_dir)
-        self.host = host
-        self.port = port or free_port(host)
-        self.instance = instance
-        self.access_key_id = access_key_id
-        self.access_key_secret = access_key_secret
-        self.max_records_per_read = max_records_per_read
-        self.log_file = Path(log_file) if log_file else self.data_dir / "server.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.admin = AdminClient(self.endpoint, access_key_secret)
-
-    def __repr__(self) -> str:
-        return f"TablestoreProcess(endpoint={self.endpoint!r}, instance={self.instance!r})"
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> TablestoreProcess:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, CDC_TABLESTORE_ACCESS_KEY_SECRET=self.access_key_secret)
-        cmd = [
-            sys.executable,
-            "-m",
-            "cdc.servers.tablestore",
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--data-dir",
-            str(self.data_dir),
-            "--instance",
-            self.instance,
-            "--access-key-id",
-            self.access_key_id,
-            "--max-records-per-read",
-            str(self.max_records_per_read),
-        ]
-        with open(self.log_file, "ab") as out:
-            self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"local Tablestore exited with {self.process.returncode}; see {self.log_file}"
-                )
-            if self.admin.healthy():
-                return self
-            time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"local Tablestore did not come up within {timeout}s; see {self.log_file}")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Graceful stop (SIGTERM)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-    def kill(self) -> None:
-        """Crash stop (SIGKILL): what a restart must survive."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
-
-    def restart(self, *, crash: bool = True) -> TablestoreProcess:
-        if crash:
-            self.kill()
-        else:
-            self.stop()
-        return self.start()
-
-    # ------------------------------------------------------------------ conveniences for tests and demos
-    def split(
-        self, table: str, shard_id: str | None = None, split_key: list[Any] | None = None
-    ) -> dict[str, Any]:
-        return self.admin.split(table, shard_id, split_key)
-
-    def merge(self, table: str, shard_ids: list[str] | None = None) -> dict[str, Any]:
-        return self.admin.merge(table, shard_ids)
-
-    def shards(self, table: str) -> list[dict[str, Any]]:
-        return self.admin.shards(table)
-
-    def fault(self, kind: str, count: int = -1, seconds: float = 0.0, path_prefix: str = "") -> None:
-        self.admin.fault(kind, count, seconds, path_prefix)
-
-    def clear_faults(self) -> None:
-        self.admin.clear_faults()
-
-    def expire_client(self, client_id: str) -> None:
-        self.admin.expire_client(client_id)
-
-    def trim(self, table: str, before_ms: int | None = None) -> dict[str, int]:
-        return self.admin.trim(table, before_ms)
-
-    def ots_client(self, **kwargs: Any) -> Any:
-        """A real ``tablestore.OTSClient`` for this server (no retries unless ``retry_policy`` is given)."""
-        from tablestore import OTSClient
-        from tablestore.retry import NoRetryPolicy
-
-        kwargs.setdefault("retry_policy", NoRetryPolicy())
-        return OTSClient(self.endpoint, self.access_key_id, self.access_key_secret, self.instance, **kwargs)
-
-    def __enter__(self) -> TablestoreProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: assume it is reachable from elsewhere
+        return False

@@ -1,7 +1,7 @@
 """Protobuf request handlers: the table API (``/PutRow``...) and the tunnel API (``/tunnel/...``).
 
 Each handler takes the request body and returns the serialized response body, or raises
-:class:`~cdc.servers.tablestore.store.OTSError`. Table messages come from the SDK's own
+:class:`~cdc.servers.tablestore.errors.OTSError`. Table messages come from the SDK's own
 ``tablestore.protobuf.table_store_pb2``; tunnel messages from :mod:`cdc.backends.tablestore.tunnel_pb`.
 """
 
@@ -22,17 +22,13 @@ from cdc.backends.tablestore.plainbuffer import (
     encode_rows,
 )
 
+from .errors import param_invalid
 from .filters import Predicate, parse_filter
-from .store import (
-    ACTION_DELETE,
-    ACTION_PUT,
-    ACTION_UPDATE,
-    PK_TYPES,
-    Store,
-    WriteOp,
-    make_token,
-    param_invalid,
-)
+from .limits import MAX_COLUMNS_TO_GET, check_write_size, data_size
+from .rows import ACTION_DELETE, ACTION_PUT, ACTION_UPDATE, WriteOp
+from .store import Store
+from .tables import PK_TYPES
+from .tokens import make_token
 
 Handler = Callable[[Store, bytes], bytes]
 
@@ -201,14 +197,18 @@ def batch_write_row(store: Store, body: bytes) -> bytes:
         raise param_invalid(f"Rows count exceeds the upper limit: {_MAX_BATCH_ROWS}.")
     kinds = {pb.PUT: ACTION_PUT, pb.UPDATE: ACTION_UPDATE, pb.DELETE: ACTION_DELETE}
     resp = pb.BatchWriteRowResponse()
+    batches: list[tuple[str, list[WriteOp]]] = []
     for table_req in req.tables:
         store.table(table_req.table_name)
         ops = []
         for i, r in enumerate(table_req.rows):
             rc = r.return_content if r.HasField("return_content") else None
             ops.append(_op(kinds[r.type], r.row_change, r.condition, rc, f"BatchWriteRow row {i}"))
-        results = store.write(table_req.table_name, ops)
-        table_resp = resp.tables.add(table_name=table_req.table_name)
+        batches.append((table_req.table_name, ops))
+    check_write_size(sum(data_size(op.row.primary_key, op.row.cells) for _, ops in batches for op in ops))
+    for table_name, ops in batches:
+        results = store.write(table_name, ops)
+        table_resp = resp.tables.add(table_name=table_name)
         for op, result in zip(ops, results, strict=True):
             item = table_resp.rows.add(is_ok=result.ok)
             if result.ok:
@@ -221,6 +221,13 @@ def batch_write_row(store: Store, body: bytes) -> bytes:
                 item.error.code = result.error.code
                 item.error.message = result.error.message
     return resp.SerializeToString()  # type: ignore[no-any-return]
+
+
+def _columns_to_get(req: Any) -> list[str]:
+    columns = list(req.columns_to_get)
+    if len(columns) > MAX_COLUMNS_TO_GET:
+        raise param_invalid(f"The number of columns to get must be in range: [0, {MAX_COLUMNS_TO_GET}].")
+    return columns
 
 
 def _project(row: Row, columns: list[str], predicate: Predicate | None) -> Row | None:
@@ -245,7 +252,7 @@ def get_row(store: Store, body: bytes) -> bytes:
     pk = _row(req.primary_key, "GetRow primary_key").primary_key
     predicate = parse_filter(req.filter) if req.HasField("filter") and req.filter else None
     row = store.get_row(req.table_name, pk)
-    projected = None if row is None else _project(row, list(req.columns_to_get), predicate)
+    projected = None if row is None else _project(row, _columns_to_get(req), predicate)
     resp = pb.GetRowResponse()
     _consumed(resp.consumed, read=1)
     resp.row = encode_row(_for_sdk(projected)) if projected is not None else b""
@@ -256,11 +263,12 @@ def get_range(store: Store, body: bytes) -> bytes:
     req = _parse(pb.GetRangeRequest, body)
     start = _row(req.inclusive_start_primary_key, "GetRange inclusive_start_primary_key").primary_key
     end = _row(req.exclusive_end_primary_key, "GetRange exclusive_end_primary_key").primary_key
-    limit = req.limit if req.HasField("limit") and req.limit > 0 else _MAX_RANGE_ROWS
-    limit = min(limit, _MAX_RANGE_ROWS)
+    if req.HasField("limit") and req.limit <= 0:
+        raise param_invalid(f"The limit of GetRange must be greater than 0, got {req.limit}.")
+    limit = min(req.limit if req.HasField("limit") else _MAX_RANGE_ROWS, _MAX_RANGE_ROWS)
     predicate = parse_filter(req.filter) if req.HasField("filter") and req.filter else None
     rows, next_row = store.get_range(req.table_name, start, end, req.direction == pb.FORWARD, limit)
-    columns = list(req.columns_to_get)
+    columns = _columns_to_get(req)
     out = [p for p in (_project(r, columns, predicate) for r in rows) if p is not None]
     resp = pb.GetRangeResponse()
     _consumed(resp.consumed, read=max(1, len(rows)))
