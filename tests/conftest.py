@@ -1,14 +1,19 @@
-"""Shared fixtures: one Spark session for the whole run (a session costs ~10 s to start on 2 cores)."""
+"""Shared fixtures: one Spark session for the whole run (a session costs ~10 s to start on 2 cores), and the
+local Tablestore server that backend and server tests both use. The Pulsar broker's fixtures live in
+``tests/backends/pulsar/conftest.py`` (only those tests need one)."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from cdc.servers.tablestore import TablestoreProcess
 
 # Spark's Python workers must run this interpreter (the virtualenv's), not the system one.
 os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -46,3 +51,30 @@ def spark() -> Iterator[Any]:
     cdc.register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def tablestore_server(tmp_path: Path) -> Iterator[TablestoreProcess]:
+    """A real local Tablestore server in a child process, per test.
+
+    Yields a :class:`cdc.servers.tablestore.TablestoreProcess`: ``endpoint``,
+    ``instance``, ``access_key_id``, ``access_key_secret``, ``data_dir``; ``ots_client()`` (a real
+    ``tablestore.OTSClient``); ``split(table, shard_id=None, split_key=None)``, ``merge(table,
+    shard_ids=None)``, ``shards(table)``; ``fault(kind, count=-1, seconds=0, path_prefix="")`` with kinds
+    ``unavailable``/``drop``/``delay``, ``clear_faults()``, ``expire_client(client_id)``,
+    ``trim(table, before_ms=None)`` (expire the change log: reads before it get ``OTSTrimmedDataAccess``); ``kill()`` (SIGKILL),
+    ``stop()``, ``start()``, ``restart(crash=True)``. The server listens on 127.0.0.1 on a free port (the
+    same port across restarts) and is stopped at the end of the test.
+    """
+    server = TablestoreProcess(
+        tmp_path / "ots-data",
+        instance="testinst",
+        access_key_id="test-ak-id",
+        access_key_secret="test-ak-secret",
+        max_records_per_read=100,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -11,7 +11,7 @@ import pytest
 from cdc.backend import Backend
 from cdc.servers.tablestore import TablestoreProcess
 from cdc.testing import BackendContract, Harness
-from tests.tablestore.world import World
+from tests.backends.tablestore.world import World
 
 
 class TablestoreHarness(Harness):

@@ -12,7 +12,7 @@ from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.client import RetrySettings, TunnelClient
 from cdc.backends.tablestore.plainbuffer import decode_row
 from cdc.servers.tablestore import TablestoreProcess
-from tests.tablestore.world import World
+from tests.backends.tablestore.world import World
 
 
 def client(server: TablestoreProcess, **kw: object) -> TunnelClient:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cdc.servers.tablestore import TablestoreProcess
-from tests.tablestore.world import World
+from tests.backends.tablestore.world import World
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

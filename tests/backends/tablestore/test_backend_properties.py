@@ -24,7 +24,7 @@ from hypothesis.stateful import (
 from cdc.backends.tablestore import TablestoreBackend
 from cdc.planner import Planner
 from cdc.servers.tablestore import TablestoreProcess
-from tests.tablestore.world import World, drain
+from tests.backends.tablestore.world import World, drain
 
 KEYS = st.integers(0, 40)
 

@@ -20,8 +20,7 @@ from tablestore import (
 
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.servers.tablestore import AdminClient, TablestoreProcess
-
-from .test_server_tunnel import ServiceError, _tunnel
+from tests.servers.tablestore.tunnel_client import ServiceError, tunnel_of
 
 IGNORE = Condition(RowExistenceExpectation.IGNORE)
 
@@ -88,7 +87,7 @@ def test_admin_calls_need_the_secret(tablestore_server: TablestoreProcess) -> No
 
 
 def test_tunnel_faults_and_heartbeat_release(tablestore_server: TablestoreProcess) -> None:
-    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
+    client, tunnel = tablestore_server.ots_client(), tunnel_of(tablestore_server)
     client.create_table(
         TableMeta("t", [("id", "INTEGER")]), TableOptions(), ReservedThroughput(CapacityUnit(0, 0))
     )
@@ -113,7 +112,7 @@ def test_tunnel_faults_and_heartbeat_release(tablestore_server: TablestoreProces
 
 
 def test_trimmed_log_gives_trimmed_data_access(tablestore_server: TablestoreProcess) -> None:
-    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
+    client, tunnel = tablestore_server.ots_client(), tunnel_of(tablestore_server)
     client.create_table(
         TableMeta("t", [("id", "INTEGER")]), TableOptions(), ReservedThroughput(CapacityUnit(0, 0))
     )
@@ -145,7 +144,7 @@ def test_trimmed_log_gives_trimmed_data_access(tablestore_server: TablestoreProc
 def test_base_and_stream_tunnel_expires_when_its_stream_log_is_trimmed_during_base_data(
     tablestore_server: TablestoreProcess,
 ) -> None:
-    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
+    client, tunnel = tablestore_server.ots_client(), tunnel_of(tablestore_server)
     client.create_table(
         TableMeta("t", [("id", "INTEGER")]), TableOptions(), ReservedThroughput(CapacityUnit(0, 0))
     )

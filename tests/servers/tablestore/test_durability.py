@@ -24,8 +24,7 @@ from tablestore import (
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.plainbuffer import decode_row
 from cdc.servers.tablestore import TablestoreProcess
-
-from .test_server_tunnel import _tunnel
+from tests.servers.tablestore.tunnel_client import tunnel_of
 
 IGNORE = Condition(RowExistenceExpectation.IGNORE)
 
@@ -39,7 +38,7 @@ def _keys(client: Any) -> list[int]:
 
 
 def _stream_ids(server: TablestoreProcess, tunnel_id: str) -> list[int]:
-    tunnel = _tunnel(server)
+    tunnel = tunnel_of(server)
     client_id = tunnel.connect(tunnel_id)
     ids: list[int] = []
     for channel in tunnel.describe(tunnel_id).channels:
@@ -60,7 +59,7 @@ def test_concurrent_writers_and_readers(tablestore_server: TablestoreProcess) ->
     client.create_table(
         TableMeta("t", [("id", "INTEGER")]), TableOptions(), ReservedThroughput(CapacityUnit(0, 0))
     )
-    tunnel_id = _tunnel(tablestore_server).create("t", "cdc", pb.Stream)
+    tunnel_id = tunnel_of(tablestore_server).create("t", "cdc", pb.Stream)
     errors: list[BaseException] = []
 
     def writer(w: int) -> None:
@@ -96,7 +95,7 @@ def test_kill_during_writes_loses_no_acknowledged_write(tablestore_server: Table
     client.create_table(
         TableMeta("t", [("id", "INTEGER")]), TableOptions(), ReservedThroughput(CapacityUnit(0, 0))
     )
-    tunnel_id = _tunnel(tablestore_server).create("t", "cdc", pb.Stream)
+    tunnel_id = tunnel_of(tablestore_server).create("t", "cdc", pb.Stream)
     acked: list[int] = []
     started = threading.Event()
 

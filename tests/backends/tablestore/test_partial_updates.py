@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc.servers.tablestore import TablestoreProcess
-from tests.tablestore.world import World, drain
+from tests.backends.tablestore.world import World, drain
 
 COLUMNS = ("v", "n", "w")
 CATALOG = json.dumps(

@@ -18,7 +18,7 @@ import pytest
 
 from cdc.backends.tablestore import handover
 from cdc.servers.tablestore import TablestoreProcess
-from tests.tablestore.world import World, drain
+from tests.backends.tablestore.world import World, drain
 
 TIMEOUT_S = 30  # the tunnel client's expiry: what a restart would wait without the hand-over
 

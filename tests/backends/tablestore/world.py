@@ -1,7 +1,7 @@
 """Test helper: one table on a running local Tablestore server, written through the real SDK, with a
 tunnel read through the backend, and the server's admin calls for splits and merges.
 
-The server itself comes from the fixture in ``tests/tablestore/conftest.py`` (the server helper's);
+The server itself comes from the fixture in ``tests/backends/tablestore/conftest.py`` (the server helper's);
 :class:`World` only needs its endpoint, instance, keys and admin calls.
 """
 

@@ -14,114 +14,15 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from tablestore import (
-    CapacityUnit,
-    Condition,
     OTSClient,
-    ReservedThroughput,
     Row,
-    RowExistenceExpectation,
-    TableMeta,
-    TableOptions,
 )
-from tablestore.auth import RequestContext
 from tablestore.retry import NoRetryPolicy
 
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, decode_row
 from cdc.servers.tablestore import LocalTablestore, TablestoreProcess
-
-IGNORE = Condition(RowExistenceExpectation.IGNORE)
-
-
-class ServiceError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-
-
-class Tunnel:
-    """Raw tunnel calls for one server, signed by the SDK; response signatures verified."""
-
-    def __init__(self, endpoint: str, key_id: str, secret: str, instance: str) -> None:
-        self.ots = OTSClient(endpoint, key_id, secret, instance, retry_policy=NoRetryPolicy())
-
-    def call(self, name: str, request: Any, response_type: Any) -> Any:
-        uri = pb.URIS[name]
-        body = request.SerializeToString()
-        context = RequestContext(self.ots.credentials_provider.get_credentials())
-        headers = self.ots.protocol._make_request_headers(body, uri, self.ots._signer, context)
-        status, _, res_headers, res_body = self.ots.connection.send_receive(uri, headers, body)
-        std = self.ots.protocol._convert_urllib3_headers(res_headers)
-        if status >= 300:
-            error = pb.Error.FromString(res_body)
-            raise ServiceError(error.code, error.message)
-        self.ots.protocol._check_headers(std, res_body, status=status)
-        self.ots.protocol._check_authorization(uri, std, status, self.ots._signer, context)
-        return response_type.FromString(res_body)
-
-    def create(self, table: str, name: str, kind: int) -> str:
-        req = pb.CreateTunnelRequest(tunnel=pb.Tunnel(table_name=table, tunnel_name=name, tunnel_type=kind))
-        return str(self.call("create", req, pb.CreateTunnelResponse).tunnel_id)
-
-    def describe(self, tunnel_id: str) -> Any:
-        return self.call(
-            "describe",
-            pb.DescribeTunnelRequest(table_name="", tunnel_name="", tunnel_id=tunnel_id),
-            pb.DescribeTunnelResponse,
-        )
-
-    def channels(self, tunnel_id: str) -> dict[str, Any]:
-        return {c.channel_id: c for c in self.describe(tunnel_id).channels}
-
-    def connect(self, tunnel_id: str, timeout: int = 60) -> str:
-        req = pb.ConnectRequest(tunnel_id=tunnel_id, client_config=pb.ClientConfig(timeout=timeout))
-        return str(self.call("connect", req, pb.ConnectResponse).client_id)
-
-    def heartbeat(self, tunnel_id: str, client_id: str, channels: list[Any] = ()) -> list[Any]:
-        req = pb.HeartbeatRequest(tunnel_id=tunnel_id, client_id=client_id, channels=list(channels))
-        return list(self.call("heartbeat", req, pb.HeartbeatResponse).channels)
-
-    def get_checkpoint(self, tunnel_id: str, client_id: str, channel_id: str) -> tuple[str, int]:
-        req = pb.GetCheckpointRequest(tunnel_id=tunnel_id, client_id=client_id, channel_id=channel_id)
-        resp = self.call("getcheckpoint", req, pb.GetCheckpointResponse)
-        return resp.checkpoint, resp.sequence_number
-
-    def checkpoint(self, tunnel_id: str, client_id: str, channel_id: str, token: str, seq: int) -> None:
-        req = pb.CheckpointRequest(
-            tunnel_id=tunnel_id,
-            client_id=client_id,
-            channel_id=channel_id,
-            checkpoint=token,
-            sequence_number=seq,
-        )
-        self.call("checkpoint", req, pb.CheckpointResponse)
-
-    def read(self, tunnel_id: str, client_id: str, channel_id: str, token: str) -> Any:
-        req = pb.ReadRecordsRequest(
-            tunnel_id=tunnel_id, client_id=client_id, channel_id=channel_id, token=token
-        )
-        return self.call("readrecords", req, pb.ReadRecordsResponse)
-
-    def read_all(self, tunnel_id: str, client_id: str, channel_id: str, token: str) -> tuple[list[Any], str]:
-        """Follow next_token until "finished" or until a read returns nothing; (records, last token)."""
-        records: list[Any] = []
-        while token != pb.FINISHED_TOKEN:
-            resp = self.read(tunnel_id, client_id, channel_id, token)
-            records.extend(resp.records)
-            if not resp.records and resp.next_token == token:
-                break
-            token = resp.next_token
-        return records, token
-
-
-def _tunnel(server: Any) -> Tunnel:
-    return Tunnel(server.endpoint, server.access_key_id, server.access_key_secret, server.instance)
-
-
-def _table(client: OTSClient, name: str = "t") -> None:
-    client.create_table(
-        TableMeta(name, [("id", "INTEGER")]), TableOptions(), ReservedThroughput(CapacityUnit(0, 0))
-    )
+from tests.servers.tablestore.tunnel_client import IGNORE, ServiceError, Tunnel, create_table, tunnel_of
 
 
 def _ids(records: list[Any]) -> list[int]:
@@ -129,8 +30,8 @@ def _ids(records: list[Any]) -> list[int]:
 
 
 def test_stream_tunnel_reads_changes_after_creation(tablestore_server: TablestoreProcess) -> None:
-    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
-    _table(client)
+    client, tunnel = tablestore_server.ots_client(), tunnel_of(tablestore_server)
+    create_table(client)
     client.put_row("t", Row([("id", -1)], [("v", "before")]), IGNORE)
     tid = tunnel.create("t", "cdc", pb.Stream)
     [channel] = tunnel.describe(tid).channels
@@ -180,8 +81,8 @@ def test_stream_tunnel_reads_changes_after_creation(tablestore_server: Tablestor
 
 
 def test_checkpoint_sequence_numbers(tablestore_server: TablestoreProcess) -> None:
-    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
-    _table(client)
+    client, tunnel = tablestore_server.ots_client(), tunnel_of(tablestore_server)
+    create_table(client)
     tid = tunnel.create("t", "cdc", pb.Stream)
     cid = tunnel.connect(tid)
     [held] = tunnel.heartbeat(tid, cid)
@@ -216,8 +117,8 @@ def test_checkpoint_sequence_numbers(tablestore_server: TablestoreProcess) -> No
 
 
 def test_expired_clients_get_resource_gone(tablestore_server: TablestoreProcess) -> None:
-    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
-    _table(client)
+    client, tunnel = tablestore_server.ots_client(), tunnel_of(tablestore_server)
+    create_table(client)
     tid = tunnel.create("t", "cdc", pb.Stream)
     cid = tunnel.connect(tid, timeout=1)
     [held] = tunnel.heartbeat(tid, cid)
@@ -237,8 +138,8 @@ def test_expired_clients_get_resource_gone(tablestore_server: TablestoreProcess)
 
 
 def test_tunnel_management(tablestore_server: TablestoreProcess) -> None:
-    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
-    _table(client)
+    client, tunnel = tablestore_server.ots_client(), tunnel_of(tablestore_server)
+    create_table(client)
     tid = tunnel.create("t", "a", pb.BaseData)
     with pytest.raises(ServiceError) as exists:
         tunnel.create("t", "a", pb.Stream)
@@ -273,8 +174,8 @@ def test_tunnel_management(tablestore_server: TablestoreProcess) -> None:
 
 
 def test_base_and_stream_hand_off(tablestore_server: TablestoreProcess) -> None:
-    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
-    _table(client)
+    client, tunnel = tablestore_server.ots_client(), tunnel_of(tablestore_server)
+    create_table(client)
     for i in range(30):
         client.put_row("t", Row([("id", i)], [("v", i)]), IGNORE)
     tablestore_server.split("t", split_key=[15])
@@ -319,8 +220,8 @@ def test_base_and_stream_hand_off(tablestore_server: TablestoreProcess) -> None:
 
 
 def test_split_and_merge_create_child_channels(tablestore_server: TablestoreProcess) -> None:
-    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
-    _table(client)
+    client, tunnel = tablestore_server.ots_client(), tunnel_of(tablestore_server)
+    create_table(client)
     tid = tunnel.create("t", "cdc", pb.Stream)
     cid = tunnel.connect(tid)
     [root] = tunnel.heartbeat(tid, cid)
@@ -367,8 +268,8 @@ def test_split_and_merge_create_child_channels(tablestore_server: TablestoreProc
 
 
 def test_restart_keeps_tunnels_logs_and_checkpoints(tablestore_server: TablestoreProcess) -> None:
-    client, tunnel = tablestore_server.ots_client(), _tunnel(tablestore_server)
-    _table(client)
+    client, tunnel = tablestore_server.ots_client(), tunnel_of(tablestore_server)
+    create_table(client)
     tid = tunnel.create("t", "cdc", pb.Stream)
     cid = tunnel.connect(tid, timeout=600)
     [held] = tunnel.heartbeat(tid, cid)
@@ -378,7 +279,7 @@ def test_restart_keeps_tunnels_logs_and_checkpoints(tablestore_server: Tablestor
     page = tunnel.read(tid, cid, held.channel_id, token)
     tunnel.checkpoint(tid, cid, held.channel_id, page.next_token, 1)
     tablestore_server.restart(crash=True)
-    tunnel = _tunnel(tablestore_server)
+    tunnel = tunnel_of(tablestore_server)
     assert tunnel.get_checkpoint(tid, cid, held.channel_id) == (page.next_token, 1)  # the client survived too
     again = tunnel.read(tid, cid, held.channel_id, token)
     assert [r.record for r in again.records] == [r.record for r in page.records]
@@ -421,8 +322,8 @@ def test_every_change_exactly_once_in_order_per_key(
             server.instance,
             retry_policy=NoRetryPolicy(),
         )
-        tunnel = _tunnel(server)
-        _table(client)
+        tunnel = tunnel_of(server)
+        create_table(client)
         state: dict[int, int] = {}
         for key in range(initial):
             client.put_row("t", Row([("id", key)], [("v", -1)]), IGNORE)
@@ -500,8 +401,8 @@ def test_reads_stop_at_a_size_limit(tmp_path: Any) -> None:
             server.instance,
             retry_policy=NoRetryPolicy(),
         )
-        tunnel = _tunnel(server)
-        _table(client)
+        tunnel = tunnel_of(server)
+        create_table(client)
         tid = tunnel.create("t", "cdc", pb.Stream)
         cid = tunnel.connect(tid)
         [held] = tunnel.heartbeat(tid, cid)

@@ -18,7 +18,7 @@ from cdc.errors import DataLossError, OptionError
 from cdc.options import parse
 from cdc.planner import Planner
 from cdc.servers.tablestore import TablestoreProcess
-from tests.tablestore.world import World, drain
+from tests.backends.tablestore.world import World, drain
 
 
 def rows(tables: list[pa.Table]) -> list[dict[str, Any]]:
