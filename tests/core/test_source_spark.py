@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from cdc.backends.local import LocalLog
+from tests import streaming
 
 pytestmark = pytest.mark.spark
 
@@ -30,19 +26,8 @@ def orders(start: int, n: int, op: str = "insert") -> list[dict[str, Any]]:
 
 
 def run_available_now(spark: Any, log: LocalLog, out: Path, ck: Path, **options: Any) -> None:
-    reader = spark.readStream.format("cdc").option("backend", "local").option("path", str(log.path))
-    for k, v in options.items():
-        reader = reader.option(k, v)
-    q = (
-        reader.load()
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(ck))
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(300)
-    assert q.exception() is None
+    error = streaming.run_available_now(spark, {"backend": "local", "path": str(log.path), **options}, out, ck)
+    assert error is None
 
 
 def delivered(spark: Any, out: Path) -> list[tuple[str, int]]:
@@ -179,66 +164,21 @@ def test_unknown_option_fails_the_query_naming_it(spark: Any, tmp_path: Path) ->
     assert "did you mean 'maxRecordsPerTrigger'?" in str(e.value)
 
 
-DRIVER = textwrap.dedent(
-    """
-    import os, sys
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    import cdc
-    log_path, out, ck, mode = sys.argv[1:5]
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    cdc.register(spark)
-    stream = (spark.readStream.format("cdc").option("path", log_path).option("maxRecordsPerTrigger", 50).load()
-              .writeStream.format("parquet").option("path", out).option("checkpointLocation", ck))
-    if mode == "forever":
-        stream.trigger(processingTime="200 milliseconds").start().awaitTermination()
-    else:
-        stream.trigger(availableNow=True).start().awaitTermination()
-    """
-)
-
-
 @pytest.mark.slow
 def test_kill_9_of_the_driver_then_restart_is_exactly_once(spark: Any, tmp_path: Path) -> None:
     log = new_log(tmp_path)
     out, ck = tmp_path / "out", tmp_path / "ck"
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
     log.append(orders(0, 2000))
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(log.path), str(out), str(ck), "forever"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    options = {"backend": "local", "path": str(log.path), "maxRecordsPerTrigger": 50}
+    proc = streaming.start_driver(options, out, ck)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:  # wait until a few batches have committed
-            commits = ck / "commits"
-            if commits.exists() and len([p for p in commits.iterdir() if p.name.isdigit()]) >= 4:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the driver never committed a batch")
+        streaming.wait_for(lambda: streaming.committed_batches(ck) >= 4, 240, "four committed batches")
         log.split("c1")
         log.append(orders(5000, 300))
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Python workers die mid-stream
-        proc.wait(30)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        streaming.kill_driver(proc)  # the driver and its Python workers die mid-stream
     log.append(orders(9000, 200))
-    subprocess.run(
-        [sys.executable, str(script), str(log.path), str(out), str(ck), "once"],
-        env=env,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        timeout=300,
-    )
+    streaming.run_driver_once(options, out, ck)
     got = delivered(spark, out)
     assert len(got) == len(set(got)), "duplicates after kill -9"
     assert set(got) == everything(log), "records lost after kill -9"

@@ -4,14 +4,7 @@ its checkpoint; every change arrives exactly once and in order per key."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +12,9 @@ import pytest
 
 from cdc.servers.tablestore import TablestoreProcess
 from tests.backends.tablestore.world import World
+from tests.streaming import kill_driver, run_available_now, run_driver_once, start_driver, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_stream_survives_server_kill_and_query_restart(
@@ -116,28 +101,6 @@ def test_stream_survives_server_kill_and_query_restart(
     assert {k: [(op, v) for _, op, v in sorted(rs)] for k, rs in per_key.items()} == expected
 
 
-DRIVER = textwrap.dedent(
-    """
-    import json, os, sys
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    import cdc
-    options, out, ck, mode = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    cdc.register(spark)
-    reader = spark.readStream.format("cdc").option("backend", "tablestore").option("maxRecordsPerTrigger", 80)
-    for k, v in options.items():
-        reader = reader.option(k, v)
-    stream = reader.load().writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
-    if mode == "forever":
-        stream.trigger(processingTime="200 milliseconds").start().awaitTermination()
-    else:
-        stream.trigger(availableNow=True).start().awaitTermination()
-    """
-)
-
-
 def test_kill_9_of_driver_and_server_then_restart_is_exactly_once(
     spark: Any, tablestore_server: TablestoreProcess, tmp_path: Path
 ) -> None:
@@ -147,20 +110,20 @@ def test_kill_9_of_driver_and_server_then_restart_is_exactly_once(
     w.put_many([(k, f"b{k}") for k in range(300)])
     w.create_tunnel()
     out, ck = tmp_path / "out", tmp_path / "ck"
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
     # Credentials from the standard environment variables (not options). A long client timeout: the
     # killed driver's tunnel client stays alive on the server for 3 minutes, holding the split parent,
     # so the restart must take it over (crash hand-over) rather than wait for it to expire.
     timeout_s = 180
     options = {
-        k: v
-        for k, v in w.options(**{"tunnel.client.timeoutSeconds": str(timeout_s)}).items()
-        if not k.startswith("access")
+        "backend": "tablestore",
+        "maxRecordsPerTrigger": 80,
+        **{
+            k: v
+            for k, v in w.options(**{"tunnel.client.timeoutSeconds": str(timeout_s)}).items()
+            if not k.startswith("access")
+        },
     }
     env = {
-        **os.environ,
-        "PYSPARK_PYTHON": sys.executable,
         "ALIBABA_CLOUD_ACCESS_KEY_ID": server.access_key_id,
         "ALIBABA_CLOUD_ACCESS_KEY_SECRET": server.access_key_secret,
     }
@@ -170,14 +133,7 @@ def test_kill_9_of_driver_and_server_then_restart_is_exactly_once(
             w.update(k, f"{tag}{k}")
             expected.setdefault(k, []).append(("update", f"{tag}{k}"))
 
-    args = [sys.executable, str(script), json.dumps(options), str(out), str(ck)]
-    proc = subprocess.Popen(
-        [*args, "forever"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = start_driver(options, out, ck, env)
     try:
         wait_for(
             lambda: (
@@ -190,23 +146,13 @@ def test_kill_9_of_driver_and_server_then_restart_is_exactly_once(
         update("u", range(0, 300, 3))
         w.split()
         update("v", range(0, 300, 4))
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Python workers die mid-stream
-        proc.wait(30)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_driver(proc)  # the driver and its Python workers die mid-stream
     killed = time.monotonic()
     server.kill()
     server.start()
     update("x", range(1, 300, 5))
-    subprocess.run(
-        [*args, "once"],
-        env=env,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        timeout=300,
-    )
+    run_driver_once(options, out, ck, env)
     took = time.monotonic() - killed
     print(
         f"restart after kill -9: the AvailableNow run finished {took:.1f}s after the kill (client timeout {timeout_s}s)"
@@ -231,22 +177,7 @@ def test_fail_on_data_loss_in_spark(spark: Any, tablestore_server: TablestorePro
     out, ck = tmp_path / "out", tmp_path / "ck"
 
     def run(**extra: str) -> Any:
-        reader = spark.readStream.format("cdc").option("backend", "tablestore")
-        for k, v in {**w.options(), **extra}.items():
-            reader = reader.option(k, v)
-        q = (
-            reader.load()
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(ck))
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            q.awaitTermination(180)
-        except Exception:  # noqa: BLE001 - the failure is checked through q.exception()
-            pass
-        return q.exception()
+        return run_available_now(spark, {"backend": "tablestore", **w.options(), **extra}, out, ck, timeout=180)
 
     assert run() is None
     w.put_many([(k, "lost") for k in range(100, 110)])
