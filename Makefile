@@ -40,5 +40,23 @@ lint: install
 bench: install
 	$(PY) benchmarks/source_overhead.py
 
+# The official Node.js Tablestore SDK, pinned by its lock file, for tests/sdks/test_node_sdk.py. The stamp
+# skips an up-to-date install; npm's cache makes a reinstall offline.
+NODE_SDK := tests/sdks/node
+NODE_SDK_STAMP := $(NODE_SDK)/node_modules/.installed-stamp
+
+.PHONY: node-sdk
+node-sdk: $(NODE_SDK_STAMP)
+
+$(NODE_SDK_STAMP): $(NODE_SDK)/package.json $(NODE_SDK)/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "error: Node.js 18+ and npm are required (the Node.js SDK interop test) and 'npm' is not on PATH."; \
+	  echo "       Debian/Ubuntu: sudo apt-get install -y nodejs npm; macOS: brew install node"; \
+	  exit 1; }
+	cd $(NODE_SDK) && npm ci --ignore-scripts --prefer-offline --no-audit --no-fund
+	@touch $@
+
+test test-fast: node-sdk
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
