@@ -35,6 +35,10 @@ Handler = Callable[[Store, bytes], bytes]
 _DEFINED_TYPES = {pb.DCT_INTEGER, pb.DCT_DOUBLE, pb.DCT_BOOLEAN, pb.DCT_STRING, pb.DCT_BLOB}
 _MAX_BATCH_ROWS = 200
 _MAX_RANGE_ROWS = 5000
+# DescribeTableResponse.table_status (field 4, varint) = ACTIVE (1). The service's proto marks it required
+# and the Node.js SDK refuses a response without it, but the Python SDK's table_store_pb2 omits the field,
+# so it is appended as raw bytes (fields may come in any order).
+_TABLE_STATUS_ACTIVE = bytes([4 << 3, 1])
 
 
 def _parse(message_type: Any, body: bytes) -> Any:
@@ -127,7 +131,7 @@ def describe_table(store: Store, body: bytes) -> bytes:
     resp.stream_details.stream_id = s["stream_id"]
     resp.stream_details.expiration_time = s["expiration_time"]
     resp.stream_details.last_enable_time = s["last_enable_time"]
-    return resp.SerializeToString()  # type: ignore[no-any-return]
+    return resp.SerializeToString() + _TABLE_STATUS_ACTIVE  # type: ignore[no-any-return]
 
 
 def _condition(cond: Any) -> tuple[int, Predicate | None]:
