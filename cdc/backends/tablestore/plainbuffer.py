@@ -3,7 +3,7 @@
 The format (checked against the public Java and Go SDKs' ``PlainBufferCodedInputStream`` /
 ``PlainBufferCrc8``, and the Python SDK's ``tablestore/plainbuffer/``)::
 
-    rows     = header:uint32le(0x75) row*
+    rows     = header:uint32le(0x75) row* [0x00* after a row: padding, see _decode]
     row      = TAG_ROW_PK cell* [TAG_ROW_DATA cell*] [TAG_DELETE_ROW_MARKER] [extension] TAG_ROW_CHECKSUM crc8
     cell     = TAG_CELL [TAG_CELL_NAME len:int32le utf8] [TAG_CELL_VALUE len:int32le variant]
                [TAG_CELL_TYPE byte] [TAG_CELL_TIMESTAMP int64le] TAG_CELL_CHECKSUM crc8
@@ -532,6 +532,10 @@ def _decode(buf: bytes) -> list[Row]:
         tag = buf[pos]
         pos += 1
         if tag != TAG_ROW_PK:
+            # The Node.js SDK sizes a request row with a spare byte per INF_MIN/INF_MAX/AUTO_INCREMENT
+            # value and sends the unused zeros; the service accepts them. A zero never starts a row.
+            if tag == 0 and rows and buf.count(0, pos) == end - pos:
+                break
             raise _fail(pos, end, f"row {index}: expected the primary-key tag, got 0x{tag:02x}")
         row_crc = 0
         primary_key: list[tuple[str, PrimaryKeyValue]] = []
@@ -587,7 +591,7 @@ def _decode(buf: bytes) -> list[Row]:
 
 
 def decode_rows(data: bytes | bytearray | memoryview) -> list[Row]:
-    """Decode every row of a payload (header, then rows until the end). An empty payload has no rows."""
+    """Decode every row of a payload (header, rows, trailing zero padding). An empty payload has no rows."""
     buf = bytes(data)
     if not buf:
         return []

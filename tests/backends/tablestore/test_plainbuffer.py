@@ -244,6 +244,36 @@ def test_malformed_payloads_name_the_problem(payload: bytes, message: str) -> No
         decode_rows(payload)
 
 
+# The Node.js SDK's ``serializePrimaryKey([{pk_int: INF_MIN}, {pk_str: INF_MAX}])``, as it sends a GetRange
+# bound: it sizes its buffer with a spare byte per infinite value and sends the two unused zero bytes.
+_NODE_SDK_RANGE_BOUND = bytes.fromhex(
+    "7500000001030406000000706b5f696e740501000000090a57030406000000706b5f73747205010000000a0afe09f00000"
+)
+
+
+def test_trailing_zero_padding_after_the_last_row_is_accepted() -> None:
+    assert decode_row(_NODE_SDK_RANGE_BOUND) == Row((("pk_int", INF_MIN), ("pk_str", INF_MAX)))
+    two = [Row((("id", 1),), (Cell("a", "x"),)), Row((("id", 2),))]
+    assert decode_rows(encode_rows(two) + bytes(7)) == two
+
+
+@pytest.mark.parametrize(
+    "trailer",
+    [b"\x01", b"\x00\x01", bytes(5) + b"\x09", b"\x00\x01\x03"],
+    ids=["a-row-tag", "zero-then-row-tag", "zeros-then-checksum-tag", "zero-then-a-partial-row"],
+)
+def test_trailing_bytes_other_than_zero_padding_are_rejected(trailer: bytes) -> None:
+    with pytest.raises(PlainBufferError):
+        decode_rows(_NODE_SDK_RANGE_BOUND + trailer)
+    with pytest.raises(PlainBufferError):
+        decode_row(encode_row(Row((("id", 1),))) + trailer)
+
+
+def test_zero_padding_without_a_row_is_rejected() -> None:
+    with pytest.raises(PlainBufferError, match="primary-key tag"):
+        decode_rows(encode_rows([]) + bytes(2))
+
+
 def test_errors_pickle_and_belong_to_the_cdc_hierarchy() -> None:
     import pickle
 
