@@ -59,9 +59,14 @@ def _python_sdk_rows(server: TablestoreProcess) -> list[dict[str, Any]]:
 def _run_node(server: TablestoreProcess) -> dict[str, Any]:
     node = shutil.which("node")
     if node is None:
-        pytest.fail("`node` is not on PATH: the Node.js SDK test needs Node.js 18+ (and `make node-sdk`)")
+        pytest.fail(
+            "`node` is not on PATH: the Node.js SDK test needs Node.js 18+ (and `make node-sdk`)",
+            pytrace=False,
+        )
     if not (NODE_DIR / "node_modules" / "tablestore").is_dir():
-        pytest.fail(f"the Node.js Tablestore SDK is not installed in {NODE_DIR}: run `make node-sdk`")
+        pytest.fail(
+            f"the Node.js Tablestore SDK is not installed in {NODE_DIR}: run `make node-sdk`", pytrace=False
+        )
     env = {
         **os.environ,
         "OTS_ENDPOINT": server.endpoint,

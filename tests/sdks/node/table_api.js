@@ -247,13 +247,32 @@ async function main() {
   );
   assert.deepEqual(backward.rows, [...everything].reverse());
 
-  // The table stays for the Python side to read; deleteTable is checked on a scratch table.
+  // The table stays for the Python side to read; auto-increment keys (which this SDK pads as it pads
+  // INF_MIN/INF_MAX) and deleteTable are checked on a scratch table.
   const scratch = `${table}_scratch`;
   await client.createTable({
-    tableMeta: { tableName: scratch, primaryKey: [{ name: 'id', type: 'BINARY' }] },
+    tableMeta: {
+      tableName: scratch,
+      primaryKey: [
+        { name: 'part', type: 'BINARY' },
+        { name: 'seq', type: 'INTEGER', option: 'AUTO_INCREMENT' },
+      ],
+    },
     reservedThroughput: { capacityUnit: { read: 0, write: 0 } },
     tableOptions: { timeToLive: -1, maxVersions: 1 },
   });
+  const seqs = [];
+  for (let n = 0; n < 2; n += 1) {
+    const put = await client.putRow({
+      tableName: scratch,
+      condition: ignore(),
+      primaryKey: [{ part: Buffer.from('p') }, { seq: TableStore.PK_AUTO_INCR }],
+      attributeColumns: [{ n: Long.fromNumber(n) }],
+      returnContent: { returnType: TableStore.ReturnType.Primarykey },
+    });
+    seqs.push(BigInt(put.row.primaryKey[1].value.toString(10)));
+  }
+  assert.ok(seqs[0] < seqs[1], `auto-increment values do not increase: ${seqs}`);
   await client.deleteTable({ tableName: scratch });
   const after = await client.listTable({});
   assert.ok(!after.tableNames.includes(scratch), 'a table is still listed after deleteTable');
