@@ -22,9 +22,6 @@ import pytest
 from cdc.backends.local import LocalLog
 
 ROOT = Path(__file__).resolve().parents[1]
-# Issue 11 items 1-4: these fail on the log as it is (format 1); the fix removes the mark.
-pytestmark = pytest.mark.xfail(strict=True, reason="issue 11: the local log loses or repeats data under crashes")
-
 ROWS = 30  # rows per append, spread over every channel of a 3-channel log
 FAULT = "CDC_LOCAL_LOG_FAULT"
 
@@ -199,3 +196,24 @@ def test_a_dead_snapshot_builders_directory_is_removed(tmp_path: Path) -> None:
     append_batch(LocalLog(log.path), 1)
     assert not list(log.path.glob(".tmp-snap-*"))
 
+
+TRUNCATOR = """
+import sys
+from cdc.backends.local import LocalLog
+LocalLog(sys.argv[1]).truncate("c0", int(sys.argv[2]))
+"""
+
+
+def test_a_truncation_killed_before_removing_segments_leaves_them_unread_then_removed(tmp_path: Path) -> None:
+    log = LocalLog.create(tmp_path / "log", [("k", pa.int64()), ("v", pa.int64())], ["k"], channels=1)
+    for batch in range(3):
+        append_batch(log, batch)
+    proc = spawn(TRUNCATOR, log.path, 2 * ROWS, fault="truncate-published")
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert len(list((log.path / "channels" / "c0").glob("*.arrow"))) == 3  # published, not yet removed
+    fresh = LocalLog(log.path)
+    assert fresh.channel("c0").earliest == 2 * ROWS
+    assert fresh.read_all().column("v").to_pylist() == [2] * ROWS
+    assert fresh.truncate("c0", 0) == 2 * ROWS  # the next truncation removes what the killed one left
+    assert len(list((log.path / "channels" / "c0").glob("*.arrow"))) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -14,9 +15,6 @@ from hypothesis import strategies as st
 
 from cdc.backends.local import LocalLog
 from cdc.backends.local.errors import CorruptLogError, LogFormatError
-
-# Issue 11 items 1-4: these fail on the log as it is (format 1); the fix removes the mark.
-pytestmark = pytest.mark.xfail(strict=True, reason="issue 11: the local log loses or repeats data under crashes")
 
 ROWS = 10  # rows per append, so segment i holds records [10 i, 10 i + 10) of c0
 
@@ -124,3 +122,20 @@ def test_a_log_of_the_previous_format_is_refused_naming_its_version(tmp_path: Pa
         LocalLog(log.path)
     assert err.value.version == 1
 
+
+def test_the_errors_pickle_with_their_fields() -> None:
+    err = pickle.loads(pickle.dumps(CorruptLogError("bad", "channels/c0/x.arrow", "c0")))
+    assert (str(err), err.file, err.channel) == ("bad", "channels/c0/x.arrow", "c0")
+    fmt = pickle.loads(pickle.dumps(LogFormatError("old", 1)))
+    assert (str(fmt), fmt.version) == ("old", 1)
+
+
+def test_a_damaged_manifest_is_corruption_naming_it(tmp_path: Path) -> None:
+    log = three_segments(tmp_path)
+    manifest = log.path / "manifest.json"
+    text = manifest.read_text()
+    assert '"head": 30' in text
+    manifest.write_text(text.replace('"head": 30', '"head": 20'))
+    with pytest.raises(CorruptLogError, match="manifest.json") as err:
+        read_everything(log.path)
+    assert err.value.file is not None and err.value.file.endswith("manifest.json")
