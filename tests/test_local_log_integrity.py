@@ -139,3 +139,16 @@ def test_a_damaged_manifest_is_corruption_naming_it(tmp_path: Path) -> None:
     with pytest.raises(CorruptLogError, match="manifest.json") as err:
         read_everything(log.path)
     assert err.value.file is not None and err.value.file.endswith("manifest.json")
+
+
+def test_a_reader_racing_a_truncation_sees_the_truncation_not_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = three_segments(tmp_path)
+    reader = LocalLog(log.path)
+    stale = reader.manifest()  # read just before another process truncates and removes the segments
+    LocalLog(log.path).truncate("c0", 2 * ROWS)
+    answers = iter([stale])
+    current = reader.manifest
+    monkeypatch.setattr(reader, "manifest", lambda: next(answers, None) or current())
+    assert reader.channel("c0").earliest == 2 * ROWS

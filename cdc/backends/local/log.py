@@ -154,22 +154,25 @@ class LocalLog:
 
     def _states(self, ids: Sequence[str] | None = None) -> list[ChannelState]:
         manifest = self.manifest()
-        for attempt in range(3):
+        for _ in range(2):
             try:
-                if ids is None:
-                    return [self._state(c, manifest.channels[c]) for c in manifest.ordered_ids()]
-                missing = [c for c in ids if c not in manifest.channels]
-                if missing:
-                    raise PositionError(f"channel {missing[0]!r} does not exist in {self.path}")
-                return [self._state(c, manifest.channels[c]) for c in ids]
+                return self._states_of(manifest, ids)
             except CorruptLogError:
                 # A truncation publishes a later earliest position, then removes the segments before it:
                 # a reader listing in between sees them gone. Only damage persists under a fresh manifest.
                 fresh = self.manifest()
-                if fresh == manifest or attempt == 2:
+                if fresh == manifest:
                     raise
                 manifest = fresh
-        raise AssertionError("unreachable")
+        return self._states_of(manifest, ids)
+
+    def _states_of(self, manifest: Manifest, ids: Sequence[str] | None) -> list[ChannelState]:
+        if ids is None:
+            ids = manifest.ordered_ids()
+        for c in ids:
+            if c not in manifest.channels:
+                raise PositionError(f"channel {c!r} does not exist in {self.path}")
+        return [self._state(c, manifest.channels[c]) for c in ids]
 
     def _snapshot_state(self, cid: str) -> ChannelState:
         sid = cid.split("-", 2)[1]
