@@ -1,18 +1,32 @@
 """An on-disk, append-only, multi-channel change log in a directory.
 
-Layout (every file is written to a temporary name and renamed into place, so a reader in another process
-sees a file whole or not at all)::
+Layout::
 
-    <path>/log.json                      table schema, keys, format version
-    <path>/state.json                    next sequence number, next channel number (writers only)
+    <path>/log.json                      table schema, keys, format version (written once, last, by create)
+    <path>/manifest.json                 the published state: every channel (parents, key-hash range,
+                                         earliest and head positions, finished or not), the next sequence
+                                         number and channel number; with a CRC-32 of its own
     <path>/.lock                         writers serialise on an exclusive ``flock``
-    <path>/channels/<id>/channel.json    parents and the key-hash range the channel owns
-    <path>/channels/<id>/closed.json     present once the channel is finished: its final end
-    <path>/channels/<id>/<start>-<end>.arrow   an immutable segment: records [start, end)
+    <path>/channels/<id>/<start>-<end>-<crc32>.arrow   an immutable segment: records [start, end)
+    <path>/snapshots/<id>/manifest.json, <n>/...       a materialised snapshot, in the same format
 
 Positions are record indices within a channel (``0`` = before the first record). Each key's hash falls in
 exactly one open channel's range, so a key's changes stay in one channel until a split or merge hands its
 range to a child; ``_seq`` is global and increasing, so a child's changes always sort after its parents'.
+
+**What a crash leaves.** The manifest is the only thing readers trust, and it is replaced by one atomic
+rename. An append writes its segments (every channel's) first, then publishes them together with the next
+sequence number in that one rename: a writer killed at any instant leaves either the whole append visible
+or none of it, and the sequence state can never fall behind what readers see. Segments at or past a
+channel's published head are a killed writer's leftovers: readers ignore them and the next writer removes
+them before it appends. Splits, merges and truncations publish the same way.
+
+**What damage is caught.** A reader checks that a channel's segments tile its published range exactly (none
+missing, none overlapping) and, before returning any row of a segment, that the file's CRC-32, schema and
+row count match its name (:mod:`cdc.backends.local.segments`); a violation raises
+:class:`~cdc.backends.local.errors.CorruptLogError` naming the file and channel. Files and folders whose
+names are not ours are ignored. A log of another format version (format 1 logs had neither checksums nor a
+manifest) is refused with :class:`~cdc.backends.local.errors.LogFormatError` naming its version.
 """
 
 from __future__ import annotations
@@ -22,11 +36,9 @@ import fcntl
 import json
 import logging
 import os
-import re
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +47,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.backend import ChannelInfo
+from cdc.backends.local import segments
+from cdc.backends.local.errors import CorruptLogError, LogFormatError
+from cdc.backends.local.files import fault, make_temp_dir, remove_dead_temporaries, write_atomic
+from cdc.backends.local.manifest import MANIFEST, ChannelEntry, Manifest
+from cdc.backends.local.segments import Segment
 from cdc.errors import DataLossError, PositionError
 from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, SEQ, ChangeSchema, Op
 
@@ -43,37 +60,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HASH_SPACE = 1 << 32
-SEGMENT_ROWS = 65_536  # rows per Arrow record batch inside a segment
-_SEGMENT = re.compile(r"^(\d{12})-(\d{12})\.arrow$")
 _OPS = {o.value for o in Op}
 SNAPSHOT_PREFIX = "snap-"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def _write_json(path: Path, obj: Any) -> None:
-    _write_atomic(path, json.dumps(obj, sort_keys=True).encode())
-
-
-@dataclass(frozen=True)
-class Segment:
-    start: int
-    end: int
-    path: Path
+    write_atomic(path, json.dumps(obj, sort_keys=True).encode())
 
 
 @dataclass(frozen=True)
@@ -81,23 +75,17 @@ class ChannelState:
     id: str
     parents: tuple[str, ...]
     hash_range: tuple[int, int]
-    closed_at: int | None
+    earliest: int  # truncation removes whole segments from the front; an empty channel starts at its head
+    head: int
+    closed: bool
     segments: tuple[Segment, ...]
 
     @property
-    def head(self) -> int:
-        if self.closed_at is not None:
-            return self.closed_at
-        # An open channel always keeps its last segment (see truncate), so this is its true head.
-        return self.segments[-1].end if self.segments else 0
-
-    @property
-    def earliest(self) -> int:
-        # Truncation removes whole segments from the front; an empty channel starts at its head.
-        return self.segments[0].start if self.segments else self.head
+    def closed_at(self) -> int | None:
+        return self.head if self.closed else None
 
     def info(self) -> ChannelInfo:
-        return ChannelInfo(self.id, self.parents, self.closed_at is not None)
+        return ChannelInfo(self.id, self.parents, self.closed)
 
 
 class LocalLog:
@@ -109,10 +97,18 @@ class LocalLog:
         if not meta_file.exists():
             raise FileNotFoundError(f"no change log at {self.path} (log.json missing); create one first")
         meta = json.loads(meta_file.read_text())
-        if meta.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{self.path}: unsupported log format {meta.get('format')!r}")
+        version = meta.get("format")
+        if version != FORMAT_VERSION:
+            raise LogFormatError(
+                f"{self.path}: the log has format {version!r}; this release reads format {FORMAT_VERSION} only "
+                "(format 1 logs, written before appends were atomic and segments checksummed, must be written "
+                "again into a new log)",
+                version,
+            )
         self.change_schema = ChangeSchema.from_json(meta)
         self.arrow_schema = self.change_schema.arrow()
+        self._swept = False
+        self._snapshots: dict[str, Manifest] = {}  # immutable once published
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -136,49 +132,70 @@ class LocalLog:
         (p / "channels").mkdir(parents=True, exist_ok=True)
         (p / ".lock").touch()
         bounds = [HASH_SPACE * i // channels for i in range(channels + 1)]
-        for i in range(channels):
-            cls._make_channel(p, f"c{i}", (), (bounds[i], bounds[i + 1]))
-        _write_json(p / "state.json", {"next_seq": 1, "next_channel": channels})
+        entries = {f"c{i}": ChannelEntry((), (bounds[i], bounds[i + 1])) for i in range(channels)}
+        write_atomic(p / MANIFEST, Manifest(1, channels, entries).to_bytes())
         _write_json(p / "log.json", {"format": FORMAT_VERSION, **change_schema.to_json()})
         return cls(p)
 
-    @staticmethod
-    def _make_channel(root: Path, cid: str, parents: tuple[str, ...], hash_range: tuple[int, int]) -> None:
-        tmp = Path(tempfile.mkdtemp(dir=root / "channels", prefix=".tmp-"))
-        _write_json(tmp / "channel.json", {"id": cid, "parents": list(parents), "range": list(hash_range)})
-        os.replace(tmp, root / "channels" / cid)
-
     # ------------------------------------------------------------------ reading state
+    def manifest(self) -> Manifest:
+        """The log's published state (what readers see)."""
+        return Manifest.load(self.path / MANIFEST)
+
     def _channel_dir(self, cid: str) -> Path:
         if cid.startswith(SNAPSHOT_PREFIX):
             _, sid, n = cid.split("-", 2)
             return self.path / "snapshots" / sid / n
         return self.path / "channels" / cid
 
+    def _state(self, cid: str, entry: ChannelEntry) -> ChannelState:
+        tiles = segments.tile(segments.listed(self._channel_dir(cid)), entry.earliest, entry.head, cid)
+        return ChannelState(cid, entry.parents, entry.hash_range, entry.earliest, entry.head, entry.closed, tiles)
+
+    def _states(self, ids: Sequence[str] | None = None) -> list[ChannelState]:
+        manifest = self.manifest()
+        for _ in range(2):
+            try:
+                return self._states_of(manifest, ids)
+            except CorruptLogError:
+                # A truncation publishes a later earliest position, then removes the segments before it:
+                # a reader listing in between sees them gone. Only damage persists under a fresh manifest.
+                fresh = self.manifest()
+                if fresh == manifest:
+                    raise
+                manifest = fresh
+        return self._states_of(manifest, ids)
+
+    def _states_of(self, manifest: Manifest, ids: Sequence[str] | None) -> list[ChannelState]:
+        if ids is None:
+            ids = manifest.ordered_ids()
+        for c in ids:
+            if c not in manifest.channels:
+                raise PositionError(f"channel {c!r} does not exist in {self.path}")
+        return [self._state(c, manifest.channels[c]) for c in ids]
+
+    def _snapshot_state(self, cid: str) -> ChannelState:
+        sid = cid.split("-", 2)[1]
+        if sid not in self._snapshots:
+            try:
+                self._snapshots[sid] = Manifest.load(self.path / "snapshots" / sid / MANIFEST)
+            except FileNotFoundError:
+                raise PositionError(f"channel {cid!r} does not exist in {self.path}") from None
+        entry = self._snapshots[sid].channels.get(cid)
+        if entry is None:
+            raise PositionError(f"channel {cid!r} does not exist in {self.path}")
+        return self._state(cid, entry)
+
     def channel(self, cid: str) -> ChannelState:
-        d = self._channel_dir(cid)
-        try:
-            meta = json.loads((d / "channel.json").read_text())
-        except FileNotFoundError:
-            raise PositionError(f"channel {cid!r} does not exist in {self.path}") from None
-        closed_at = None
-        with contextlib.suppress(FileNotFoundError):
-            closed_at = int(json.loads((d / "closed.json").read_text())["end"])
-        segments = []
-        for name in os.listdir(d):
-            m = _SEGMENT.match(name)
-            if m:
-                segments.append(Segment(int(m.group(1)), int(m.group(2)), d / name))
-        segments.sort(key=lambda s: s.start)
-        lo, hi = meta["range"]
-        return ChannelState(cid, tuple(meta["parents"]), (int(lo), int(hi)), closed_at, tuple(segments))
+        if cid.startswith(SNAPSHOT_PREFIX):
+            return self._snapshot_state(cid)
+        return self._states([cid])[0]
 
     def channel_ids(self) -> list[str]:
-        ids = [n for n in os.listdir(self.path / "channels") if not n.startswith(".")]
-        return sorted(ids, key=lambda c: (len(c), c))
+        return self.manifest().ordered_ids()
 
     def channels(self) -> list[ChannelState]:
-        return [self.channel(c) for c in self.channel_ids()]
+        return self._states()
 
     def average_record_bytes(self, recent: int = 16) -> float:
         """Bytes per record of the Arrow segment files, over each channel's ``recent`` last segments (what
@@ -194,7 +211,10 @@ class LocalLog:
         return size / records if records else 0.0
 
     def read(self, cid: str, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        """Yield the records ``[start, end)`` of a channel as Arrow batches with :attr:`arrow_schema`."""
+        """Yield the records ``[start, end)`` of a channel as Arrow batches with :attr:`arrow_schema`.
+
+        Raises :class:`~cdc.backends.local.errors.CorruptLogError` before yielding any row of a damaged
+        segment, and :class:`~cdc.errors.DataLossError` when ``start`` was truncated away."""
         if end <= start:
             return
         state = self.channel(cid)
@@ -208,32 +228,45 @@ class LocalLog:
             if seg.end <= start or seg.start >= end:
                 continue
             try:
-                source = pa.memory_map(str(seg.path), "r")
+                batches = segments.checked_batches(seg, self.arrow_schema, cid)
             except FileNotFoundError:
-                raise DataLossError(f"channel {cid!r}: segment {seg.path.name} was removed while reading", cid) from None
-            with source, pa.ipc.open_file(source) as f:
-                offset = seg.start
-                for i in range(f.num_record_batches):
-                    batch = f.get_batch(i)
-                    b_start, b_end = offset, offset + batch.num_rows
-                    offset = b_end
-                    if b_end <= start or b_start >= end:
-                        continue
-                    lo = max(start, b_start) - b_start
-                    hi = min(end, b_end) - b_start
-                    yield batch.slice(lo, hi - lo)
+                if self.channel(cid).earliest > seg.start:
+                    raise DataLossError(
+                        f"channel {cid!r}: segment {seg.path.name} was removed while reading", cid
+                    ) from None
+                raise CorruptLogError(
+                    f"channel {cid!r}: segment {seg.path} is missing", str(seg.path), cid
+                ) from None
+            offset = seg.start
+            for batch in batches:
+                b_start, b_end = offset, offset + batch.num_rows
+                offset = b_end
+                if b_end <= start or b_start >= end:
+                    continue
+                lo = max(start, b_start) - b_start
+                hi = min(end, b_end) - b_start
+                yield batch.slice(lo, hi - lo)
 
     # ------------------------------------------------------------------ writing
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[dict[str, int]]:
+    def _locked(self) -> Iterator[Manifest]:
+        """Hold the writers' lock; yield the published manifest, which only :meth:`_publish` replaces."""
         with open(self.path / ".lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                state: dict[str, int] = json.loads((self.path / "state.json").read_text())
-                yield state
-                _write_json(self.path / "state.json", state)
+                manifest = self.manifest()
+                if not self._swept:  # once per writer: what killed writers left stays harmless meanwhile
+                    dirs = [self.path, self.path / "channels"] + [self._channel_dir(c) for c in manifest.channels]
+                    remove_dead_temporaries(dirs)
+                    self._swept = True
+                yield manifest
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _publish(self, manifest: Manifest) -> None:
+        fault("before-commit")
+        write_atomic(self.path / MANIFEST, manifest.to_bytes())
+        fault("after-commit")
 
     def _to_table(self, rows: pa.Table | Sequence[Mapping[str, Any]] | pd.DataFrame) -> pa.Table:
         import pandas as pd  # imported here: readers (Spark's planner process) never need it
@@ -282,9 +315,9 @@ class LocalLog:
         table = self._to_table(rows)
         if table.num_rows == 0:
             return 0
-        with self._locked() as state:
-            open_channels = {c.id: c for c in self.channels() if c.closed_at is None}
-            seq = state["next_seq"]
+        with self._locked() as manifest:
+            open_channels = {c: e for c, e in manifest.channels.items() if not e.closed}
+            seq = manifest.next_seq
             # Sequences follow the caller's row order across channels, so rows appended together keep
             # their relative order whatever channel they land in.
             seqs = pa.array(range(seq, seq + table.num_rows), pa.int64())
@@ -295,19 +328,23 @@ class LocalLog:
             else:
                 hashes = self._hashes(table)
                 parts = {}
-                for c in open_channels.values():
-                    lo, hi = c.hash_range
+                for cid, entry in open_channels.items():
+                    lo, hi = entry.hash_range
                     mask = pa.array((hashes >= lo) & (hashes < hi))
                     if pc.any(mask).as_py():
-                        parts[c.id] = (table.filter(mask), seqs.filter(mask))
+                        parts[cid] = (table.filter(mask), seqs.filter(mask))
             ts = commit_ts or datetime.now(UTC)
+            heads = {}
             for cid, (part, part_seqs) in parts.items():
-                self._write_segment(open_channels[cid], part, part_seqs, ts)
-            state["next_seq"] = seq + table.num_rows
+                head = open_channels[cid].head
+                segments.remove_unpublished(self._channel_dir(cid), head)
+                self._write_segment(cid, head, part, part_seqs, ts)
+                heads[cid] = head + part.num_rows
+            # One rename publishes every channel's segments and the next sequence number together.
+            self._publish(manifest.advanced(heads, next_seq=seq + table.num_rows))
             return int(seq + table.num_rows - 1)
 
-    def _write_segment(self, st: ChannelState, part: pa.Table, seqs: pa.Array, ts: datetime) -> None:
-        start = st.head
+    def _write_segment(self, cid: str, start: int, part: pa.Table, seqs: pa.Array, ts: datetime) -> None:
         n = part.num_rows
         cols: dict[str, Any] = {
             OP: part.column(OP).cast(pa.string()),
@@ -317,7 +354,7 @@ class LocalLog:
                 if COMMIT_TS in part.column_names
                 else pa.array([ts] * n, pa.timestamp("us", tz="UTC"))
             ),
-            CHANNEL: pa.array([st.id] * n, pa.string()),
+            CHANNEL: pa.array([cid] * n, pa.string()),
             POSITION: pa.array(range(start, start + n), pa.int64()),
         }
         for f in self.change_schema.table:
@@ -325,124 +362,118 @@ class LocalLog:
                 cols[f.name] = part.column(f.name).cast(f.type)
             else:
                 cols[f.name] = pa.nulls(n, f.type)
-        self._write_arrow(self.path / "channels" / st.id, start, pa.Table.from_pydict(cols, schema=self.arrow_schema))
-
-    def _write_arrow(self, d: Path, start: int, out: pa.Table) -> None:
-        n = out.num_rows
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
-        os.close(fd)
-        try:
-            with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, self.arrow_schema) as writer:
-                for batch in out.to_batches(max_chunksize=SEGMENT_ROWS):
-                    writer.write_batch(batch)
-            os.replace(tmp, d / f"{start:012d}-{start + n:012d}.arrow")
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        segments.write(self._channel_dir(cid), start, pa.Table.from_pydict(cols, schema=self.arrow_schema))
 
     def split(self, channel: str, parts: int = 2) -> list[str]:
         """Finish ``channel`` and hand its key-hash range to ``parts`` new children."""
         if parts < 2:
             raise ValueError("a split needs at least two parts")
-        with self._locked() as state:
-            st = self.channel(channel)
-            if st.closed_at is not None:
-                raise PositionError(f"channel {channel!r} is already finished")
-            lo, hi = st.hash_range
+        with self._locked() as manifest:
+            entry = self._open_entry(manifest, channel)
+            lo, hi = entry.hash_range
             if hi - lo < parts:
                 raise ValueError(f"channel {channel!r} owns too small a hash range to split in {parts}")
             bounds = [lo + (hi - lo) * i // parts for i in range(parts + 1)]
-            children = []
-            for i in range(parts):
-                cid = f"c{state['next_channel']}"
-                state["next_channel"] += 1
-                self._make_channel(self.path, cid, (channel,), (bounds[i], bounds[i + 1]))
-                children.append(cid)
-            _write_json(self.path / "channels" / channel / "closed.json", {"end": st.head})
-        log.info("split channel %s into %s at position %d", channel, children, st.head)
-        return children
+            children = {
+                f"c{manifest.next_channel + i}": ChannelEntry((channel,), (bounds[i], bounds[i + 1]))
+                for i in range(parts)
+            }
+            self._publish(manifest.handed_over([channel], children))
+        log.info("split channel %s into %s at position %d", channel, list(children), entry.head)
+        return list(children)
 
     def merge(self, channels: Sequence[str]) -> str:
         """Finish adjacent open ``channels`` and hand their joint key-hash range to one new child."""
         if len(set(channels)) < 2:
             raise ValueError("a merge needs at least two distinct channels")
-        with self._locked() as state:
-            states = sorted((self.channel(c) for c in channels), key=lambda s: s.hash_range[0])
-            for s in states:
-                if s.closed_at is not None:
-                    raise PositionError(f"channel {s.id!r} is already finished")
-            for a, b in zip(states, states[1:], strict=False):
-                if a.hash_range[1] != b.hash_range[0]:
-                    raise ValueError(f"channels {a.id!r} and {b.id!r} own non-adjacent key ranges")
-            cid = f"c{state['next_channel']}"
-            state["next_channel"] += 1
-            parents = tuple(s.id for s in states)
-            self._make_channel(self.path, cid, parents, (states[0].hash_range[0], states[-1].hash_range[1]))
-            for s in states:
-                _write_json(self.path / "channels" / s.id / "closed.json", {"end": s.head})
+        with self._locked() as manifest:
+            entries = sorted(((c, self._open_entry(manifest, c)) for c in channels), key=lambda e: e[1].hash_range)
+            for (a, ea), (b, eb) in zip(entries, entries[1:], strict=False):
+                if ea.hash_range[1] != eb.hash_range[0]:
+                    raise ValueError(f"channels {a!r} and {b!r} own non-adjacent key ranges")
+            cid = f"c{manifest.next_channel}"
+            parents = tuple(c for c, _ in entries)
+            child = ChannelEntry(parents, (entries[0][1].hash_range[0], entries[-1][1].hash_range[1]))
+            self._publish(manifest.handed_over(parents, {cid: child}))
         log.info("merged channels %s into %s", list(parents), cid)
         return cid
 
+    def _open_entry(self, manifest: Manifest, channel: str) -> ChannelEntry:
+        entry = manifest.channels.get(channel)
+        if entry is None:
+            raise PositionError(f"channel {channel!r} does not exist in {self.path}")
+        if entry.closed:
+            raise PositionError(f"channel {channel!r} is already finished")
+        return entry
+
     def truncate(self, channel: str, before: int) -> int:
         """Drop whole segments that end at or before ``before`` (retention); return the new earliest."""
-        with self._locked():
-            st = self.channel(channel)
-            keep_last = st.closed_at is None  # an open channel's last segment records its head
-            removable = st.segments[:-1] if keep_last else st.segments
-            for seg in removable:
-                if seg.end <= before:
-                    seg.path.unlink()
-            return self.channel(channel).earliest
+        with self._locked() as manifest:
+            if channel not in manifest.channels:
+                raise PositionError(f"channel {channel!r} does not exist in {self.path}")
+            st = self._state(channel, manifest.channels[channel])
+            # An open channel keeps its last segment, so a reader always has the newest records at hand.
+            removable = st.segments[:-1] if not st.closed else st.segments
+            dropped = [seg for seg in removable if seg.end <= before]
+            earliest = dropped[-1].end if dropped else st.earliest
+            if dropped:
+                entry = replace(manifest.channels[channel], earliest=earliest)
+                self._publish(manifest.advanced({}, channels={channel: entry}))
+                fault("truncate-published")
+            # Segments before the published earliest are no longer read: remove them (a killed truncation's
+            # leftovers too).
+            for seg in segments.listed(self._channel_dir(channel)):
+                if seg.end <= earliest:
+                    with contextlib.suppress(FileNotFoundError):
+                        seg.path.unlink()
+            return earliest
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, chunk_rows: int = 100_000) -> tuple[str, list[str], dict[str, int]]:
         """Materialise the table's rows at a consistent cut of the log, without blocking writers.
 
-        The cut (every channel's head) is taken under the writers' lock, so it is consistent: a change is
-        either before the cut in its channel or after it, and every change after the cut has a larger
-        sequence than every change before it. The rows are then folded (last change per key by ``_seq``,
-        deletes removed) from the immutable segments before the cut, outside the lock, and written as
-        ``snapshot`` records into finished chunk channels ``snap-<id>-<n>`` under ``snapshots/<id>/``.
+        The cut (every channel's head) is one published manifest, so it is consistent: a change is either
+        before the cut in its channel or after it, and every change after the cut has a larger sequence than
+        every change before it. The rows are then folded (last change per key by ``_seq``, deletes removed)
+        from the immutable segments before the cut and written as ``snapshot`` records into finished chunk
+        channels ``snap-<id>-<n>`` under ``snapshots/<id>/``, published by one rename of their folder.
         Each row keeps the ``_seq`` and ``_commit_ts`` of the last change it folds in.
 
         Returns ``(snapshot id, chunk channel ids, cut positions per channel)``.
         """
-        with self._locked():
-            cut = {c.id: c.head for c in self.channels()}
+        manifest = self.manifest()
+        cut = {cid: e.head for cid, e in manifest.channels.items()}
         parts: list[pa.RecordBatch] = []
-        for cid, head in cut.items():
-            st = self.channel(cid)
-            if st.earliest > 0:
+        for cid, entry in manifest.channels.items():
+            if entry.earliest > 0:
                 raise DataLossError(
                     f"a snapshot needs the whole history, but channel {cid!r} was truncated before "
-                    f"position {st.earliest}", cid
+                    f"position {entry.earliest}", cid
                 )
-            parts.extend(self.read(cid, 0, head))
+            parts.extend(self.read(cid, 0, entry.head))
         history = pa.Table.from_batches(parts, schema=self.arrow_schema)
         table = self._fold(history)
         sid = f"{time.time_ns():x}{os.getpid():x}"
-        tmp = Path(tempfile.mkdtemp(dir=self.path, prefix=".tmp-snap-"))
-        chunks = []
+        tmp = make_temp_dir(self.path, "snap")
+        chunks: dict[str, ChannelEntry] = {}
         n_chunks = max(1, -(-table.num_rows // chunk_rows))
         for n in range(n_chunks):
             cid = f"{SNAPSHOT_PREFIX}{sid}-{n}"
             part = table.slice(n * chunk_rows, chunk_rows)
-            d = tmp / str(n)
-            d.mkdir()
-            _write_json(d / "channel.json", {"id": cid, "parents": [], "range": [0, 0]})
-            _write_json(d / "closed.json", {"end": part.num_rows})
             cols = {name: part.column(name) for name in part.column_names}
             cols[CHANNEL] = pa.array([cid] * part.num_rows, pa.string())
             cols[POSITION] = pa.array(range(part.num_rows), pa.int64())
+            (tmp / str(n)).mkdir()
             if part.num_rows:
-                self._write_arrow(d, 0, pa.Table.from_pydict(cols, schema=self.arrow_schema))
-            chunks.append(cid)
-        (self.path / "snapshots").mkdir(exist_ok=True)
+                segments.write(tmp / str(n), 0, pa.Table.from_pydict(cols, schema=self.arrow_schema))
+            chunks[cid] = ChannelEntry((), (0, 0), 0, part.num_rows, True)
+        write_atomic(tmp / MANIFEST, Manifest(0, 0, chunks).to_bytes())
         _write_json(tmp / "cut.json", {"positions": cut, "rows": table.num_rows})
+        (self.path / "snapshots").mkdir(exist_ok=True)
+        fault("snapshot-built")
         os.replace(tmp, self.path / "snapshots" / sid)
         log.info("snapshot %s: %d rows in %d chunks at cut %s", sid, table.num_rows, len(chunks), cut)
-        return sid, chunks, cut
+        return sid, list(chunks), cut
 
     def _fold(self, history: pa.Table) -> pa.Table:
         """The table state after applying ``history``: last change per key, deletes removed, sorted by key."""
