@@ -1,5 +1,5 @@
 """The delta-spark engine: ``DeltaTable.forPath(...).merge`` inside the JVM, for clusters where the
-``io.delta`` jars are on the classpath (not on the machines this project is built on: no Maven access).
+``io.delta`` jars are on the classpath (the project's set-up does not resolve them yet).
 
 It runs exactly the statements :mod:`sinks.delta.merge` generates for delta-rs (same predicate, same
 WHEN clauses, same staging), so the surface that cannot be tested here is this thin adapter. Exactly-once

@@ -7,7 +7,7 @@ Layout::
                                          earliest and head positions, finished or not), the next sequence
                                          number and channel number; with a CRC-32 of its own
     <path>/.lock                         writers serialise on an exclusive ``flock``
-    <path>/channels/<id>/<start>-<end>-<crc32>.arrow   an immutable segment: records [start, end)
+    <path>/channels/<id>/<start>-<end>-<crc>.arrow     an immutable segment: records [start, end)
     <path>/snapshots/<id>/manifest.json, <n>/...       a materialised snapshot, in the same format
 
 Positions are record indices within a channel (``0`` = before the first record). Each key's hash falls in
@@ -22,8 +22,8 @@ channel's published head are a killed writer's leftovers: readers ignore them an
 them before it appends. Splits, merges and truncations publish the same way.
 
 **What damage is caught.** A reader checks that a channel's segments tile its published range exactly (none
-missing, none overlapping) and, before returning any row of a segment, that the file's CRC-32, schema and
-row count match its name (:mod:`cdc.backends.local.segments`); a violation raises
+missing, none overlapping) and, before returning any row of a segment, that the file's checksum, schema and
+row count match its name (CRC-32C, :mod:`cdc.backends.local.segments`); a violation raises
 :class:`~cdc.backends.local.errors.CorruptLogError` naming the file and channel. Files and folders whose
 names are not ours are ignored. A log of another format version (format 1 logs had neither checksums nor a
 manifest) is refused with :class:`~cdc.backends.local.errors.LogFormatError` naming its version.

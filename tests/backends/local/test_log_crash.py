@@ -21,7 +21,7 @@ import pytest
 
 from cdc.backends.local import LocalLog
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 ROWS = 30  # rows per append, spread over every channel of a 3-channel log
 FAULT = "CDC_LOCAL_LOG_FAULT"
 
