@@ -31,15 +31,17 @@ class PulsarHarness(Harness):
     order_columns = None  # raw messages carry no change-model sequence
 
     def __init__(
-        self, broker: EmbeddedBroker | ApachePulsar, batching: bool, partition_topics: bool = False
+        self, broker: EmbeddedBroker | ApachePulsar, batching: bool, *, partitioned: bool, partition_topics: bool = False
     ) -> None:
         self.broker = broker
         self.topic = f"persistent://public/default/contract-{next(_topics)}-{'b' if batching else 'n'}"
         self.options: dict[str, Any] = {"service.url": broker.url, "topic": self.topic, "catchUpMs": 150}
-        if partition_topics:
-            # A partitioned topic on a broker that serves its partitions as topics (Apache Pulsar's way):
-            # per-partition Readers, and planning asks each partition's last id instead of reading ids.
+        if partition_topics or (partitioned and isinstance(broker, ApachePulsar)):
+            # Apache Pulsar auto-creates non-partitioned topics and makes partitioned ones through its admin
+            # API; pulsar-lite serves its partitions as topics only when it made them this way, too.
             broker.create_partitioned_topic(self.topic, 2)
+        if partition_topics:
+            # Per-partition Readers, and planning asks each partition's last id instead of reading ids.
             self.options["reader.topic"] = "partition"
             self.exact_counts_without_budget = False
             if isinstance(broker, ApachePulsar):
@@ -92,6 +94,7 @@ def single_broker() -> Iterator[EmbeddedBroker]:
         "partitioned-batching",
         "non-partitioned",
         "partition-topics-batching",
+        "apache-partitioned-batching",
         "apache-partition-topics-batching",
         "apache-non-partitioned",
     ]
@@ -104,7 +107,12 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
         broker: EmbeddedBroker | ApachePulsar = request.getfixturevalue("apache_pulsar")
     else:
         broker = request.getfixturevalue("partitioned_broker" if kind.startswith("partitioned") else "single_broker")
-    h = PulsarHarness(broker, batching="batching" in kind, partition_topics=kind.startswith("partition-topics"))
+    h = PulsarHarness(
+        broker,
+        batching="batching" in kind,
+        partitioned=kind.startswith("partition"),
+        partition_topics=kind.startswith("partition-topics"),
+    )
     yield h
     h.close()
 
