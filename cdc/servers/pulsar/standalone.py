@@ -6,9 +6,9 @@ and kept across restarts, with its data in a directory of our choosing. The jars
 pinned by ``apache-pulsar/pom.xml`` beside this module and resolved once into a cache by
 ``make pulsar-standalone`` (``make test`` runs it); :func:`pulsar_lib` finds them. ::
 
-    with ApachePulsar() as pulsar:
-        pulsar.create_partitioned_topic("persistent://public/default/orders", 2)
-        client = pulsar_client.Client(pulsar.url)
+    with ApachePulsar() as broker:
+        broker.create_partitioned_topic("persistent://public/default/orders", 2)
+        client = pulsar.Client(broker.url)
         ...
 
 Unlike pulsar-lite it has the real admin API and schema registry. It starts and restarts in seconds to tens
@@ -237,7 +237,12 @@ class ApachePulsar:
         if self._process.poll() is not None:
             code = self._process.returncode
             self._process = None
-            tail = (self.data_dir / "stdout.log").read_text(errors="replace")[-2000:]
+            # The JVM's own failures (bad flags, missing classes) go to stdout, the broker's to its log file.
+            tail = "".join(
+                (self.data_dir / name).read_text(errors="replace")[-1500:]
+                for name in ("stdout.log", "pulsar.log")
+                if (self.data_dir / name).exists()
+            )
             raise BrokerError(f"Apache Pulsar exited with {code} at start-up (see {self.data_dir}): {tail}")
         try:
             with urllib.request.urlopen(self.admin_url + "/admin/v2/namespaces/public/default", timeout=5) as r:

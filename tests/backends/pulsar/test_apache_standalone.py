@@ -41,6 +41,20 @@ def test_jars_of_this_pom_are_found(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert pulsar_lib() == tmp_path / "lib"
 
 
+def test_a_broker_that_dies_at_start_up_fails_with_its_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    _resolved_home(tmp_path / "home", hashlib.sha256(POM.read_bytes()).hexdigest()[:16])
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text("#!/bin/sh\necho 'Error: Could not find or load main class' >&2\nexit 1\n")
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    broker = ApachePulsar(tmp_path / "data")
+    with pytest.raises(BrokerError, match="exited with 1 at start-up.*Could not find or load main class"):
+        broker.start(timeout=30)
+    assert not broker.running
+
+
 def _admin_get(p: ApachePulsar, path: str) -> object:
     with urllib.request.urlopen(p.admin_url + path, timeout=30) as r:
         return json.loads(r.read())
