@@ -4,7 +4,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast lint bench install check-java clean
+.PHONY: demo test test-fast lint bench install check-java pulsar-standalone clean
+
+# Apache Pulsar standalone for the Pulsar tests: the jars of the pinned pom, resolved once from Maven Central
+# into a cache outside the repo. The stamp's name is keyed on the pom's content, so later runs skip Maven
+# entirely, and an edited pom resolves again. cdc.servers.pulsar.standalone finds the jars the same way.
+PULSAR_POM := cdc/servers/pulsar/apache-pulsar/pom.xml
+PULSAR_VERSION := $(shell sed -n 's:.*<pulsar.version>\(.*\)</pulsar.version>.*:\1:p' $(PULSAR_POM))
+PULSAR_POM_KEY := $(shell (sha256sum $(PULSAR_POM) 2>/dev/null || shasum -a 256 $(PULSAR_POM)) | cut -c1-16)
+CDC_PULSAR_HOME ?= $(HOME)/.cache/cdc-tunnel/pulsar-$(PULSAR_VERSION)
+CDC_MAVEN_REPO ?= $(HOME)/.cache/cdc-tunnel/m2
+PULSAR_STAMP := $(CDC_PULSAR_HOME)/resolved-$(PULSAR_POM_KEY)
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -22,15 +32,28 @@ $(STAMP): pyproject.toml
 
 install: check-java $(STAMP)
 
+pulsar-standalone: check-java $(PULSAR_STAMP)
+
+$(PULSAR_STAMP):
+	@command -v mvn >/dev/null 2>&1 || { \
+	  echo "error: Maven ('mvn') is required to fetch Apache Pulsar for the tests, and it is not on PATH."; \
+	  echo "       Debian/Ubuntu: sudo apt-get install -y maven; macOS: brew install maven."; \
+	  exit 1; }
+	rm -rf '$(CDC_PULSAR_HOME)/lib' '$(CDC_PULSAR_HOME)'/resolved-*
+	mkdir -p '$(CDC_PULSAR_HOME)'
+	cp $(PULSAR_POM) '$(CDC_PULSAR_HOME)/pom.xml'
+	mvn -B --no-transfer-progress -f '$(CDC_PULSAR_HOME)/pom.xml' -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package
+	@touch '$@'
+
 demo: install
 	$(PY) examples/orders_demo.py
 
-test: install
+test: install pulsar-standalone
 	$(PY) -m ruff check cdc sinks udfs tests examples benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest
 
-test-fast: install
+test-fast: install pulsar-standalone
 	$(PY) -m pytest -m "not slow"
 
 lint: install

@@ -1,4 +1,5 @@
-"""Pulsar fixtures: a real pulsar-lite broker on 127.0.0.1 (free port, metrics off, temporary data)."""
+"""Pulsar fixtures: real brokers on 127.0.0.1 (free ports, temporary data): pulsar-lite, and one Apache Pulsar
+standalone per test session (its JVM takes tens of seconds to start; ``make pulsar-standalone`` fetches it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from cdc.servers.pulsar.broker import EmbeddedBroker
+from cdc.servers.pulsar.standalone import ApachePulsar
 
 _names = itertools.count()
 
@@ -24,6 +26,14 @@ def plain_broker() -> Iterator[EmbeddedBroker]:
     """A broker whose auto-created topics are not partitioned."""
     with EmbeddedBroker(partitions=0) as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def apache_pulsar() -> Iterator[ApachePulsar]:
+    """Apache Pulsar standalone, shared by the session: auto-created topics are not partitioned; make
+    partitioned ones with ``create_partitioned_topic``. A test may kill and restart it (same ports, data)."""
+    with ApachePulsar() as p:
+        yield p
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
-"""The shared backend contract over a real pulsar-lite broker: partitioned and non-partitioned topics, and
+"""The shared backend contract over real brokers. On pulsar-lite: partitioned and non-partitioned topics, and
 partitioned topics read partition by partition (``reader.topic=partition``, planning by each partition's last
-message id) on a broker that serves partitions as topics."""
+message id) on a broker that serves partitions as topics. On Apache Pulsar standalone (one broker per session):
+a partitioned topic made through the admin API and read partition by partition with heads from ``admin.url``,
+and a non-partitioned topic."""
 
 from __future__ import annotations
 
@@ -8,12 +10,13 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+import pulsar
 import pytest
 
 from cdc.backend import Backend
 from cdc.backends.pulsar import PulsarBackend, PulsarOptions
 from cdc.backends.pulsar.client import open_client
-from cdc.servers.pulsar import EmbeddedBroker
+from cdc.servers.pulsar import ApachePulsar, EmbeddedBroker
 from cdc.testing import BackendContract, Harness
 
 _topics = itertools.count()
@@ -27,19 +30,28 @@ class PulsarHarness(Harness):
     identity_columns = ("__topic", "__messageId")
     order_columns = None  # raw messages carry no change-model sequence
 
-    def __init__(self, broker: EmbeddedBroker, batching: bool, partition_topics: bool = False) -> None:
+    def __init__(
+        self, broker: EmbeddedBroker | ApachePulsar, batching: bool, *, partitioned: bool, partition_topics: bool = False
+    ) -> None:
         self.broker = broker
         self.topic = f"persistent://public/default/contract-{next(_topics)}-{'b' if batching else 'n'}"
         self.options: dict[str, Any] = {"service.url": broker.url, "topic": self.topic, "catchUpMs": 150}
-        if partition_topics:
-            # A partitioned topic on a broker that serves its partitions as topics (Apache Pulsar's way):
-            # per-partition Readers, and planning asks each partition's last id instead of reading ids.
+        if partition_topics or (partitioned and isinstance(broker, ApachePulsar)):
+            # Apache Pulsar auto-creates non-partitioned topics and makes partitioned ones through its admin
+            # API; pulsar-lite serves its partitions as topics only when it made them this way, too.
             broker.create_partitioned_topic(self.topic, 2)
+        if partition_topics:
+            # Per-partition Readers, and planning asks each partition's last id instead of reading ids.
             self.options["reader.topic"] = "partition"
             self.exact_counts_without_budget = False
+            if isinstance(broker, ApachePulsar):
+                self.options["admin.url"] = broker.admin_url
         self.client = open_client(broker.url)
+        # Blocking when the send queue is full: Apache Pulsar otherwise fails the sends beyond
+        # max_pending_messages (ProducerQueueIsFull, in the callback) instead of waiting.
         self.producer = self.client.create_producer(
-            self.topic, batching_enabled=batching, batching_max_messages=4, batching_max_publish_delay_ms=5
+            self.topic, batching_enabled=batching, batching_max_messages=4, batching_max_publish_delay_ms=5,
+            block_if_queue_full=True,
         )
         self.next_id = 0
         self._backends: list[Backend] = []
@@ -55,7 +67,7 @@ class PulsarHarness(Harness):
             self.producer.send_async(f"v{i}".encode(), lambda res, mid: done.append(res), partition_key=f"k{i}")
         self.producer.flush()
         self.next_id += n
-        assert len(done) == n
+        assert done == [pulsar.Result.Ok] * n, done[:3]
 
     def close(self) -> None:
         for b in self._backends:
@@ -76,12 +88,29 @@ def single_broker() -> Iterator[EmbeddedBroker]:
         yield b
 
 
-@pytest.fixture(params=["partitioned", "partitioned-batching", "non-partitioned", "partition-topics-batching"])
-def harness(request: pytest.FixtureRequest, partitioned_broker: EmbeddedBroker, single_broker: EmbeddedBroker) -> Iterator[Harness]:
-    kind = request.param
+@pytest.fixture(
+    params=[
+        "partitioned",
+        "partitioned-batching",
+        "non-partitioned",
+        "partition-topics-batching",
+        "apache-partitioned-batching",
+        "apache-partition-topics-batching",
+        "apache-non-partitioned",
+    ]
+)
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    kind: str = request.param
+    # Brokers are looked up per case, so a run of pulsar-lite cases alone never starts Apache Pulsar.
+    if kind.startswith("apache-"):
+        kind = kind.removeprefix("apache-")
+        broker: EmbeddedBroker | ApachePulsar = request.getfixturevalue("apache_pulsar")
+    else:
+        broker = request.getfixturevalue("partitioned_broker" if kind.startswith("partitioned") else "single_broker")
     h = PulsarHarness(
-        partitioned_broker if kind.startswith("partitioned") else single_broker,
+        broker,
         batching="batching" in kind,
+        partitioned=kind.startswith("partition"),
         partition_topics=kind.startswith("partition-topics"),
     )
     yield h

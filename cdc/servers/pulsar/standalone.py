@@ -1,0 +1,335 @@
+"""Apache Pulsar's own standalone broker for tests and development, on loopback only: :class:`ApachePulsar`.
+
+One JVM runs ``org.apache.pulsar.PulsarStandaloneStarter``: the broker, one bookie and an in-process RocksDB
+metadata store, on three loopback ports (binary protocol, admin HTTP, bookie) that are free when first chosen
+and kept across restarts, with its data in a directory of our choosing. The jars come from Maven Central,
+pinned by ``apache-pulsar/pom.xml`` beside this module and resolved once into a cache by
+``make pulsar-standalone`` (``make test`` runs it); :func:`pulsar_lib` finds them. ::
+
+    with ApachePulsar() as broker:
+        broker.create_partitioned_topic("persistent://public/default/orders", 2)
+        client = pulsar.Client(broker.url)
+        ...
+
+Unlike pulsar-lite it has the real admin API and schema registry. It starts and restarts in seconds to tens
+of seconds, not milliseconds: the JVM runs with the C1 compiler only (``-XX:TieredStopAtLevel=1``), which
+roughly halves start-up for a short-lived test broker, and a small heap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import TracebackType
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from cdc.servers.ports import free_port
+from cdc.servers.pulsar.broker import BrokerError, _die_with_parent
+
+log = logging.getLogger(__name__)
+
+__all__ = ["HOME_ENV", "ApachePulsar", "pulsar_home", "pulsar_lib", "pulsar_version"]
+
+FILES = Path(__file__).parent / "apache-pulsar"
+POM = FILES / "pom.xml"
+HOME_ENV = "CDC_PULSAR_HOME"
+"""Environment variable naming the directory the Makefile resolves the jars into (its ``lib/``)."""
+
+# The add-opens set of Pulsar's own bin/pulsar launcher: without them the broker logs reflective-access
+# failures and loses its direct-memory and OS metrics.
+_ADD_OPENS = (
+    "java.base/java.io",
+    "java.base/java.util.zip",
+    "java.base/sun.net",
+    "java.management/sun.management",
+    "jdk.management/com.sun.management.internal",
+    "java.base/jdk.internal.platform",
+    "java.base/java.lang",
+    "java.base/jdk.internal.misc",
+)
+
+
+def pulsar_version() -> str:
+    """The Apache Pulsar version pinned by ``apache-pulsar/pom.xml``."""
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    version = ET.parse(POM).getroot().findtext("m:properties/m:pulsar.version", namespaces=ns)
+    if not version:  # pragma: no cover - the pom is ours
+        raise BrokerError(f"{POM} sets no pulsar.version")
+    return version.strip()
+
+
+def pulsar_home() -> Path:
+    """Where ``make pulsar-standalone`` puts the pinned broker: ``$CDC_PULSAR_HOME``, else
+    ``~/.cache/cdc-tunnel/pulsar-<version>`` (the Makefile's default, too)."""
+    given = os.environ.get(HOME_ENV)
+    if given:
+        return Path(given).expanduser()
+    return Path.home() / ".cache" / "cdc-tunnel" / f"pulsar-{pulsar_version()}"
+
+
+def pulsar_lib() -> Path:
+    """The directory of the broker's jars, resolved from this very pom (the Makefile names its stamp file
+    after the pom's content, so jars of an older pin are refused rather than run)."""
+    home = pulsar_home()
+    key = hashlib.sha256(POM.read_bytes()).hexdigest()[:16]
+    lib = home / "lib"
+    if not (home / f"resolved-{key}").exists() or not any(lib.glob("pulsar-broker-*.jar")):
+        raise BrokerError(
+            f"Apache Pulsar {pulsar_version()} is not resolved in {home} for the current {POM.name}: "
+            f"run `make pulsar-standalone` (`make test` runs it; it needs Maven), or point ${HOME_ENV} at "
+            "a directory it filled"
+        )
+    return lib
+
+
+class _NotReady(Exception):
+    """The broker is up but does not serve the default namespace yet."""
+
+
+class ApachePulsar:
+    """An Apache Pulsar standalone broker (one JVM) on 127.0.0.1.
+
+    Parameters
+    ----------
+    data_dir:
+        Where the broker keeps its bookie journal, ledgers, metadata and logs; a temporary directory
+        (removed by :meth:`stop` with ``cleanup=True``) when omitted. Data survives :meth:`kill` and
+        :meth:`restart`: retention is infinite, because Pulsar's default (0) deletes acknowledged ledgers
+        when a restarted broker recovers them, which a test of restarts would read as data loss.
+    broker_port, web_port, bookie_port:
+        Ports of the binary protocol, the admin HTTP API and the bookie; free ones when omitted. They stay
+        the same across restarts (the bookie's port is also its identity in the metadata store).
+    heap:
+        The JVM's maximum heap (direct memory is half of it).
+    die_with_parent:
+        SIGTERM the broker when the process that started it dies, even by SIGKILL (Linux only).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        broker_port: int | None = None,
+        web_port: int | None = None,
+        bookie_port: int | None = None,
+        heap: str = "256m",
+        die_with_parent: bool = True,
+    ) -> None:
+        self._owns_dir = data_dir is None
+        self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="apache-pulsar-"))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.broker_port = broker_port or free_port()
+        self.web_port = web_port or free_port()
+        self.bookie_port = bookie_port or free_port()
+        self.heap = heap
+        self.die_with_parent = die_with_parent
+        self.last_start_s: float | None = None
+        """Seconds from launching the JVM to the broker serving its default namespace, at the last start."""
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.broker_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _write_config(self) -> Path:
+        config = self.data_dir / "standalone.conf"
+        template = (FILES / "standalone.conf").read_text()
+        config.write_text(
+            template.replace("@BROKER_PORT@", str(self.broker_port)).replace("@WEB_PORT@", str(self.web_port))
+        )
+        return config
+
+    def _command(self, lib: Path, config: Path) -> list[str]:
+        java_home = os.environ.get("JAVA_HOME")
+        java = str(Path(java_home) / "bin" / "java") if java_home else (shutil.which("java") or "java")
+        direct = f"{max(64, _megabytes(self.heap) // 2)}m"
+        return [
+            java,
+            "-Xms64m",
+            f"-Xmx{self.heap}",
+            f"-XX:MaxDirectMemorySize={direct}",
+            "-XX:+UseG1GC",
+            "-XX:TieredStopAtLevel=1",
+            *(arg for module in _ADD_OPENS for arg in ("--add-opens", f"{module}=ALL-UNNAMED")),
+            "-Dio.netty.leakDetectionLevel=disabled",
+            "-Dpulsar.allocator.exit_on_oom=true",
+            f"-Dlog4j2.configurationFile={FILES / 'log4j2.xml'}",
+            f"-Dpulsar.log.file={self.data_dir / 'pulsar.log'}",
+            "-cp",
+            f"{lib}/*",
+            "org.apache.pulsar.PulsarStandaloneStarter",
+            "--config",
+            str(config),
+            "-nfw",  # no functions worker
+            "-nss",  # no stream storage (table service)
+            "--bookkeeper-port",
+            str(self.bookie_port),
+            "--bookkeeper-dir",
+            str(self.data_dir / "bookkeeper"),
+            "--metadata-dir",
+            str(self.data_dir / "metadata"),
+        ]
+
+    def start(self, timeout: float = 300.0) -> ApachePulsar:
+        """Start the broker (on the same ports and data as before, if it ran already) and wait until it serves
+        the default namespace: ``/admin/v2/clusters`` answers earlier, while producers still get
+        TopicNotFound for seconds on a fresh data directory."""
+        if self.running:
+            return self
+        command = self._command(pulsar_lib(), self._write_config())
+        started = time.monotonic()
+        with open(self.data_dir / "stdout.log", "ab") as out:
+            self._process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(self.data_dir),
+                start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
+                preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+            )
+        try:
+            for attempt in Retrying(
+                stop=stop_after_delay(timeout),
+                wait=wait_fixed(0.5),
+                retry=retry_if_exception_type(_NotReady),
+                reraise=True,
+            ):
+                with attempt:
+                    self._check_ready()
+        except _NotReady:
+            self.kill()
+            raise BrokerError(
+                f"Apache Pulsar did not serve {self.admin_url} within {timeout} s; see {self.data_dir}/pulsar.log"
+            ) from None
+        self.last_start_s = time.monotonic() - started
+        log.info(
+            "Apache Pulsar ready at %s, admin %s, in %.1f s (pid %s, data %s)",
+            self.url, self.admin_url, self.last_start_s, self.pid, self.data_dir,
+        )
+        return self
+
+    def _check_ready(self) -> None:
+        assert self._process is not None
+        if self._process.poll() is not None:
+            code = self._process.returncode
+            self._process = None
+            # The JVM's own failures (bad flags, missing classes) go to stdout, the broker's to its log file.
+            tail = "".join(
+                (self.data_dir / name).read_text(errors="replace")[-1500:]
+                for name in ("stdout.log", "pulsar.log")
+                if (self.data_dir / name).exists()
+            )
+            raise BrokerError(f"Apache Pulsar exited with {code} at start-up (see {self.data_dir}): {tail}")
+        try:
+            with urllib.request.urlopen(self.admin_url + "/admin/v2/namespaces/public/default", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            raise _NotReady(str(exc)) from exc
+        raise _NotReady("default namespace not served yet")
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash); its data stays for :meth:`start`/:meth:`restart`."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.send_signal(signal.SIGKILL)
+            self._process.wait()
+            self._process = None
+
+    def stop(self, cleanup: bool | None = None, timeout: float = 30.0) -> None:
+        """Stop the broker gracefully (SIGTERM runs its shutdown hooks; SIGKILL after ``timeout``); remove its
+        data when it lives in a directory we created."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.terminate()
+                try:
+                    self._process.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    log.warning("Apache Pulsar (pid %s) ignored SIGTERM for %s s: killing it", self.pid, timeout)
+                    self._process.kill()
+                    self._process.wait()
+            self._process = None
+        if cleanup if cleanup is not None else self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def restart(self, *, hard: bool = False) -> ApachePulsar:
+        """Stop (or kill, with ``hard``) and start again on the same ports and data."""
+        if hard:
+            self.kill()
+        else:
+            self.stop(cleanup=False)
+        return self.start()
+
+    def create_partitioned_topic(self, topic: str, partitions: int) -> None:
+        """Create ``topic`` (``persistent://tenant/namespace/name``, or a name in ``public/default``) with
+        ``partitions`` partitions through the admin API (auto-created topics are not partitioned)."""
+        path = _topic_path(topic)
+        request = urllib.request.Request(
+            f"{self.admin_url}/admin/v2/{path}/partitions",
+            data=str(int(partitions)).encode(),
+            method="PUT",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30):
+                pass
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise BrokerError(f"creating {topic} with {partitions} partitions: HTTP {exc.code} {detail}") from exc
+
+    def __enter__(self) -> ApachePulsar:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return (
+            f"ApachePulsar(url={self.url!r}, admin_url={self.admin_url!r}, data_dir={str(self.data_dir)!r}, "
+            f"running={self.running})"
+        )
+
+
+def _topic_path(topic: str) -> str:
+    """``persistent://public/default/t`` -> ``persistent/public/default/t`` (the admin API's topic path)."""
+    domain, sep, rest = topic.partition("://")
+    if not sep:
+        domain, rest = "persistent", f"public/default/{topic}"
+    if domain not in ("persistent", "non-persistent") or rest.count("/") != 2:
+        raise ValueError(f"not a topic name: {topic!r} (expected persistent://tenant/namespace/name)")
+    return f"{domain}/{rest}"
+
+
+def _megabytes(size: str) -> int:
+    """A JVM size (``256m``, ``1g``, ``524288k``) in MiB."""
+    units = {"k": 1 / 1024, "m": 1, "g": 1024}
+    unit = size[-1].lower()
+    if unit not in units:
+        return int(size) // (1024 * 1024)
+    return int(float(size[:-1]) * units[unit])
