@@ -1,6 +1,6 @@
 """Shared fixtures: one Spark session for the whole run (a session costs ~10 s to start on 2 cores), and the
-local Tablestore server that backend and server tests both use. The Pulsar broker's fixtures live in
-``tests/backends/pulsar/conftest.py`` (only those tests need one)."""
+local Tablestore server and the Apache Pulsar standalone broker that backend and server tests both use
+(pulsar-lite's fixtures live in ``tests/backends/pulsar/conftest.py``: only those tests use it)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from cdc.servers.pulsar.standalone import ApachePulsar
 from cdc.servers.tablestore import TablestoreProcess
 
 # Spark's Python workers must run this interpreter (the virtualenv's), not the system one.
@@ -78,3 +79,11 @@ def tablestore_server(tmp_path: Path) -> Iterator[TablestoreProcess]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_pulsar() -> Iterator[ApachePulsar]:
+    """Apache Pulsar standalone, shared by the session: auto-created topics are not partitioned; make
+    partitioned ones with ``create_partitioned_topic``. A test may kill and restart it (same ports, data)."""
+    with ApachePulsar() as p:
+        yield p

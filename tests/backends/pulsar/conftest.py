@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import pytest
 
 from cdc.servers.pulsar.broker import EmbeddedBroker
-from cdc.servers.pulsar.standalone import ApachePulsar
 
 _names = itertools.count()
 
@@ -26,14 +25,6 @@ def plain_broker() -> Iterator[EmbeddedBroker]:
     """A broker whose auto-created topics are not partitioned."""
     with EmbeddedBroker(partitions=0) as b:
         yield b
-
-
-@pytest.fixture(scope="session")
-def apache_pulsar() -> Iterator[ApachePulsar]:
-    """Apache Pulsar standalone, shared by the session: auto-created topics are not partitioned; make
-    partitioned ones with ``create_partitioned_topic``. A test may kill and restart it (same ports, data)."""
-    with ApachePulsar() as p:
-        yield p
 
 
 @pytest.fixture
