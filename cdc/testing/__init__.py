@@ -31,7 +31,7 @@ Modules: :mod:`.harness` (the harness and reading helpers), :mod:`.scripts` (ste
 :mod:`.memory` (the in-memory backend), :mod:`.contract` (the suite; needs pytest).
 """
 
-from cdc.testing.harness import Harness, drain, read_range
+from cdc.testing.harness import Harness, batches, drain, read_range
 from cdc.testing.memory import MemoryBackend, MemoryHarness, MemoryLog
 from cdc.testing.scripts import Append, Batch, Crash, Merge, PlayResult, ScriptError, Split, Step, play
 
@@ -49,6 +49,7 @@ __all__ = [
     "ScriptError",
     "Split",
     "Step",
+    "batches",
     "drain",
     "play",
     "read_range",

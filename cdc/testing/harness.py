@@ -55,17 +55,24 @@ def read_range(backend: Backend, channel: str, start: Position, end: Position) -
     return pa.Table.from_batches(list(reader.read(channel, start, end)), schema=backend.schema())
 
 
-def drain(backend: Backend, offset: dict[str, Any] | None = None, limit: int | None = None) -> Iterator[pa.Table]:
-    """Run the planner to exhaustion from ``offset`` (default: earliest), yielding each batch's records."""
+def batches(
+    backend: Backend, offset: dict[str, Any] | None = None, limit: int | None = None
+) -> Iterator[tuple[dict[str, Any], pa.Table]]:
+    """Run the planner from ``offset`` (default: earliest) until nothing moves; yields each batch's end offset
+    and its records, read through a pickled reader as executors read them."""
     planner = Planner(backend)
-    start = offset or planner.initial("earliest")
+    start = offset if offset is not None else planner.initial("earliest")
     for _ in range(10_000):
         end = planner.next(start, limit)
         if end == start:
             return
-        ranges = planner.ranges(start, end)
-        yield pa.concat_tables([read_range(backend, r.channel, r.start, r.end) for r in ranges]) if ranges else (
-            backend.schema().empty_table()
-        )
+        tables = [read_range(backend, r.channel, r.start, r.end) for r in planner.ranges(start, end)]
+        yield end, (pa.concat_tables(tables) if tables else backend.schema().empty_table())
         start = end
     raise AssertionError("the planner never reached the end")
+
+
+def drain(backend: Backend, offset: dict[str, Any] | None = None, limit: int | None = None) -> Iterator[pa.Table]:
+    """Each batch's records until nothing moves (see :func:`batches`)."""
+    for _, table in batches(backend, offset, limit):
+        yield table

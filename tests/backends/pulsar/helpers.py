@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from cdc.backends.pulsar import PulsarBackend, PulsarOptions
 from cdc.backends.pulsar.client import open_client
-from cdc.planner import Planner, positions
+from cdc.planner import Planner
+from cdc.testing import batches
 
 
 def produce(
@@ -68,16 +69,9 @@ def close_all() -> None:
 
 def drain(b: PulsarBackend, start: dict[str, Any] | None = None, limit: int | None = None) -> tuple[pa.Table, dict[str, Any]]:
     """Plan and read batches until nothing is left; returns all rows and the final offset."""
-    planner = Planner(b)
-    offset = start or planner.initial("earliest")
+    offset = start if start is not None else Planner(b).initial("earliest")
     tables = []
-    reader = b.reader()
-    while True:
-        end = planner.next(offset, limit)
-        if end == offset or positions(end) == positions(offset):
-            break
-        for r in planner.ranges(offset, end):
-            tables.extend(pa.Table.from_batches([x]) for x in reader.read(r.channel, r.start, r.end))
+    for end, table in batches(b, offset, limit):
+        tables.append(table)
         offset = end
-    table = pa.concat_tables(tables) if tables else b.schema().empty_table()
-    return table, offset
+    return (pa.concat_tables(tables) if tables else b.schema().empty_table()), offset

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 import tablestore as ots
 
-from cdc.backend import Backend
 from cdc.backends.tablestore import TablestoreBackend, TunnelClient
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.options import parse
-from cdc.planner import Planner
+from cdc.testing import batches
 
 _names = itertools.count()
 
@@ -127,23 +125,4 @@ class World:
         return [s["shard_id"] for s in self.server.shards(self.table) if not s["sealed"]]
 
 
-def drain(
-    backend: Backend, start: dict[str, Any] | None = None, limit: int | None = None
-) -> Iterator[tuple[dict[str, Any], pa.Table]]:
-    """Run the planner until nothing moves; yields (end offset, records) per batch, read by a pickled reader."""
-    import pickle
-
-    planner = Planner(backend)
-    offset = start if start is not None else planner.initial("earliest")
-    for _ in range(10_000):
-        end = planner.next(offset, limit)
-        if end == offset:
-            return
-        reader = pickle.loads(pickle.dumps(backend.reader()))
-        tables = [
-            pa.Table.from_batches(list(reader.read(r.channel, r.start, r.end)), schema=backend.schema())
-            for r in planner.ranges(offset, end)
-        ]
-        yield end, (pa.concat_tables(tables) if tables else backend.schema().empty_table())
-        offset = end
-    raise AssertionError("the planner never stopped")
+drain = batches  # (end offset, records) per batch, read through a pickled reader
