@@ -127,9 +127,10 @@ def test_writers_killed_at_random_times_lose_and_repeat_nothing(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_200_random_writer_kills_lose_and_repeat_nothing(tmp_path: Path) -> None:
+def test_60_random_writer_kills_lose_and_repeat_nothing(tmp_path: Path) -> None:
     log = new_log(tmp_path)
-    kill_writers_at_random(log.path, kills=200, seed=2026)
+    # 60 kills (~100 s): before the fix, every seed failed within 8-25 kills.
+    kill_writers_at_random(log.path, kills=60, seed=2026)
 
 
 def test_a_dead_writers_temporary_files_are_removed_by_the_next_writer(tmp_path: Path) -> None:
