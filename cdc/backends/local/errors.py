@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from cdc.errors import TerminalError
 
 
@@ -20,9 +18,6 @@ class CorruptLogError(TerminalError):
         self.file = file
         self.channel = channel
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.file, self.channel))
-
 
 class LogFormatError(TerminalError, ValueError):
     """The directory holds a log of a format version this release does not read; ``version`` names it."""
@@ -30,6 +25,3 @@ class LogFormatError(TerminalError, ValueError):
     def __init__(self, message: str, version: object = None) -> None:
         super().__init__(message)
         self.version = version
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.version))

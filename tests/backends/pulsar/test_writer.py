@@ -62,20 +62,6 @@ def test_a_write_naming_no_backend_still_reaches_pulsar_and_warns(broker: Embedd
     assert sorted(table.column("__key").to_pylist()) == [f"k{i}" for i in range(5)]
 
 
-def test_the_cdc_core_imports_no_sink_and_sinks_hold_no_pulsar() -> None:
-    """Writes belong to their backend: nothing under cdc/ reaches into sinks/, and sinks/ has no Pulsar."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    offenders = [
-        str(p.relative_to(root))
-        for p in (root / "cdc").rglob("*.py")
-        if any(line.lstrip().startswith(("import sinks", "from sinks")) for line in p.read_text().splitlines())
-    ]
-    assert offenders == []
-    assert not list((root / "sinks").rglob("*pulsar*"))
-
-
 def test_wire_modules_load_neither_the_client_nor_pyspark_nor_pydantic() -> None:
     """The package is lazy: its codec and positions load neither the client, nor pyspark, pydantic or fastavro
     (pyarrow, which the codec builds batches with, brings numpy: that one is expected)."""

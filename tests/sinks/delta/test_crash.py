@@ -1,6 +1,6 @@
 """Exactly-once under a real crash: a streaming query is killed with SIGKILL mid-batch and restarted.
 
-The child process (crash_child.py) runs ``readStream.format("cdc")`` from a local change log into
+The child process (tests/drivers/delta_crash_child.py) runs ``readStream.format("cdc")`` from a local change log into
 ``DeltaUpsertSink``. It is killed either after the sink's Delta commit but before Spark records the batch
 (so Spark replays the batch on restart and the sink must skip it), or before the sink commits (so the
 replay must apply it), or, in pipelined mode, after Spark recorded the batch as done but before its
@@ -24,8 +24,8 @@ import pytest
 
 from cdc.backends.local import LocalLog
 
-CHILD = Path(__file__).with_name("crash_child.py")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
+CHILD = ROOT / "tests" / "drivers" / "delta_crash_child.py"
 SCHEMA = [("id", pa.int64()), ("name", pa.string()), ("qty", pa.int64())]
 
 

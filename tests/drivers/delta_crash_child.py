@@ -1,7 +1,7 @@
 """A streaming query from a local change log into DeltaUpsertSink, run as a child process that the crash
 test kills with SIGKILL (see test_crash.py). Not a test module.
 
-Usage: python crash_child.py LOG TABLE CHECKPOINT MARKERS [--hold-after-commit N | --hold-before-commit N |
+Usage: python delta_crash_child.py LOG TABLE CHECKPOINT MARKERS [--hold-after-commit N | --hold-before-commit N |
        --hold-in-background-merge N]
 """
 
