@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,12 +25,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 import click
 
 from cdc.errors import CdcError
 from cdc.servers.ports import free_port
+from cdc.servers.process import ServerProcess, die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +53,7 @@ def pulsar_lite_binary() -> str:
     return str(path)
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM the broker when the process that started it dies (Linux), so a
-    killed test run leaves no broker behind."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class EmbeddedBroker:
+class EmbeddedBroker(ServerProcess):
     """A pulsar-lite process on 127.0.0.1.
 
     Parameters
@@ -108,14 +97,6 @@ class EmbeddedBroker:
     def url(self) -> str:
         return f"pulsar://127.0.0.1:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
     def _write_config(self) -> Path:
         config = self.data_dir / "pulsar-lite.toml"
         config.write_text(
@@ -149,7 +130,7 @@ class EmbeddedBroker:
                 stdin=subprocess.DEVNULL,
                 cwd=str(self.data_dir),
                 start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
-                preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+                preexec_fn=die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
             )
         finally:
             log_file.close()
@@ -167,36 +148,6 @@ class EmbeddedBroker:
                 time.sleep(0.05)
         self.kill()
         raise BrokerError(f"pulsar-lite did not accept connections on port {self.port} within {timeout} s")
-
-    def kill(self) -> None:
-        """SIGKILL the broker (a crash); its data stays for :meth:`start`/:meth:`restart`."""
-        if self._process is not None:
-            if self._process.poll() is None:
-                self._process.send_signal(signal.SIGKILL)
-            self._process.wait()
-            self._process = None
-
-    def stop(self, cleanup: bool | None = None) -> None:
-        """Stop the broker gracefully; remove its data when it lives in a directory we created."""
-        if self._process is not None:
-            if self._process.poll() is None:
-                self._process.terminate()
-                try:
-                    self._process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._process.kill()
-                    self._process.wait()
-            self._process = None
-        if cleanup if cleanup is not None else self._owns_dir:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def restart(self, *, hard: bool = False) -> EmbeddedBroker:
-        """Stop (or kill, with ``hard``) and start again on the same port and data."""
-        if hard:
-            self.kill()
-        else:
-            self.stop(cleanup=False)
-        return self.start()
 
     def create_partitioned_topic(self, topic: str, partitions: int) -> None:
         """Create a partitioned topic on a broker whose auto-created topics are not partitioned.
@@ -227,14 +178,6 @@ class EmbeddedBroker:
             self.stop(cleanup=False)
             self.partitions = own
             self.start()
-
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"EmbeddedBroker(url={self.url!r}, data_dir={str(self.data_dir)!r}, running={self.running})"

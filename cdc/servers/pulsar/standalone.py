@@ -22,7 +22,6 @@ import hashlib
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -30,12 +29,12 @@ import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from types import TracebackType
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from cdc.servers.ports import free_port
-from cdc.servers.pulsar.broker import BrokerError, _die_with_parent
+from cdc.servers.process import ServerProcess, die_with_parent
+from cdc.servers.pulsar.broker import BrokerError
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class _NotReady(Exception):
     """The broker is up but does not serve the default namespace yet."""
 
 
-class ApachePulsar:
+class ApachePulsar(ServerProcess):
     """An Apache Pulsar standalone broker (one JVM) on 127.0.0.1.
 
     Parameters
@@ -115,6 +114,8 @@ class ApachePulsar:
     die_with_parent:
         SIGTERM the broker when the process that started it dies, even by SIGKILL (Linux only).
     """
+
+    stop_timeout = 30.0  # SIGTERM runs the broker's shutdown hooks (ledgers, metadata): give them time
 
     def __init__(
         self,
@@ -145,14 +146,6 @@ class ApachePulsar:
     @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.web_port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     def _write_config(self) -> Path:
         config = self.data_dir / "standalone.conf"
@@ -209,7 +202,7 @@ class ApachePulsar:
                 stdin=subprocess.DEVNULL,
                 cwd=str(self.data_dir),
                 start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
-                preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+                preexec_fn=die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
             )
         try:
             for attempt in Retrying(
@@ -252,38 +245,6 @@ class ApachePulsar:
             raise _NotReady(str(exc)) from exc
         raise _NotReady("default namespace not served yet")
 
-    def kill(self) -> None:
-        """SIGKILL the broker (a crash); its data stays for :meth:`start`/:meth:`restart`."""
-        if self._process is not None:
-            if self._process.poll() is None:
-                self._process.send_signal(signal.SIGKILL)
-            self._process.wait()
-            self._process = None
-
-    def stop(self, cleanup: bool | None = None, timeout: float = 30.0) -> None:
-        """Stop the broker gracefully (SIGTERM runs its shutdown hooks; SIGKILL after ``timeout``); remove its
-        data when it lives in a directory we created."""
-        if self._process is not None:
-            if self._process.poll() is None:
-                self._process.terminate()
-                try:
-                    self._process.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    log.warning("Apache Pulsar (pid %s) ignored SIGTERM for %s s: killing it", self.pid, timeout)
-                    self._process.kill()
-                    self._process.wait()
-            self._process = None
-        if cleanup if cleanup is not None else self._owns_dir:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def restart(self, *, hard: bool = False) -> ApachePulsar:
-        """Stop (or kill, with ``hard``) and start again on the same ports and data."""
-        if hard:
-            self.kill()
-        else:
-            self.stop(cleanup=False)
-        return self.start()
-
     def create_partitioned_topic(self, topic: str, partitions: int) -> None:
         """Create ``topic`` (``persistent://tenant/namespace/name``, or a name in ``public/default``) with
         ``partitions`` partitions through the admin API (auto-created topics are not partitioned)."""
@@ -300,14 +261,6 @@ class ApachePulsar:
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
             raise BrokerError(f"creating {topic} with {partitions} partitions: HTTP {exc.code} {detail}") from exc
-
-    def __enter__(self) -> ApachePulsar:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return (

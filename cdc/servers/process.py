@@ -1,0 +1,92 @@
+"""The life cycle every stand-in server run as a child process shares: stop, kill, restart, ``with``."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+from abc import ABC, abstractmethod
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+log = logging.getLogger(__name__)
+
+
+def die_with_parent() -> None:
+    """In the child before exec: SIGTERM the server when the process that started it dies (Linux), so a
+    killed test run leaves no server behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class ServerProcess(ABC):
+    """A server in a child process with its data in ``data_dir`` (removed on :meth:`stop` when we made it).
+
+    Subclasses set ``data_dir``, ``_owns_dir`` and ``_process`` (the running child, or ``None``) and
+    implement :meth:`start`, which must start on the same ports and data as before when it ran already.
+    """
+
+    data_dir: Path
+    _owns_dir: bool
+    _process: subprocess.Popen[bytes] | None
+    stop_timeout: float = 10.0
+    """Seconds a graceful stop (SIGTERM) may take before the server is killed."""
+
+    @abstractmethod
+    def start(self) -> Self:
+        """Start the server and wait until it serves."""
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash); its data stays for :meth:`start`/:meth:`restart`."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.send_signal(signal.SIGKILL)
+            self._process.wait()
+            self._process = None
+
+    def stop(self, cleanup: bool | None = None) -> None:
+        """Stop the server gracefully (SIGTERM, SIGKILL after ``stop_timeout``); remove its data when it lives
+        in a directory we created (or as ``cleanup`` says)."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.terminate()
+                try:
+                    self._process.wait(timeout=self.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    log.warning("%s (pid %s) ignored SIGTERM for %s s: killing it", type(self).__name__,
+                                self._process.pid, self.stop_timeout)
+                    self._process.kill()
+                    self._process.wait()
+            self._process = None
+        if cleanup if cleanup is not None else self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def restart(self, *, hard: bool = False) -> Self:
+        """Stop (or kill, with ``hard``) and start again on the same ports and data."""
+        if hard:
+            self.kill()
+        else:
+            self.stop(cleanup=False)
+        return self.start()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
