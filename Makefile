@@ -81,5 +81,31 @@ $(NODE_SDK_STAMP): $(NODE_SDK)/package.json $(NODE_SDK)/package-lock.json
 
 test test-fast: node-sdk
 
+# The official Java Tablestore SDK's TunnelWorker (pinned in tests/sdks/java/pom.xml), compiled into
+# tests/sdks/java/target for tests/sdks/test_java_sdk.py (a slow test: `make test` only); jars resolved into the Pulsar target's Maven
+# repository. The stamp's name is keyed on the pom and the sources, so an up-to-date build skips Maven.
+JAVA_SDK := tests/sdks/java
+JAVA_SDK_SOURCES := $(JAVA_SDK)/pom.xml $(sort $(shell find $(JAVA_SDK)/src -name '*.java' 2>/dev/null))
+JAVA_SDK_KEY := $(shell cat $(JAVA_SDK_SOURCES) | (sha256sum 2>/dev/null || shasum -a 256) | cut -c1-16)
+JAVA_SDK_STAMP := $(JAVA_SDK)/target/built-$(JAVA_SDK_KEY)
+
+.PHONY: java-sdk
+java-sdk: check-java $(JAVA_SDK_STAMP)
+
+$(JAVA_SDK_STAMP):
+	@command -v mvn >/dev/null 2>&1 || { \
+	  echo "error: Maven ('mvn') is required to build the Java SDK interop test, and it is not on PATH."; \
+	  echo "       Debian/Ubuntu: sudo apt-get install -y maven; macOS: brew install maven."; \
+	  exit 1; }
+	@command -v javac >/dev/null 2>&1 || { \
+	  echo "error: a JDK 17 ('javac') is required to build the Java SDK interop test; only a JRE was found."; \
+	  echo "       Debian/Ubuntu: sudo apt-get install -y openjdk-17-jdk-headless; macOS: brew install openjdk@17."; \
+	  exit 1; }
+	rm -rf '$(JAVA_SDK)/target'
+	mvn -B --no-transfer-progress -q -f '$(JAVA_SDK)/pom.xml' -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package
+	@touch '$@'
+
+test: java-sdk
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -1,0 +1,274 @@
+"""The official Java Tablestore SDK's ``TunnelWorker`` (Maven ``com.aliyun.openservices:tablestore``, pinned in
+``tests/sdks/java/pom.xml``) consuming a BaseAndStream tunnel of the local server, the way the service's
+users run it: the SDK's own heartbeats, channel state machine, reads and checkpoints. It is an independent
+reader of the tunnel protocol, so the server is not proven only by our own tunnel client, which could share
+our misreadings.
+
+The same writes go to one table with two tunnels: the Java worker reads one while the writes, a split and
+a merge happen (and is killed and restarted mid-way); our backend reads the other. Per key, both deliver
+the same changes in the same order, and replaying either gives the rows GetRange returns.
+``make java-sdk`` builds the program (``make test`` does it first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+import tablestore as ots
+
+from cdc.servers.tablestore import TablestoreProcess
+from tests.backends.tablestore.world import World, drain
+
+JAVA_DIR = Path(__file__).parent / "java"
+MAIN_CLASS = "cdctunnel.sdk.TunnelWorkerMain"
+VALUE_COLUMNS = ("v", "n")
+# (record type, ((column, column type, value), ...)): one change as both readers report it
+Change = tuple[str, tuple[tuple[str, str, Any], ...]]
+
+
+def _classpath() -> str:
+    listed = JAVA_DIR / "target" / "classpath.txt"
+    classes = JAVA_DIR / "target" / "classes" / "cdctunnel" / "sdk" / "TunnelWorkerMain.class"
+    if not (listed.is_file() and classes.is_file()):
+        pytest.fail(f"the Java SDK program is not built in {JAVA_DIR}: run `make java-sdk`", pytrace=False)
+    return f"{JAVA_DIR / 'target' / 'classes'}{os.pathsep}{listed.read_text().strip()}"
+
+
+class JavaWorker:
+    """One run of the Java program: started, then stopped through stdin or killed with SIGKILL."""
+
+    def __init__(self, server: TablestoreProcess, tunnel_id: str, records: Path, log: Path) -> None:
+        java = shutil.which("java")
+        if java is None:
+            pytest.fail("`java` is not on PATH: the Java SDK test needs Java 17", pytrace=False)
+        env = {
+            **os.environ,
+            "OTS_ENDPOINT": server.endpoint,
+            "OTS_INSTANCE": server.instance,
+            "OTS_ACCESS_KEY_ID": server.access_key_id,
+            "OTS_ACCESS_KEY_SECRET": server.access_key_secret,
+            "OTS_TUNNEL_ID": tunnel_id,
+            "RECORDS_FILE": str(records),
+            # The SDK's minimum interval; a dead worker's channels go to the next one after the timeout.
+            "HEARTBEAT_INTERVAL_SEC": "5",
+            "HEARTBEAT_TIMEOUT_SEC": "10",
+            "CHECKPOINT_INTERVAL_MS": "100",
+        }
+        self.log = log
+        self._stderr: IO[str] = log.open("a")
+        self.proc = subprocess.Popen(
+            [java, "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", _classpath(), MAIN_CLASS],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline()
+        if not first.startswith("working"):
+            self.proc.kill()
+            pytest.fail(f"the Java worker did not start; its log:\n{log.read_text()[-4000:]}", pytrace=False)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        self._stderr.close()
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("stop\n")
+        self.proc.stdin.close()
+        code = self.proc.wait(30)
+        self._stderr.close()
+        assert code == 0, f"the Java worker exited with {code}; its log:\n{self.log.read_text()[-4000:]}"
+
+
+def _java_changes(records: Path) -> tuple[list[dict[str, Any]], int]:
+    """The records the worker wrote, each once (a restarted worker redelivers what followed its last
+    checkpoint: identical records, dropped here), and the number of such redeliveries."""
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    first: list[dict[str, Any]] = []
+    redelivered = 0
+    for line in records.read_text().splitlines():
+        rec = json.loads(line)
+        seq = rec["seq"]
+        ident = (rec["channel"], json.dumps(rec["pk"]), seq["epoch"], seq["timestamp"], seq["rowIndex"])
+        if ident in seen:
+            assert seen[ident] == rec, f"a redelivered record differs: {seen[ident]} then {rec}"
+            redelivered += 1
+            continue
+        seen[ident] = rec
+        first.append(rec)
+    return first, redelivered
+
+
+def _java_per_key(records: list[dict[str, Any]]) -> dict[int, list[Change]]:
+    per_key: dict[int, list[Change]] = {}
+    for rec in records:
+        cols = tuple(sorted((c["name"], c["type"], c["value"]) for c in rec["columns"]))
+        per_key.setdefault(rec["pk"]["id"], []).append((rec["type"], cols))
+    return per_key
+
+
+def _backend_per_key(rows: list[dict[str, Any]]) -> dict[int, list[Change]]:
+    per_key: dict[int, list[Change]] = {}
+    for r in rows:
+        cols = []
+        for name in VALUE_COLUMNS:
+            kind = r[f"__ots_column_type_{name}"]
+            if kind is not None:
+                cols.append((name, kind, r[name] if kind == "PUT" else None))
+        per_key.setdefault(r["id"], []).append((r["__ots_record_type__"], tuple(sorted(cols))))
+    return per_key
+
+
+def _replay(per_key: dict[int, list[Change]]) -> dict[int, dict[str, Any]]:
+    """The rows the changes leave: PUT replaces a row, UPDATE sets and deletes columns, DELETE removes it."""
+    rows: dict[int, dict[str, Any]] = {}
+    for key, changes in per_key.items():
+        row: dict[str, Any] | None = None
+        for kind, cols in changes:
+            if kind == "DELETE":
+                row = None
+                continue
+            row = {} if kind == "PUT" or row is None else row
+            for name, col_type, value in cols:
+                if col_type == "PUT":
+                    row[name] = value
+                else:
+                    row.pop(name, None)
+        if row is not None:
+            rows[key] = row
+    return rows
+
+
+def _get_range(w: World) -> dict[int, dict[str, Any]]:
+    start: Any = [("id", ots.INF_MIN)]
+    rows: dict[int, dict[str, Any]] = {}
+    while start is not None:
+        _, start, page, _ = w.sdk.get_range(
+            w.table, ots.Direction.FORWARD, start, [("id", ots.INF_MAX)], max_version=1, limit=50
+        )
+        for row in page:
+            rows[row.primary_key[0][1]] = {name: value for name, value, _ts in row.attribute_columns}
+    return rows
+
+
+def _checkpoints(server: TablestoreProcess, tunnel_id: str) -> dict[str, tuple[str, int]]:
+    """Each channel's (checkpoint token, sequence number) as the server stores them (read-only)."""
+    db = sqlite3.connect(f"file:{server.data_dir / 'tablestore.sqlite'}?mode=ro", uri=True)
+    try:
+        cur = db.execute("SELECT channel_id, checkpoint, seqno FROM channels WHERE tunnel_id=?", (tunnel_id,))
+        return {channel: (token, seqno) for channel, token, seqno in cur}
+    finally:
+        db.close()
+
+
+def _wait(what: str, done: Callable[[], bool], log: Path, timeout: float = 45.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}; the Java worker's log:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestoreProcess, tmp_path: Path) -> None:
+    server = tablestore_server
+    w = World(server, tunnel_type="BaseAndStream")
+    w.put_many([(k, f"base{k}") for k in range(0, 1000, 10)])
+    java_tunnel = w.client.create_tunnel(w.table, "java", "BaseAndStream")
+    w.create_tunnel()  # ours: World's tunnel "cdc", read through the backend
+    rng = random.Random(16)
+    step = iter(range(1_000_000))
+
+    def writes(n: int) -> None:
+        for _ in range(n):
+            key, i = rng.randrange(0, 1000, 5), next(step)
+            op = rng.random()
+            if op < 0.45:
+                w.put(key, f"p{i}", i if rng.random() < 0.5 else None)
+            elif op < 0.8:
+                w.update(key, f"u{i}")
+            else:
+                w.delete(key)
+
+    records, log = tmp_path / "java-records.jsonl", tmp_path / "java-worker.log"
+    records.touch()
+
+    def delivered() -> int:
+        return len(_java_changes(records)[0])
+
+    worker = JavaWorker(server, java_tunnel, records, log)
+    _wait("the base data", lambda: delivered() >= 100, log)
+    writes(40)
+    left, right = w.split()
+    writes(20)
+    # The split's children open a heartbeat after their parent finishes; the SDK checkpoints a channel on a
+    # read after the interval. Once both children have checkpointed, write more and kill the worker at once:
+    # the restarted one must resume from those checkpoints, not from the children's start.
+    _wait(
+        "the split's children to checkpoint",
+        lambda: all(_checkpoints(server, java_tunnel)[c][1] >= 1 for c in (left, right)),
+        log,
+    )
+    writes(20)
+    before_kill = _checkpoints(server, java_tunnel)
+    worker.kill()
+    assert delivered() > 100 + 40, "the worker was meant to die after reading the split's children"
+    writes(30)
+    merged = w.merge([left, right])
+    writes(30)
+
+    backend = w.backend()
+    ours = [r for _, t in drain(backend, limit=50) for r in t.to_pylist()]
+    backend.close()
+
+    worker = JavaWorker(server, java_tunnel, records, log)
+    _wait("every change", lambda: delivered() >= len(ours), log, timeout=60)
+    # The SDK checkpoints after processing a read once the interval has passed, so the merged channel's
+    # checkpoint moves on the read after its last records (an empty one).
+    _wait("the merged channel's checkpoint", lambda: _checkpoints(server, java_tunnel)[merged][1] >= 1, log)
+    worker.stop()
+    after = _checkpoints(server, java_tunnel)
+    java, redelivered = _java_changes(records)
+
+    # Checkpoints: before the kill, the base channel and the split's parent had finished and the children
+    # had moved past their start; the restarted worker finished the children and moved the merged channel;
+    # sequence numbers only advance. It redelivered at most what followed the children's checkpoints.
+    parents = {c for c in before_kill if c not in (left, right, merged)}
+    assert len(parents) == 2 and all(before_kill[c][0] == "finished" for c in parents)
+    assert all(before_kill[c][0] not in ("", "finished") for c in (left, right))
+    for channel, (_, seqno) in before_kill.items():
+        assert after[channel][1] >= seqno
+    assert redelivered <= 20
+    assert after[left][0] == after[right][0] == "finished"
+    assert after[merged][1] >= 1 and after[merged][0] not in ("", "finished")
+
+    # Per key, the same changes in the same order; replayed, the rows GetRange returns.
+    assert len(java) == len(ours)
+    java_keys, our_keys = _java_per_key(java), _backend_per_key(ours)
+    assert java_keys == our_keys
+    table = _get_range(w)
+    assert _replay(java_keys) == table
+    assert _replay(our_keys) == table
+    # Within a channel the Java SDK reads stream records in (epoch, timestamp, row index) order.
+    by_channel: dict[str, list[tuple[int, int, int]]] = {}
+    for rec in java:
+        s = rec["seq"]
+        if not rec["channel"].endswith("-base"):
+            by_channel.setdefault(rec["channel"], []).append((s["epoch"], s["timestamp"], s["rowIndex"]))
+    assert set(by_channel) >= {left, right, merged}
+    assert all(seqs == sorted(seqs) for seqs in by_channel.values())
+    print(f"java: {len(java)} changes, {redelivered} redelivered after the restart; ours: {len(ours)}")
