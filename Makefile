@@ -82,8 +82,9 @@ $(NODE_SDK_STAMP): $(NODE_SDK)/package.json $(NODE_SDK)/package-lock.json
 test test-fast: node-sdk
 
 # The official Java Tablestore SDK's TunnelWorker (pinned in tests/sdks/java/pom.xml), compiled into
-# tests/sdks/java/target for tests/sdks/test_java_sdk.py (a slow test: `make test` only); jars resolved into the Pulsar target's Maven
-# repository. The stamp's name is keyed on the pom and the sources, so an up-to-date build skips Maven.
+# tests/sdks/java/target for tests/sdks/test_java_sdk.py (a slow test, so `make test` only); jars resolved
+# into the Pulsar target's Maven repository. The stamp's name is keyed on the pom and the sources, so an
+# up-to-date build skips Maven, and an edited pom or source builds again.
 JAVA_SDK := tests/sdks/java
 JAVA_SDK_SOURCES := $(JAVA_SDK)/pom.xml $(sort $(shell find $(JAVA_SDK)/src -name '*.java' 2>/dev/null))
 JAVA_SDK_KEY := $(shell cat $(JAVA_SDK_SOURCES) | (sha256sum 2>/dev/null || shasum -a 256) | cut -c1-16)
