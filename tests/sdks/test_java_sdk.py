@@ -47,7 +47,7 @@ def _classpath() -> str:
 class JavaWorker:
     """One run of the Java program: started, then stopped through stdin or killed with SIGKILL."""
 
-    def __init__(self, server: TablestoreProcess, tunnel_id: str, records: Path, log: Path) -> None:
+    def __init__(self, server: TablestoreProcess, table: str, records: Path, log: Path) -> None:
         java = shutil.which("java")
         if java is None:
             pytest.fail("`java` is not on PATH: the Java SDK test needs Java 17", pytrace=False)
@@ -57,8 +57,11 @@ class JavaWorker:
             "OTS_INSTANCE": server.instance,
             "OTS_ACCESS_KEY_ID": server.access_key_id,
             "OTS_ACCESS_KEY_SECRET": server.access_key_secret,
-            "OTS_TUNNEL_ID": tunnel_id,
+            "OTS_TABLE": table,
+            "OTS_TUNNEL_NAME": "java",
             "RECORDS_FILE": str(records),
+            # TunnelClient skips the response checks by default; on, they prove our responses' signatures.
+            "RESPONSE_VALIDATION": "true",
             # The SDK's minimum interval; a dead worker's channels go to the next one after the timeout.
             "HEARTBEAT_INTERVAL_SEC": "5",
             "HEARTBEAT_TIMEOUT_SEC": "10",
@@ -75,10 +78,19 @@ class JavaWorker:
             text=True,
         )
         assert self.proc.stdout is not None
-        first = self.proc.stdout.readline()
-        if not first.startswith("working"):
+        first = self.proc.stdout.readline().split()
+        if first[:1] != ["working"]:
             self.proc.kill()
             pytest.fail(f"the Java worker did not start; its log:\n{log.read_text()[-4000:]}", pytrace=False)
+        self.tunnel_id = first[1]
+
+    def describe(self) -> dict[str, Any]:
+        """DescribeTunnel as the Java SDK parses it."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("describe\n")
+        self.proc.stdin.flush()
+        described: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return described
 
     def kill(self) -> None:
         self.proc.kill()
@@ -100,7 +112,8 @@ def _java_changes(records: Path) -> tuple[list[dict[str, Any]], int]:
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     first: list[dict[str, Any]] = []
     redelivered = 0
-    for line in records.read_text().splitlines():
+    # The worker may be writing: only whole lines (it writes a batch's lines in one write).
+    for line in records.read_text().split("\n")[:-1]:
         rec = json.loads(line)
         seq = rec["seq"]
         ident = (rec["channel"], json.dumps(rec["pk"]), seq["epoch"], seq["timestamp"], seq["rowIndex"])
@@ -188,7 +201,6 @@ def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestorePro
     server = tablestore_server
     w = World(server, tunnel_type="BaseAndStream")
     w.put_many([(k, f"base{k}") for k in range(0, 1000, 10)])
-    java_tunnel = w.client.create_tunnel(w.table, "java", "BaseAndStream")
     w.create_tunnel()  # ours: World's tunnel "cdc", read through the backend
     rng = random.Random(16)
     step = iter(range(1_000_000))
@@ -210,7 +222,8 @@ def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestorePro
     def delivered() -> int:
         return len(_java_changes(records)[0])
 
-    worker = JavaWorker(server, java_tunnel, records, log)
+    worker = JavaWorker(server, w.table, records, log)  # creates the tunnel "java" through the SDK
+    java_tunnel = worker.tunnel_id
     _wait("the base data", lambda: delivered() >= 100, log)
     writes(40)
     left, right = w.split()
@@ -235,11 +248,13 @@ def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestorePro
     ours = [r for _, t in drain(backend, limit=50) for r in t.to_pylist()]
     backend.close()
 
-    worker = JavaWorker(server, java_tunnel, records, log)
+    worker = JavaWorker(server, w.table, records, log)  # finds the tunnel by ListTunnel
+    assert worker.tunnel_id == java_tunnel
     _wait("every change", lambda: delivered() >= len(ours), log, timeout=60)
     # The SDK checkpoints after processing a read once the interval has passed, so the merged channel's
     # checkpoint moves on the read after its last records (an empty one).
     _wait("the merged channel's checkpoint", lambda: _checkpoints(server, java_tunnel)[merged][1] >= 1, log)
+    described = worker.describe()
     worker.stop()
     after = _checkpoints(server, java_tunnel)
     java, redelivered = _java_changes(records)
@@ -253,6 +268,25 @@ def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestorePro
     for channel, (_, seqno) in before_kill.items():
         assert after[channel][1] >= seqno
     assert redelivered <= 20
+    # DescribeTunnel as the SDK parses it: the finished channels terminated, the merged one open, owned by
+    # the restarted worker.
+    assert (described["tunnelId"], described["stage"], described["expired"]) == (
+        java_tunnel,
+        "ProcessStream",
+        False,
+    )
+    statuses = {c["id"]: (c["type"], c["status"], bool(c["clientId"])) for c in described["channels"]}
+    assert statuses == {
+        **{
+            c: ("BaseData" if c.endswith("-base") else "Stream", "TERMINATED", False)
+            for c in after
+            if c != merged
+        },
+        merged: ("Stream", "OPEN", True),
+    }
+    # The SDK logs and retries what it does not accept (a refused checkpoint, a heartbeat error): none.
+    complaints = [line for line in log.read_text().splitlines() if " WARN " in line or " ERROR " in line]
+    assert [line for line in complaints if "Unexpected shutdown, do resources clear" not in line] == []
     assert after[left][0] == after[right][0] == "finished"
     assert after[merged][1] >= 1 and after[merged][0] not in ("", "finished")
 

@@ -1,5 +1,6 @@
 package cdctunnel.sdk;
 
+import com.alicloud.openservices.tablestore.ClientConfiguration;
 import com.alicloud.openservices.tablestore.TunnelClient;
 import com.alicloud.openservices.tablestore.model.Column;
 import com.alicloud.openservices.tablestore.model.ColumnValue;
@@ -8,6 +9,13 @@ import com.alicloud.openservices.tablestore.model.PrimaryKeyValue;
 import com.alicloud.openservices.tablestore.model.RecordColumn;
 import com.alicloud.openservices.tablestore.model.RecordSequenceInfo;
 import com.alicloud.openservices.tablestore.model.StreamRecord;
+import com.alicloud.openservices.tablestore.model.tunnel.ChannelInfo;
+import com.alicloud.openservices.tablestore.model.tunnel.CreateTunnelRequest;
+import com.alicloud.openservices.tablestore.model.tunnel.DescribeTunnelRequest;
+import com.alicloud.openservices.tablestore.model.tunnel.DescribeTunnelResponse;
+import com.alicloud.openservices.tablestore.model.tunnel.ListTunnelRequest;
+import com.alicloud.openservices.tablestore.model.tunnel.TunnelInfo;
+import com.alicloud.openservices.tablestore.model.tunnel.TunnelType;
 import com.alicloud.openservices.tablestore.tunnel.worker.IChannelProcessor;
 import com.alicloud.openservices.tablestore.tunnel.worker.ProcessRecordsInput;
 import com.alicloud.openservices.tablestore.tunnel.worker.TunnelWorker;
@@ -18,8 +26,6 @@ import java.io.BufferedReader;
 import java.io.FileOutputStream;
 import java.io.IOException;
 import java.io.InputStreamReader;
-import java.io.OutputStreamWriter;
-import java.io.Writer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Base64;
@@ -37,10 +43,15 @@ import java.util.Map;
  * checkpoint never covers a record that is not in the file: a worker killed at any point loses nothing, and
  * the restarted one redelivers at most what came after the last checkpoint.
  *
- * <p>Environment: OTS_ENDPOINT, OTS_INSTANCE, OTS_ACCESS_KEY_ID, OTS_ACCESS_KEY_SECRET, OTS_TUNNEL_ID,
- * RECORDS_FILE; optional HEARTBEAT_INTERVAL_SEC (default 5, the SDK's minimum), HEARTBEAT_TIMEOUT_SEC
- * (default 15), CHECKPOINT_INTERVAL_MS (default 200). The worker runs until a line "stop" or the end of
- * standard input, then shuts down as a user's program would (worker, then client) and exits 0.
+ * <p>Environment: OTS_ENDPOINT, OTS_INSTANCE, OTS_ACCESS_KEY_ID, OTS_ACCESS_KEY_SECRET, OTS_TABLE,
+ * OTS_TUNNEL_NAME (the BaseAndStream tunnel, created through the SDK unless it exists), RECORDS_FILE;
+ * optional HEARTBEAT_INTERVAL_SEC (default 5, the SDK's minimum), HEARTBEAT_TIMEOUT_SEC (default 15),
+ * CHECKPOINT_INTERVAL_MS (default 200), RESPONSE_VALIDATION ("true": the SDK checks every response's
+ * headers and signature, which TunnelClient turns off by default).
+ *
+ * <p>Prints "working TUNNEL_ID" once the worker is connected. Standard input drives it: a line "describe"
+ * prints the SDK's DescribeTunnel as one JSON line; "stop" or the end of input shuts down as a user's
+ * program would (worker, then client) and exits 0.
  */
 public final class TunnelWorkerMain {
     private TunnelWorkerMain() {
@@ -59,12 +70,16 @@ public final class TunnelWorkerMain {
         return value == null || value.isEmpty() ? fallback : Long.parseLong(value);
     }
 
-    /** Appends records as JSON lines; one lock, since the worker processes channels on a thread pool. */
+    /**
+     * Appends records as JSON lines; one lock, since the worker processes channels on a thread pool. A batch
+     * goes out in one write(2) of an unbuffered stream, so a SIGKILL never leaves half a line for the
+     * restarted worker to append to.
+     */
     static final class RecordsFile implements IChannelProcessor {
-        private final Writer out;
+        private final FileOutputStream out;
         private final Gson gson = new GsonBuilder().serializeNulls().disableHtmlEscaping().create();
 
-        RecordsFile(Writer out) {
+        RecordsFile(FileOutputStream out) {
             this.out = out;
         }
 
@@ -76,8 +91,7 @@ public final class TunnelWorkerMain {
             }
             synchronized (out) {
                 try {
-                    out.write(lines.toString());
-                    out.flush();
+                    out.write(lines.toString().getBytes(StandardCharsets.UTF_8));
                 } catch (IOException e) {
                     // Losing a record silently would make the comparison lie: stop the JVM instead.
                     System.err.println("cannot write the records file: " + e);
@@ -155,11 +169,44 @@ public final class TunnelWorkerMain {
         }
     }
 
+    static Map<String, Object> describe(DescribeTunnelResponse resp) {
+        Map<String, Object> d = new LinkedHashMap<>();
+        d.put("tunnelId", resp.getTunnelInfo().getTunnelId());
+        d.put("tunnelType", resp.getTunnelInfo().getTunnelType().name());
+        d.put("stage", resp.getTunnelInfo().getStage().name());
+        d.put("expired", resp.getTunnelInfo().isExpired());
+        List<Map<String, Object>> channels = new ArrayList<>();
+        for (ChannelInfo info : resp.getChannelInfos()) {
+            Map<String, Object> c = new LinkedHashMap<>();
+            c.put("id", info.getChannelId());
+            c.put("type", info.getChannelType().name());
+            c.put("status", info.getChannelStatus().name());
+            c.put("clientId", info.getClientId());
+            channels.add(c);
+        }
+        d.put("channels", channels);
+        return d;
+    }
+
+    /** The tunnel's id: found by ListTunnel (a restarted worker), else created, as a user's program does. */
+    private static String tunnelId(TunnelClient client, String table, String name) {
+        for (TunnelInfo info : client.listTunnel(new ListTunnelRequest(table)).getTunnelInfos()) {
+            if (info.getTunnelName().equals(name)) {
+                return info.getTunnelId();
+            }
+        }
+        return client.createTunnel(new CreateTunnelRequest(table, name, TunnelType.BaseAndStream)).getTunnelId();
+    }
+
     public static void main(String[] args) throws Exception {
-        String tunnelId = env("OTS_TUNNEL_ID");
-        TunnelClient client = new TunnelClient(
-                env("OTS_ENDPOINT"), env("OTS_ACCESS_KEY_ID"), env("OTS_ACCESS_KEY_SECRET"), env("OTS_INSTANCE"));
-        Writer out = new OutputStreamWriter(new FileOutputStream(env("RECORDS_FILE"), true), StandardCharsets.UTF_8);
+        ClientConfiguration conf = new ClientConfiguration();
+        conf.setEnableResponseValidation("true".equals(System.getenv("RESPONSE_VALIDATION")));
+        TunnelClient client = new TunnelClient(env("OTS_ENDPOINT"), env("OTS_ACCESS_KEY_ID"),
+                env("OTS_ACCESS_KEY_SECRET"), env("OTS_INSTANCE"), conf);
+        String table = env("OTS_TABLE");
+        String tunnelName = env("OTS_TUNNEL_NAME");
+        String tunnelId = tunnelId(client, table, tunnelName);
+        FileOutputStream out = new FileOutputStream(env("RECORDS_FILE"), true);
         TunnelWorkerConfig config = new TunnelWorkerConfig(new RecordsFile(out));
         // The SDK checks the timeout against the interval already set: the interval first.
         config.setHeartbeatIntervalInSec(envLong("HEARTBEAT_INTERVAL_SEC", 5));
@@ -172,8 +219,13 @@ public final class TunnelWorkerMain {
 
         BufferedReader stdin = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         String line;
+        Gson gson = new GsonBuilder().serializeNulls().create();
         while ((line = stdin.readLine()) != null && !line.trim().equals("stop")) {
-            // anything else on stdin is ignored
+            if (line.trim().equals("describe")) {
+                System.out.println(gson.toJson(describe(client.describeTunnel(
+                        new DescribeTunnelRequest(table, tunnelName)))));
+                System.out.flush();
+            }
         }
         worker.shutdown();
         config.shutdown();
