@@ -12,6 +12,7 @@ the same changes in the same order, and replaying either gives the rows GetRange
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -31,9 +32,15 @@ from tests.backends.tablestore.world import World, drain
 
 JAVA_DIR = Path(__file__).parent / "java"
 MAIN_CLASS = "cdctunnel.sdk.TunnelWorkerMain"
-VALUE_COLUMNS = ("v", "n")
-# (record type, ((column, column type, value), ...)): one change as both readers report it
-Change = tuple[str, tuple[tuple[str, str, Any], ...]]
+# Every attribute type the tunnel carries; the SDK's PlainBuffer reader checks each cell's encoding.
+COLUMN_TYPES = {"v": "string", "n": "long", "d": "double", "f": "boolean", "b": "binary"}
+CATALOG = json.dumps(
+    {"columns": {"id": {"type": "long"}} | {c: {"type": t} for c, t in COLUMN_TYPES.items()}}
+)
+# (record type, sequence timestamp and row index (None in base data), ((column, column type, value), ...)):
+# one change as both readers report it
+Change = tuple[str, int | None, int | None, tuple[tuple[str, str, Any], ...]]
+IGNORE = ots.Condition(ots.RowExistenceExpectation.IGNORE)
 
 
 def _classpath() -> str:
@@ -126,11 +133,29 @@ def _java_changes(records: Path) -> tuple[list[dict[str, Any]], int]:
     return first, redelivered
 
 
-def _java_per_key(records: list[dict[str, Any]]) -> dict[int, list[Change]]:
+def _plain(value: Any) -> Any:
+    """A value as the Java program writes it (double and binary tagged, binary in base64)."""
+    if isinstance(value, float):
+        return {"double": value}
+    if isinstance(value, bytes | bytearray):
+        return {"blob": base64.b64encode(bytes(value)).decode("ascii")}
+    return value
+
+
+def _java_per_key(records: list[dict[str, Any]], stamps: bool = False) -> dict[int, list[Change]]:
+    """Per key, the changes in delivery order; with ``stamps``, each PUT cell's value is (value, cell
+    timestamp), to replay against GetRange's timestamps."""
     per_key: dict[int, list[Change]] = {}
     for rec in records:
-        cols = tuple(sorted((c["name"], c["type"], c["value"]) for c in rec["columns"]))
-        per_key.setdefault(rec["pk"]["id"], []).append((rec["type"], cols))
+        cols = tuple(
+            sorted(
+                (c["name"], c["type"], (c["value"], c["ts"]) if stamps else c["value"])
+                for c in rec["columns"]
+            )
+        )
+        base = rec["channel"].endswith("-base")  # base data carries no sequence info
+        seq = (None, None) if base else (rec["seq"]["timestamp"], rec["seq"]["rowIndex"])
+        per_key.setdefault(rec["pk"]["id"], []).append((rec["type"], *seq, cols))
     return per_key
 
 
@@ -138,11 +163,15 @@ def _backend_per_key(rows: list[dict[str, Any]]) -> dict[int, list[Change]]:
     per_key: dict[int, list[Change]] = {}
     for r in rows:
         cols = []
-        for name in VALUE_COLUMNS:
+        for name in COLUMN_TYPES:
             kind = r[f"__ots_column_type_{name}"]
             if kind is not None:
-                cols.append((name, kind, r[name] if kind == "PUT" else None))
-        per_key.setdefault(r["id"], []).append((r["__ots_record_type__"], tuple(sorted(cols))))
+                cols.append((name, kind, _plain(r[name]) if kind == "PUT" else None))
+        stamp = r["__ots_record_timestamp__"]
+        row_index = None if stamp is None else r["_seq"] % 1024  # _seq: timestamp * 1024 + row index
+        per_key.setdefault(r["id"], []).append(
+            (r["__ots_record_type__"], stamp, row_index, tuple(sorted(cols)))
+        )
     return per_key
 
 
@@ -151,7 +180,7 @@ def _replay(per_key: dict[int, list[Change]]) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
     for key, changes in per_key.items():
         row: dict[str, Any] | None = None
-        for kind, cols in changes:
+        for kind, _, _, cols in changes:
             if kind == "DELETE":
                 row = None
                 continue
@@ -166,7 +195,7 @@ def _replay(per_key: dict[int, list[Change]]) -> dict[int, dict[str, Any]]:
     return rows
 
 
-def _get_range(w: World) -> dict[int, dict[str, Any]]:
+def _get_range(w: World, stamps: bool = False) -> dict[int, dict[str, Any]]:
     start: Any = [("id", ots.INF_MIN)]
     rows: dict[int, dict[str, Any]] = {}
     while start is not None:
@@ -174,7 +203,10 @@ def _get_range(w: World) -> dict[int, dict[str, Any]]:
             w.table, ots.Direction.FORWARD, start, [("id", ots.INF_MAX)], max_version=1, limit=50
         )
         for row in page:
-            rows[row.primary_key[0][1]] = {name: value for name, value, _ts in row.attribute_columns}
+            rows[row.primary_key[0][1]] = {
+                name: (_plain(value), ts) if stamps else _plain(value)
+                for name, value, ts in row.attribute_columns
+            }
     return rows
 
 
@@ -199,7 +231,7 @@ def _wait(what: str, done: Callable[[], bool], log: Path, timeout: float = 45.0)
 @pytest.mark.slow
 def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestoreProcess, tmp_path: Path) -> None:
     server = tablestore_server
-    w = World(server, tunnel_type="BaseAndStream")
+    w = World(server, tunnel_type="BaseAndStream", extra_options={"catalog": CATALOG})
     w.put_many([(k, f"base{k}") for k in range(0, 1000, 10)])
     w.create_tunnel()  # ours: World's tunnel "cdc", read through the backend
     rng = random.Random(16)
@@ -209,10 +241,21 @@ def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestorePro
         for _ in range(n):
             key, i = rng.randrange(0, 1000, 5), next(step)
             op = rng.random()
-            if op < 0.45:
+            if op < 0.3:
                 w.put(key, f"p{i}", i if rng.random() < 0.5 else None)
-            elif op < 0.8:
+            elif op < 0.45:
+                cols = [
+                    ("v", f"t{i}"),
+                    ("d", i / 7),
+                    ("f", i % 2 == 0),
+                    ("b", bytearray(f"\x00{i}\xff", "latin-1")),
+                ]
+                w.sdk.put_row(w.table, ots.Row([("id", key)], cols), IGNORE)
+            elif op < 0.65:
                 w.update(key, f"u{i}")
+            elif op < 0.8:
+                row = ots.Row([("id", key)], {"put": [("d", -i / 3), ("f", True)], "delete_all": ["b", "v"]})
+                w.sdk.update_row(w.table, row, IGNORE)
             else:
                 w.delete(key)
 
@@ -297,6 +340,8 @@ def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestorePro
     table = _get_range(w)
     assert _replay(java_keys) == table
     assert _replay(our_keys) == table
+    # The cells' timestamps as the Java SDK read them are the ones the table keeps.
+    assert _replay(_java_per_key(java, stamps=True)) == _get_range(w, stamps=True)
     # Within a channel the Java SDK reads stream records in (epoch, timestamp, row index) order.
     by_channel: dict[str, list[tuple[int, int, int]]] = {}
     for rec in java:
