@@ -99,6 +99,13 @@ class JavaWorker:
         described: dict[str, Any] = json.loads(self.proc.stdout.readline())
         return described
 
+    def delete_version(self, key: int, column: str, ts: int) -> None:
+        """UpdateRow deleting one version of a cell, encoded by the Java SDK."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"delete-version {key} {column} {ts}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok", self.log.read_text()[-4000:]
+
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(10)
@@ -294,12 +301,18 @@ def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestorePro
     merged = w.merge([left, right])
     writes(30)
 
+    worker = JavaWorker(server, w.table, records, log)  # finds the tunnel by ListTunnel
+    assert worker.tunnel_id == java_tunnel
+    writes(10)
+    # DELETE_ONE_VERSION cells: the Java SDK writes them (the Python SDK cannot), both tunnels carry them.
+    stamped = _get_range(w, stamps=True)
+    for key in [k for k, row in sorted(stamped.items()) if "n" in row][:3]:
+        worker.delete_version(key, "n", stamped[key]["n"][1])
+
     backend = w.backend()
     ours = [r for _, t in drain(backend, limit=50) for r in t.to_pylist()]
     backend.close()
-
-    worker = JavaWorker(server, w.table, records, log)  # finds the tunnel by ListTunnel
-    assert worker.tunnel_id == java_tunnel
+    assert sum(r["__ots_column_type_n"] == "DELETE_ONE_VERSION" for r in ours) == 3
     _wait("every change", lambda: delivered() >= len(ours), log, timeout=60)
     # The SDK checkpoints after processing a read once the interval has passed, so the merged channel's
     # checkpoint moves on the read after its last records (an empty one).

@@ -1,14 +1,18 @@
 package cdctunnel.sdk;
 
 import com.alicloud.openservices.tablestore.ClientConfiguration;
+import com.alicloud.openservices.tablestore.SyncClient;
 import com.alicloud.openservices.tablestore.TunnelClient;
 import com.alicloud.openservices.tablestore.model.Column;
 import com.alicloud.openservices.tablestore.model.ColumnValue;
+import com.alicloud.openservices.tablestore.model.PrimaryKeyBuilder;
 import com.alicloud.openservices.tablestore.model.PrimaryKeyColumn;
 import com.alicloud.openservices.tablestore.model.PrimaryKeyValue;
 import com.alicloud.openservices.tablestore.model.RecordColumn;
 import com.alicloud.openservices.tablestore.model.RecordSequenceInfo;
+import com.alicloud.openservices.tablestore.model.RowUpdateChange;
 import com.alicloud.openservices.tablestore.model.StreamRecord;
+import com.alicloud.openservices.tablestore.model.UpdateRowRequest;
 import com.alicloud.openservices.tablestore.model.tunnel.ChannelInfo;
 import com.alicloud.openservices.tablestore.model.tunnel.CreateTunnelRequest;
 import com.alicloud.openservices.tablestore.model.tunnel.DescribeTunnelRequest;
@@ -50,8 +54,10 @@ import java.util.Map;
  * headers and signature, which TunnelClient turns off by default).
  *
  * <p>Prints "working TUNNEL_ID" once the worker is connected. Standard input drives it: a line "describe"
- * prints the SDK's DescribeTunnel as one JSON line; "stop" or the end of input shuts down as a user's
- * program would (worker, then client) and exits 0.
+ * prints the SDK's DescribeTunnel as one JSON line; "delete-version ID COLUMN TS" deletes one version of a
+ * cell of the row with integer key column "id" through the SDK's SyncClient (the Python SDK cannot encode
+ * that UpdateRow) and prints "ok"; "stop" or the end of input shuts down as a user's program would (worker,
+ * then client) and exits 0.
  */
 public final class TunnelWorkerMain {
     private TunnelWorkerMain() {
@@ -220,13 +226,23 @@ public final class TunnelWorkerMain {
         BufferedReader stdin = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         String line;
         Gson gson = new GsonBuilder().serializeNulls().create();
+        SyncClient tables = new SyncClient(env("OTS_ENDPOINT"), env("OTS_ACCESS_KEY_ID"),
+                env("OTS_ACCESS_KEY_SECRET"), env("OTS_INSTANCE"));
         while ((line = stdin.readLine()) != null && !line.trim().equals("stop")) {
-            if (line.trim().equals("describe")) {
+            String[] words = line.trim().split(" ");
+            if (words[0].equals("describe")) {
                 System.out.println(gson.toJson(describe(client.describeTunnel(
                         new DescribeTunnelRequest(table, tunnelName)))));
-                System.out.flush();
+            } else if (words[0].equals("delete-version")) {
+                RowUpdateChange change = new RowUpdateChange(table, PrimaryKeyBuilder.createPrimaryKeyBuilder()
+                        .addPrimaryKeyColumn("id", PrimaryKeyValue.fromLong(Long.parseLong(words[1]))).build());
+                change.deleteColumn(words[2], Long.parseLong(words[3]));
+                tables.updateRow(new UpdateRowRequest(change));
+                System.out.println("ok");
             }
+            System.out.flush();
         }
+        tables.shutdown();
         worker.shutdown();
         config.shutdown();
         client.shutdown();
