@@ -16,11 +16,12 @@ import base64
 import json
 import os
 import random
+import select
 import shutil
 import sqlite3
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -84,29 +85,40 @@ class JavaWorker:
             stderr=self._stderr,
             text=True,
         )
-        assert self.proc.stdout is not None
-        first = self.proc.stdout.readline().split()
+        # The SDK retries a failing ConnectTunnel for ever: give up after a while rather than hang.
+        first = self._line("connected", timeout=60).split()
         if first[:1] != ["working"]:
-            self.proc.kill()
+            self.kill()
             pytest.fail(f"the Java worker did not start; its log:\n{log.read_text()[-4000:]}", pytrace=False)
         self.tunnel_id = first[1]
 
+    def _line(self, what: str, timeout: float = 30.0) -> str:
+        """The program's next line of standard output (it prints whole lines and flushes)."""
+        assert self.proc.stdout is not None
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            self.kill()
+            pytest.fail(f"the Java worker never {what}; its log:\n{self.log.read_text()[-4000:]}")
+        return self.proc.stdout.readline()
+
+    def _command(self, line: str) -> str:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self._line(f"answered {line!r}")
+
     def describe(self) -> dict[str, Any]:
         """DescribeTunnel as the Java SDK parses it."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("describe\n")
-        self.proc.stdin.flush()
-        described: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        described: dict[str, Any] = json.loads(self._command("describe"))
         return described
 
     def delete_version(self, key: int, column: str, ts: int) -> None:
         """UpdateRow deleting one version of a cell, encoded by the Java SDK."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"delete-version {key} {column} {ts}\n")
-        self.proc.stdin.flush()
-        assert self.proc.stdout.readline().strip() == "ok", self.log.read_text()[-4000:]
+        assert self._command(f"delete-version {key} {column} {ts}").strip() == "ok", self.log.read_text()[
+            -4000:
+        ]
 
     def kill(self) -> None:
+        """SIGKILL: no shutdown call reaches the server; the client expires after its heartbeat timeout."""
         self.proc.kill()
         self.proc.wait(10)
         self._stderr.close()
@@ -118,6 +130,16 @@ class JavaWorker:
         code = self.proc.wait(30)
         self._stderr.close()
         assert code == 0, f"the Java worker exited with {code}; its log:\n{self.log.read_text()[-4000:]}"
+
+
+@pytest.fixture
+def java_workers() -> Iterator[list[JavaWorker]]:
+    """The workers a test starts: any still running when it ends (a failed assertion) is killed."""
+    workers: list[JavaWorker] = []
+    yield workers
+    for worker in workers:
+        if worker.proc.poll() is None:
+            worker.kill()
 
 
 def _java_changes(records: Path) -> tuple[list[dict[str, Any]], int]:
@@ -236,7 +258,9 @@ def _wait(what: str, done: Callable[[], bool], log: Path, timeout: float = 45.0)
 
 
 @pytest.mark.slow
-def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestoreProcess, tmp_path: Path) -> None:
+def test_java_tunnel_worker_matches_our_backend(
+    tablestore_server: TablestoreProcess, tmp_path: Path, java_workers: list[JavaWorker]
+) -> None:
     server = tablestore_server
     w = World(server, tunnel_type="BaseAndStream", extra_options={"catalog": CATALOG})
     w.put_many([(k, f"base{k}") for k in range(0, 1000, 10)])
@@ -280,6 +304,7 @@ def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestorePro
         return len(_java_changes(records)[0])
 
     worker = JavaWorker(server, w.table, records, log)  # creates the tunnel "java" through the SDK
+    java_workers.append(worker)
     java_tunnel = worker.tunnel_id
     _wait("the base data", lambda: delivered() >= 100, log)
     writes(40)
@@ -300,6 +325,7 @@ def test_java_tunnel_worker_matches_our_backend(tablestore_server: TablestorePro
     writes(30)  # while no worker runs
 
     worker = JavaWorker(server, w.table, records, log)  # finds the tunnel by ListTunnel
+    java_workers.append(worker)
     assert worker.tunnel_id == java_tunnel
     writes(20)
     merged = w.merge([left, right])
