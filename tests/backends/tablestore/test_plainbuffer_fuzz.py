@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdc.backends.tablestore import plainbuffer
 from cdc.backends.tablestore.plainbuffer import (
     DELETE_ALL_VERSION,
     DELETE_ONE_VERSION,
@@ -19,9 +21,20 @@ from cdc.backends.tablestore.plainbuffer import (
     SequenceInfo,
     Special,
     decode_rows,
+    decode_rows_python,
     encode_row,
     encode_rows,
 )
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs against both readers: the compiled one (native/plainbuffer.c) and the
+    pure-Python fallback. The compiled one must have been built (``make native`` or the install)."""
+    if request.param == "compiled":
+        assert plainbuffer.COMPILED, "the compiled PlainBuffer reader is not built: run `make native`"
+    monkeypatch.setattr(plainbuffer, "COMPILED", request.param == "compiled")
+    return str(request.param)
 
 _HEADER = struct.pack("<i", 0x75)
 _int64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -103,3 +116,29 @@ def _mutated(draw: st.DrawFn) -> bytes:
 @given(_mutated())
 def test_mutated_valid_rows_decode_or_raise_plainbuffer_error(payload: bytes) -> None:
     _decodes_or_fails_cleanly(payload)
+
+
+def _outcome(decode: object, payload: bytes) -> object:
+    try:
+        return decode(payload)  # type: ignore[operator]
+    except PlainBufferError:
+        return PlainBufferError
+
+
+# The fixture only selects the reader under test, which no input changes.
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.one_of(_mutated(), st.binary(max_size=120).map(lambda b: _HEADER + b)))
+def test_compiled_and_python_readers_agree(reader: str, payload: bytes) -> None:
+    """The compiled reader is a port of the Python one: on valid and broken payloads alike, the same rows
+    (types included: a bool stays a bool) or both a PlainBufferError."""
+    if reader != "compiled":
+        pytest.skip("compares the two readers once (under the compiled parameter)")
+    expected = _outcome(decode_rows_python, payload)
+    got = _outcome(decode_rows, payload)
+    assert got == expected
+    if isinstance(expected, list):
+        assert [repr(r) for r in got] == [repr(r) for r in expected]  # type: ignore[union-attr]
