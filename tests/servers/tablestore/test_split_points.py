@@ -10,8 +10,8 @@ from tablestore import (
     INF_MAX,
     INF_MIN,
     CapacityUnit,
-    OTSClient,
     Direction,
+    OTSClient,
     ReservedThroughput,
     Row,
     TableMeta,
@@ -71,7 +71,7 @@ def test_split_points_cut_the_table_into_ranges_of_about_the_asked_size(tmp_path
             [("g", INF_MAX), ("id", INF_MAX)],
         ]
         seen, sizes = [], []
-        for lo, hi in zip(bounds, bounds[1:]):
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
             _, nxt, rows, _ = sdk.get_range("t", Direction.FORWARD, lo, hi, max_version=1)
             assert nxt is None
             sizes.append(len(rows))
