@@ -139,6 +139,7 @@ def test_compiled_and_python_readers_agree(reader: str, payload: bytes) -> None:
         pytest.skip("compares the two readers once (under the compiled parameter)")
     expected = _outcome(decode_rows_python, payload)
     got = _outcome(decode_rows, payload)
-    assert got == expected
-    if isinstance(expected, list):
-        assert [repr(r) for r in got] == [repr(r) for r in expected]  # type: ignore[union-attr]
+    if not isinstance(expected, list):
+        assert got is PlainBufferError
+    else:  # reprs: a mutated double may be a NaN (never equal to itself); a repr also tells 1 from True
+        assert isinstance(got, list) and [repr(r) for r in got] == [repr(r) for r in expected]
