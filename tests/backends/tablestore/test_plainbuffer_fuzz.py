@@ -21,7 +21,6 @@ from cdc.backends.tablestore.plainbuffer import (
     SequenceInfo,
     Special,
     decode_rows,
-    decode_rows_python,
     encode_row,
     encode_rows,
 )
@@ -117,29 +116,3 @@ def _mutated(draw: st.DrawFn) -> bytes:
 def test_mutated_valid_rows_decode_or_raise_plainbuffer_error(payload: bytes) -> None:
     _decodes_or_fails_cleanly(payload)
 
-
-def _outcome(decode: object, payload: bytes) -> object:
-    try:
-        return decode(payload)  # type: ignore[operator]
-    except PlainBufferError:
-        return PlainBufferError
-
-
-# The fixture only selects the reader under test, which no input changes.
-@settings(
-    max_examples=300,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(st.one_of(_mutated(), st.binary(max_size=120).map(lambda b: _HEADER + b)))
-def test_compiled_and_python_readers_agree(reader: str, payload: bytes) -> None:
-    """The compiled reader is a port of the Python one: on valid and broken payloads alike, the same rows
-    (types included: a bool stays a bool) or both a PlainBufferError."""
-    if reader != "compiled":
-        pytest.skip("compares the two readers once (under the compiled parameter)")
-    expected = _outcome(decode_rows_python, payload)
-    got = _outcome(decode_rows, payload)
-    if not isinstance(expected, list):
-        assert got is PlainBufferError
-    else:  # reprs: a mutated double may be a NaN (never equal to itself); a repr also tells 1 from True
-        assert isinstance(got, list) and [repr(r) for r in got] == [repr(r) for r in expected]
