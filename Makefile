@@ -109,4 +109,17 @@ $(JAVA_SDK_STAMP):
 test: java-sdk
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info cdc/backends/tablestore/_plainbuffer*.so
+
+# The compiled PlainBuffer reader (native/plainbuffer.c). The install builds it; this rebuilds it after an
+# edit of the C source (or of its build), with the virtualenv's setuptools. The stamp skips an up-to-date one.
+NATIVE_STAMP := $(VENV)/.native-plainbuffer-stamp
+
+.PHONY: native
+native: $(NATIVE_STAMP)
+
+$(NATIVE_STAMP): native/plainbuffer.c native/build.py setup.py | $(STAMP)
+	$(PY) native/build.py
+	@touch $@
+
+test test-fast demo bench: native

@@ -77,11 +77,14 @@ def _warn_if_py4j_logs_option_values() -> None:
 
 
 def register(spark: Any) -> None:
-    """Register the ``cdc`` data source (and the change-record UDFs, where installed) with ``spark``."""
+    """Register the ``cdc`` data source, the ``tablestore`` table scan (and the change-record UDFs, where installed) with ``spark``."""
     _warn_if_py4j_logs_option_values()
     from cdc.source import CdcDataSource
 
     spark.dataSource.register(CdcDataSource)
+    from cdc.backends.tablestore.scan_source import TablestoreTableSource
+
+    spark.dataSource.register(TablestoreTableSource)  # "tablestore": a table's current rows, batch only
     from udfs import register as register_udfs
 
     register_udfs(spark)
