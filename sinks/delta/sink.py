@@ -22,9 +22,9 @@ from sinks.delta.migration import migrate_layout
 from sinks.delta.scd1 import purge_predicate, stage_scd1
 from sinks.delta.scd2 import current_condition, key_heads, main_source, stage_scd2
 from sinks.delta.schema import new_columns, state_schema, table_schema
-from sinks.delta.state import guard, key_range_condition, state_source
 from sinks.delta.spec import SinkSpec
 from sinks.delta.staging import StagingLog
+from sinks.delta.state import guard, key_range_condition, state_source
 
 log = logging.getLogger(__name__)
 
