@@ -123,9 +123,8 @@ def test_deltalake_reader(tables: tuple[dict[str, str], dict[int, tuple[str, int
 
 
 def duckdb_extension() -> str:
-    import duckdb_ext  # the duckdb-ext-delta package: the extension binary for our duckdb
-
     import duckdb
+    import duckdb_ext  # the duckdb-ext-delta package: the extension binary for our duckdb
 
     base = Path(next(iter(duckdb_ext.__path__))) / "extensions" / f"v{duckdb.__version__}"
     found = sorted(base.glob("*/delta.duckdb_extension"))

@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 
 from cdc.errors import MalformedRecordError, OptionError, TerminalError
 from sinks.delta import DeltaUpsertSink, SchemaEvolutionError
-from sinks.delta.layout import DELETED_AT, state_path
+from sinks.delta.layout import DELETED_AT, LegacyLayoutError, state_path
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -68,6 +68,8 @@ def sink(path: Path, **kw: Any) -> DeltaUpsertSink:
         ({"compact_every": 0}, "compact_every"),
         ({"sequence_by": "id"}, "sequence_by"),
         ({"tombstone_retention": timedelta(days=-1)}, "tombstone_retention"),
+        ({"bookkeeping_columns": ["_seq"]}, "bookkeeping_columns"),  # tokens, not column names
+        ({"bookkeeping_columns": ["is_current"]}, "bookkeeping_columns"),  # SCD type 2 only
     ],
 )
 def test_bad_options_name_the_option(tmp_path: Path, kwargs: dict[str, Any], option: str) -> None:
@@ -297,3 +299,54 @@ def test_partial_changes_keep_unchanged_columns(tmp_path: Path, scd_type: int) -
     got = current(tmp_path / "t")
     assert got[1] == ("a2", 11)
     assert "_unchanged" not in DeltaTable(str(tmp_path / "t")).schema().to_arrow().names
+
+
+def test_hidden_bookkeeping_columns_only_hide(tmp_path: Path) -> None:
+    """Hiding the sequence and commit time leaves the guard intact: it lives in the state table."""
+    s = sink(tmp_path / "t", bookkeeping_columns=[])
+    s.write(changes([("insert", 5, 1, "a", 1), ("insert", 6, 2, "b", 2)]), 0)
+    s.write(changes([("update", 4, 1, "stale", 0), ("delete", 7, 2, None, None)]), 1)
+    s.write(changes([("insert", 3, 2, "older", 0)]), 2)
+    assert DeltaTable(str(tmp_path / "t")).schema().to_arrow().names == ["id", "name", "qty"]
+    assert {k: (r["name"], r["qty"]) for k, r in live(tmp_path / "t").items()} == {1: ("a", 1)}
+    assert state(tmp_path / "t") == {1: (5, False), 2: (7, True)}
+
+
+def legacy_table(path: Path) -> None:
+    """A table as the previous layout wrote it: tombstone rows (values null, __cdc_deleted_at set) among the
+    live rows, batches 0-3 committed under the application transaction 'test'."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    when = datetime(2025, 1, 1, tzinfo=UTC)
+    rows = pa.table({
+        "id": pa.array([1, 2, 3], pa.int64()),
+        "_seq": pa.array([3, 4, 5], pa.int64()),
+        "_commit_ts": pa.array([when] * 3, TS),
+        "name": pa.array(["a", None, "c"]),
+        "qty": pa.array([1, None, 3], pa.int64()),
+        DELETED_AT: pa.array([None, when, None], TS),
+    })
+    write_deltalake(str(path), rows, commit_properties=CommitProperties(app_transactions=[Transaction("test", 3)]))
+
+
+def test_previous_layout_is_refused_then_migrated(tmp_path: Path) -> None:
+    legacy_table(tmp_path / "t")
+    s = sink(tmp_path / "t")
+    version = DeltaTable(str(tmp_path / "t")).version()
+    with pytest.raises(LegacyLayoutError, match=r"previous layout.*sink\.migrate\(\)"):
+        s.write(changes([("insert", 9, 4, "d", 4)]), 4)
+    assert DeltaTable(str(tmp_path / "t")).version() == version, "nothing was written"
+    assert s.migrate()
+    assert DeltaTable(str(tmp_path / "t")).version() == version + 1, "the main table is migrated in one commit"
+    assert DeltaTable(str(tmp_path / "t")).schema().to_arrow().names == ["id", "_seq", "_commit_ts", "name", "qty"]
+    assert {k: r["name"] for k, r in live(tmp_path / "t").items()} == {1: "a", 3: "c"}
+    assert state(tmp_path / "t") == {1: (3, False), 2: (4, True), 3: (5, False)}
+    assert not s.migrate(), "a second run has nothing to do"
+    # The main table's application transaction survived: Spark's replay of batch 3 (the same changes, already
+    # applied) does not merge into it again, and changes nothing in the new state table (sequence-guarded).
+    s.write(changes([("update", 5, 3, "c", 3), ("delete", 4, 2, None, None)]), 3)
+    assert [h["operation"] for h in DeltaTable(str(tmp_path / "t")).history(1)] != ["MERGE"]
+    assert state(tmp_path / "t") == {1: (3, False), 2: (4, True), 3: (5, False)}
+    # The tombstone still guards its key; newer changes apply.
+    s.write(changes([("insert", 2, 2, "late", 0), ("update", 9, 3, "c2", 9)]), 4)
+    assert {k: r["name"] for k, r in live(tmp_path / "t").items()} == {1: "a", 3: "c2"}
