@@ -162,7 +162,7 @@ def test_delta_spark_reader(tables: tuple[dict[str, str], dict[int, tuple[str, i
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, str(SPARK_READER), jars, *paths.values()],
-        capture_output=True, text=True, timeout=300, env=env, check=False,
+        capture_output=True, text=True, timeout=900, env=env, check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
