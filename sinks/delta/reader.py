@@ -1,4 +1,8 @@
-"""Read a sink-managed Delta table into Spark without the io.delta jars."""
+"""Read a sink-managed Delta table into Spark without the io.delta jars.
+
+The table is a plain Delta table of live rows (see :mod:`sinks.delta.layout`), so this is a plain read of its
+current data files; the filter on ``__cdc_deleted_at`` is kept only for tables of the previous layout.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ _UNSUPPORTED = {"deletionVectors", "columnMapping"}
 
 
 def read(spark: Any, path: str, *, current_only: bool = False, storage_options: dict[str, str] | None = None) -> Any:
-    """The table at ``path`` as a Spark DataFrame: the live rows (tombstones and internal columns hidden).
+    """The table at ``path`` as a Spark DataFrame (its rows are the live rows).
 
     Reads exactly the table's current data files (``DeltaTable.file_uris()``), never the folder, so files
     that merges replaced are not read. For an SCD type 2 table every version is returned unless

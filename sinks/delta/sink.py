@@ -16,13 +16,15 @@ from cdc.errors import OptionError
 from cdc.model import CHANNEL, POSITION
 from sinks.delta.batch import prepare
 from sinks.delta.engine import Engine
-from sinks.delta.layout import DEFAULT_DELETE_CONDITION, IS_DELETE
-from sinks.delta.merge import merge_plan
+from sinks.delta.layout import DEFAULT_DELETE_CONDITION, DELETED_AT, IS_DELETE, LegacyLayoutError, state_path
+from sinks.delta.merge import merge_plan, state_plan
+from sinks.delta.migration import migrate_layout
 from sinks.delta.scd1 import purge_predicate, stage_scd1
-from sinks.delta.scd2 import heads_condition, stage_scd2
-from sinks.delta.schema import new_columns, table_schema
+from sinks.delta.scd2 import current_condition, key_heads, main_source, stage_scd2
+from sinks.delta.schema import new_columns, state_schema, table_schema
 from sinks.delta.spec import SinkSpec
 from sinks.delta.staging import StagingLog
+from sinks.delta.state import guard, key_range_condition, state_source
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,8 @@ class DeltaUpsertSink:
 
     Parameters
     ----------
-    path : the Delta table (created on the first batch).
+    path : the Delta table (created on the first batch): a plain Delta table of live rows; the sink's own
+        state (sequences, tombstones, SCD2 key heads) is the Delta table ``<path>/_cdc_state``.
     keys : the key column(s).
     sequence_by : the column that orders a key's changes (``_seq``: the change model's sequence).
     apply_as_deletes : SQL condition over a change record marking it a delete (default ``_op = 'delete'``).
@@ -53,6 +56,10 @@ class DeltaUpsertSink:
         None disables both.
     app_id : the Delta application-transaction id; default ``cdc-tunnel-<streaming query id>``, which stays
         the same across restarts of the query from its checkpoint.
+    bookkeeping_columns : which bookkeeping columns the table shows, any of ``sequence`` (``sequence_by``),
+        ``commit_ts`` (``_commit_ts``) and, SCD type 2, ``is_current`` (``_is_current``); default all. A
+        hidden column is not stored in the table (the state table keeps what the sink needs); it applies
+        when the table is created.
     engine : ``delta-rs`` (default) or ``delta-spark``.
     storage_options : passed to delta-rs (object store credentials).
     pipelined : return from ``foreachBatch`` once the batch is durably staged (``staging_dir``), and merge it
@@ -76,6 +83,7 @@ class DeltaUpsertSink:
         tombstone_retention: timedelta = timedelta(days=2),
         compact_every: int | None = 10,
         prune_by_key_range: bool = True,
+        bookkeeping_columns: Sequence[str] | None = None,
         app_id: str | None = None,
         engine: str = "delta-rs",
         storage_options: dict[str, str] | None = None,
@@ -93,6 +101,7 @@ class DeltaUpsertSink:
             except_columns=tuple(except_columns),
             tombstone_retention=tombstone_retention,
             prune_by_key_range=prune_by_key_range,
+            bookkeeping_columns=None if bookkeeping_columns is None else tuple(bookkeeping_columns),
         )
         if compact_every is not None and compact_every < 1:
             raise OptionError("option 'compact_every' must be a positive number of batches, or None", "compact_every")
@@ -104,6 +113,7 @@ class DeltaUpsertSink:
         self.storage_options = storage_options
         self.clock = clock or (lambda: datetime.now(UTC))
         self._engine: Engine | None = None
+        self._state_engine: Engine | None = None
         self.pipelined = pipelined
         if pipelined and staging_dir is None and "://" in self.path:
             raise OptionError(
@@ -120,32 +130,47 @@ class DeltaUpsertSink:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_engine=None, _executor=None, _inflight=None)
+        state.update(_engine=None, _state_engine=None, _executor=None, _inflight=None)
         return state
 
     # ------------------------------------------------------------------ engines
     def engine(self, spark: Any = None) -> Engine:
+        """The engine on the main table."""
         if self._engine is None:
-            if self.engine_name == "delta-rs":
-                from sinks.delta.rs import DeltaRsEngine
-
-                self._engine = DeltaRsEngine(self.path, self.storage_options)
-            else:
-                from sinks.delta.spark import DeltaSparkEngine
-
-                if spark is None:
-                    from pyspark.sql import SparkSession
-
-                    spark = SparkSession.getActiveSession()
-                self._engine = DeltaSparkEngine(spark, self.path)
+            self._engine = self._new_engine(self.path, spark)
         return self._engine
+
+    def state_engine(self, spark: Any = None) -> Engine:
+        """The engine on the state table (see :mod:`sinks.delta.layout`)."""
+        if self._state_engine is None:
+            self._state_engine = self._new_engine(state_path(self.path), spark)
+        return self._state_engine
+
+    def _new_engine(self, path: str, spark: Any) -> Engine:
+        if self.engine_name == "delta-rs":
+            from sinks.delta.rs import DeltaRsEngine
+
+            return DeltaRsEngine(path, self.storage_options)
+        from sinks.delta.spark import DeltaSparkEngine
+
+        if spark is None:
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.getActiveSession()
+        return DeltaSparkEngine(spark, path)
+
+    def _committed(self, app_id: str) -> int | None:
+        """The last batch committed to both tables under ``app_id`` (None: none, or unknown)."""
+        main, state = self.engine().committed_version(app_id), self.state_engine().committed_version(app_id)
+        return None if main is None or state is None else min(main, state)
 
     # ------------------------------------------------------------------ foreachBatch
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         """The ``foreachBatch`` entry point: evaluate the delete condition, collect the batch as Arrow, apply."""
         spark = batch_df.sparkSession
         app_id = self.app_id or self._query_app_id(spark)
-        engine = self.engine(spark)
+        self.engine(spark)
+        self.state_engine(spark)
         if self.pipelined:
             self._recover(app_id)
             if batch_id <= self._submitted:
@@ -153,7 +178,7 @@ class DeltaUpsertSink:
                 return
         # (With a merge in flight the table is not read here: Spark replays batches only after a restart,
         # and a restart starts with nothing in flight.)
-        done = None if self._inflight is not None else engine.committed_version(app_id)
+        done = None if self._inflight is not None else self._committed(app_id)
         if done is not None and done >= batch_id:
             log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app_id, done)
             return
@@ -242,10 +267,10 @@ class DeltaUpsertSink:
             raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
         if batch_id < 0:
             raise ValueError(f"batch id must be >= 0, got {batch_id}")
-        engine = self.engine()
-        done = engine.committed_version(app)
-        if done is not None and done >= batch_id:
-            log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app, done)
+        main, state = self.engine(), self.state_engine()
+        main_done, state_done = main.committed_version(app), state.committed_version(app)
+        if main_done is not None and main_done >= batch_id and state_done is not None and state_done >= batch_id:
+            log.info("batch %d already committed to %s by %s; skipping the replay", batch_id, self.path, app)
             return False
         now = self.clock()
         spec = self.spec
@@ -253,37 +278,58 @@ class DeltaUpsertSink:
         if prepared.num_rows == 0:
             log.debug("batch %d has no changes", batch_id)
             return False
-        schema = engine.schema()
+        schema = main.schema()
         if schema is None:
-            engine.create(table_schema(spec, prepared.schema))
-            schema = engine.schema()
+            main.create(table_schema(spec, prepared.schema))
+            schema = main.schema()
             assert schema is not None
-        added = new_columns(spec, schema, prepared.schema)
-        if added:
-            log.info("adding columns %s to %s", [f.name for f in added], self.path)
-            engine.add_columns(added)
-            schema = pa.schema([*schema, *added])
-        if spec.scd_type == 1:
-            source = stage_scd1(spec, prepared)
-        else:
-            heads = engine.read(*heads_condition(spec, prepared))
-            source = stage_scd2(spec, prepared, heads)
-        plan = merge_plan(spec, source, schema)
-        metrics = engine.merge(source, plan, app, batch_id)
-        log.info("batch %d: merged %d changes into %s: %s", batch_id, prepared.num_rows, self.path, metrics)
+        elif DELETED_AT in schema.names:
+            raise LegacyLayoutError(
+                f"{self.path} was written by the previous layout of DeltaUpsertSink (tombstones in the table, "
+                f"column {DELETED_AT}); nothing was written. Run sink.migrate() once with this sink's options (it "
+                "moves the tombstones and sequences to the state table and rewrites the table without them, one "
+                "commit each), then restart the query"
+            )
+        if state.schema() is None:
+            state.create(state_schema(spec, prepared.schema))
+        heads = state.read(*key_range_condition(spec, prepared))
+        if main_done is None or main_done < batch_id:
+            # The main table first, computed from the state before the batch: a crash before the state's
+            # commit leaves that state as it was, so the replay recomputes the state's commit alone.
+            added = new_columns(spec, schema, prepared.schema)
+            if added:
+                log.info("adding columns %s to %s", [f.name for f in added], self.path)
+                main.add_columns(added)
+                schema = pa.schema([*schema, *added])
+            if spec.scd_type == 1:
+                source = stage_scd1(spec, prepared, heads)
+            else:
+                current = main.read(*current_condition(spec, prepared))
+                source = main_source(stage_scd2(spec, prepared, key_heads(spec, heads, current)))
+            metrics = main.merge(source, merge_plan(spec, source, schema), app, batch_id)
+            log.info("batch %d: merged %d changes into %s: %s", batch_id, source.num_rows, self.path, metrics)
+        if state_done is None or state_done < batch_id:
+            heads_after = state_source(spec, guard(spec, prepared, heads))
+            state.merge(heads_after, state_plan(spec, heads_after), app, batch_id)
         if self.compact_every and (batch_id + 1) % self.compact_every == 0:
             self.maintain(now)
         return True
 
+    def migrate(self) -> bool:
+        """Convert a table written by the previous layout (tombstones in the table) to the current one; see
+        :func:`sinks.delta.migration.migrate_layout`. Returns False when there was nothing to migrate."""
+        return migrate_layout(self.path, self.spec, self.storage_options)
+
     def maintain(self, now: datetime | None = None) -> None:
         """Purge expired tombstones and compact small files (each one commit; readers are never blocked)."""
-        engine = self.engine()
-        if engine.schema() is None:
-            return
-        purge = purge_predicate(self.spec, now or self.clock())
-        if purge is not None:
-            engine.delete(purge)
-        engine.compact()
+        main, state = self.engine(), self.state_engine()
+        if state.schema() is not None:
+            purge = purge_predicate(self.spec, now or self.clock())
+            if purge is not None:
+                state.delete(purge)
+            state.compact()
+        if main.schema() is not None:
+            main.compact()
 
 
 ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"

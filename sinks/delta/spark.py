@@ -93,6 +93,8 @@ class DeltaSparkEngine:
         for clause in plan.clauses:
             if clause.kind == "update":
                 merger = merger.whenMatchedUpdate(condition=clause.condition, set=dict(clause.assignments))
+            elif clause.kind == "delete":
+                merger = merger.whenMatchedDelete(condition=clause.condition)
             else:
                 merger = merger.whenNotMatchedInsert(condition=clause.condition, values=dict(clause.assignments))
         conf.set("spark.databricks.delta.write.txnAppId", app_id)
