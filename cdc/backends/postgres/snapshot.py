@@ -1,0 +1,167 @@
+"""The full snapshot of ``startingOffsets=snapshot``, cut exactly at the replication slot's start.
+
+``CREATE_REPLICATION_SLOT ... LOGICAL pgoutput (SNAPSHOT 'export')`` on a replication connection creates
+the slot and exports a snapshot that sees exactly the transactions committed before the slot's consistent
+point: every later change is in the slot, every earlier one in the snapshot (no gap, no duplicate). The
+export lives only while that connection stays open, and a replayed batch after a driver crash must read
+the same rows, so **the snapshot is materialised while the export is held**: each table is cut into chunks
+of heap pages (TID range scans), read in parallel by ``snapshot.parallelism`` connections that each import
+the snapshot (``SET TRANSACTION SNAPSHOT``), and written as Arrow files under
+``snapshot.path/<slot>/``; a ``manifest.json`` written last, atomically, makes the snapshot complete. Each
+chunk is then a channel (positions: row indices) that executors read from its file, however often.
+
+A restarted query that asks for its initial offset again finds the manifest and reuses it (the cut is the
+slot's consistent point, which only an acknowledged batch moves). A slot without a manifest (a driver
+killed while materialising) is dropped and created again with a fresh export.
+
+Snapshot rows carry ``_seq = (consistent point << 20) - 1``: below every change after the cut, so no
+snapshot row ever overwrites a newer change.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from psycopg import sql
+
+from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres.catalog import TableInfo
+from cdc.backends.postgres.pgoutput import Column, Relation
+from cdc.backends.postgres.positions import pack, parse_lsn
+from cdc.backends.postgres.records import Layout, Record
+from cdc.model import Op
+
+log = logging.getLogger(__name__)
+
+CHUNK_PREFIX = "snapshot:"
+MANIFEST = "manifest.json"
+
+
+def chunk_file(snapshot_dir: Path, channel: str) -> Path:
+    _, slot, table, n = channel.split(":")
+    return snapshot_dir / slot / table / f"{int(n):06d}.arrow"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    cut_lsn: int
+    chunks: dict[str, int]
+    """Chunk channel -> rows."""
+
+
+def load_manifest(snapshot_dir: Path, slot: str) -> Manifest | None:
+    path = snapshot_dir / slot / MANIFEST
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return Manifest(int(data["cut_lsn"]), {str(k): int(v) for k, v in data["chunks"].items()})
+
+
+def _relation(table: TableInfo) -> Relation:
+    schema, _, name = table.name.partition(".")
+    cols = tuple(Column(n, oid, mod, n in table.keys) for n, oid, mod in table.columns)
+    return Relation(0, schema, name, cols)
+
+
+def export_and_materialise(
+    dsn: str, slot: str, publication: str, layout: Layout, snapshot_dir: Path, chunk_rows: int, parallelism: int
+) -> Manifest:
+    """Create ``slot`` with an exported snapshot and write the tables' rows as chunk files (see above)."""
+    with slots.connect(dsn) as conn:
+        if slots.state(conn, slot) is not None:
+            log.warning("replication slot %s exists without a complete snapshot: dropping it for a new export", slot)
+            slots.drop_slot(conn, slot)
+    shutil.rmtree(snapshot_dir / slot, ignore_errors=True)
+    repl = slots.connect(dsn, replication="database")
+    try:
+        res = repl.pgconn.exec_(
+            f"CREATE_REPLICATION_SLOT {sql.Identifier(slot).as_string(repl)} LOGICAL pgoutput "
+            "(SNAPSHOT 'export')".encode()
+        )
+        if res.status != 2:  # TUPLES_OK
+            raise RuntimeError(f"CREATE_REPLICATION_SLOT failed: {(res.error_message or b'').decode().strip()}")
+        cut_lsn = parse_lsn((res.get_value(0, 1) or b"").decode())
+        exported = (res.get_value(0, 2) or b"").decode()
+        log.info("slot %s created at %s with exported snapshot %s", slot, (res.get_value(0, 1) or b"").decode(), exported)
+        jobs = []
+        with slots.connect(dsn) as conn:
+            for t in layout.tables:
+                size = conn.execute(
+                    "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int, "
+                    "greatest(reltuples, 0), greatest(relpages, 1) FROM pg_class WHERE oid = %s::regclass",
+                    (t.name, t.name),
+                ).fetchone()
+                assert size is not None
+                pages, tuples, relpages = int(size[0]), float(size[1]), int(size[2])
+                per_page = max(1.0, tuples / relpages) if tuples > 0 else 50.0
+                step = max(1, int(chunk_rows / per_page))
+                bounds = list(range(0, max(pages, 1), step))
+                for i, lo in enumerate(bounds):
+                    hi = bounds[i + 1] if i + 1 < len(bounds) else None
+                    jobs.append((t, i, lo, hi))
+        seq = pack(cut_lsn) - 1
+        when = datetime.now(UTC)
+
+        def run(job: tuple[TableInfo, int, int, int | None]) -> tuple[str, int]:
+            return _read_chunk(dsn, exported, layout, snapshot_dir, slot, job, seq, when)
+
+        with ThreadPoolExecutor(max_workers=parallelism) as pool:
+            chunks = dict(pool.map(run, jobs))
+        manifest = Manifest(cut_lsn, chunks)
+        body = json.dumps({"cut_lsn": cut_lsn, "chunks": chunks, "publication": publication}, sort_keys=True)
+        fd, tmp = tempfile.mkstemp(dir=snapshot_dir / slot, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, snapshot_dir / slot / MANIFEST)
+        return manifest
+    finally:
+        repl.close()  # ends the export; the slot stays
+
+
+def _read_chunk(
+    dsn: str, exported: str, layout: Layout, snapshot_dir: Path, slot: str,
+    job: tuple[TableInfo, int, int, int | None], seq: int, when: datetime,
+) -> tuple[str, int]:
+    table, n, lo, hi = job
+    channel = f"{CHUNK_PREFIX}{slot}:{table.name}:{n}"
+    rel = _relation(table)
+    cond = "ctid >= %s::tid" + ("" if hi is None else " AND ctid < %s::tid")
+    params: list[Any] = [f"({lo},0)"] + ([] if hi is None else [f"({hi},0)"])
+    cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c[0])) for c in table.columns)
+    query = sql.SQL("SELECT {} FROM {} WHERE " + cond).format(cols, sql.Identifier(*table.name.split(".", 1)))
+    path = chunk_file(snapshot_dir, channel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = 0
+    with slots.connect(dsn) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported)))
+        with conn.cursor(binary=False) as cur, pa.OSFile(str(path) + ".tmp", "wb") as sink:
+            schema = layout.arrow_schema()
+            with pa.ipc.new_file(sink, schema) as writer:
+                cur.execute(query, params)
+                while True:
+                    got = cur.fetchmany(20_000)
+                    if not got:
+                        break
+                    records = [
+                        Record(Op.SNAPSHOT, rows + i, when, rel,
+                               tuple(None if v is None else v.encode() for v in row))
+                        for i, row in enumerate(got)
+                    ]
+                    writer.write_batch(layout.batch(records, channel, seq=seq))
+                    rows += len(got)
+        conn.execute("COMMIT")
+    os.replace(str(path) + ".tmp", path)
+    return channel, rows
