@@ -63,6 +63,10 @@ class Layout:
     tables: tuple[TableInfo, ...]
     _parsers: dict[tuple[int, int], ValueParser] = field(default_factory=dict, repr=False, compare=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # psycopg's loaders do not pickle; an executor's copy makes its own.
+        return {"tables": self.tables, "_parsers": {}}
+
     @property
     def typed(self) -> bool:
         return len(self.tables) == 1

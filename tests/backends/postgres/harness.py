@@ -20,11 +20,11 @@ class PostgresHarness(Harness):
     supports_split = False
     supports_merge = False
 
-    def __init__(self, dsn: str, tables: tuple[str, ...] = ("items",), **options: str) -> None:
+    def __init__(self, dsn: str, tables: tuple[str, ...] = ("items",), create: bool = True, **options: str) -> None:
         self.dsn = dsn
         self.tables = tables
         self.conn = psycopg.connect(dsn, autocommit=True)
-        for t in tables:
+        for t in tables if create else ():
             self.conn.execute(f"CREATE TABLE IF NOT EXISTS {t} (id bigint PRIMARY KEY, v text, n int)".encode())
         self.options = {"dsn": dsn, "tables": ",".join(tables), **options}
         self.next_id = 0
