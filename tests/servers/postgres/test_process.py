@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import psycopg
+import pytest
 
 from cdc.servers.postgres import PostgresServer
 
 
+@pytest.mark.slow  # a durable cluster (fsync on): ~10 s under load
 def test_kill_restart_keeps_committed_data_and_stop_removes_it() -> None:
     server = PostgresServer(durable=True).start()
     try:
