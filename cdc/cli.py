@@ -53,6 +53,8 @@ class _Main(_LazyGroup):
         "server": ("cdc.cli", "server_group", "Stand-in servers for development: tablestore, pulsar.", False),
         "local": ("cdc.backends.local.cli", "cli", "The local change log: show, split, merge.", False),
         "pulsar": ("cdc.backends.pulsar.cli", "cli", "Pulsar backend tools: drop a query's subscription.", False),
+        "postgres": ("cdc.backends.postgres.cli", "cli", "PostgreSQL backend tools: list and drop replication slots.",
+                     False),
         "log": ("cdc.backends.local.cli", "cli", "Deprecated: 'cdc local'.", True),
         "tablestore": ("cdc.servers.tablestore.cli", "main", "Deprecated: 'cdc server tablestore'.", True),
     }

@@ -87,3 +87,23 @@ def apache_pulsar() -> Iterator[ApachePulsar]:
     partitioned ones with ``create_partitioned_topic``. A test may kill and restart it (same ports, data)."""
     with ApachePulsar() as p:
         yield p
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """One real PostgreSQL (:class:`cdc.servers.postgres.PostgresServer`) for the session, on loopback with
+    ``wal_level=logical``; tests take a database of their own through ``postgres_dsn``. A test may kill and
+    restart it (same port and data)."""
+    from cdc.servers.postgres import PostgresServer
+
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: Any, request: pytest.FixtureRequest) -> str:
+    """The DSN of a fresh database for this test on the session's PostgreSQL."""
+    import hashlib
+
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
+    return str(postgres_server.create_database(f"t_{digest}"))
