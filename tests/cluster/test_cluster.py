@@ -16,6 +16,7 @@ import pytest
 from deltalake import DeltaTable
 
 from cdc.backends.local import LocalLog
+from sinks.delta.layout import DELETED_AT
 from tests.cluster.traced_source import DELAY_ENV, TRACE_ENV
 from tests.streaming import committed_batches, wait_for
 
@@ -40,8 +41,8 @@ def _driver(cluster: Any, conf: dict[str, str], log: LocalLog, table: Path, ck: 
 
 def _live(table: Path) -> dict[int, dict[str, Any]]:
     data = DeltaTable(str(table)).to_pyarrow_table()
-    if "_deleted_at" in data.column_names:
-        data = data.filter(data["_deleted_at"].is_null())
+    if DELETED_AT in data.column_names:  # tombstones, where the table keeps them
+        data = data.filter(data[DELETED_AT].is_null())
     cols = [name for name, _ in SCHEMA]
     return {r["order_id"]: r for r in data.select(cols).to_pylist()}
 

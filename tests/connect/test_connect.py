@@ -16,6 +16,7 @@ from deltalake import DeltaTable
 
 from cdc.backends.local import LocalLog
 from cdc.servers.tablestore import TablestoreProcess
+from sinks.delta.layout import DELETED_AT
 
 CLIENT = Path(__file__).parents[1] / "drivers" / "connect_client.py"
 
@@ -66,8 +67,8 @@ def _run_client(url: str, log: LocalLog, table: Path, ck: Path, result: Path) ->
 def _live(table: Path) -> dict[int, str]:
     """The table's live rows through delta-rs (another reader than the one the client used)."""
     data = DeltaTable(str(table)).to_pyarrow_table()
-    if "_deleted_at" in data.column_names:
-        data = data.filter(data["_deleted_at"].is_null())
+    if DELETED_AT in data.column_names:  # tombstones, where the table keeps them
+        data = data.filter(data[DELETED_AT].is_null())
     return dict(zip(data["id"].to_pylist(), data["v"].to_pylist(), strict=True))
 
 

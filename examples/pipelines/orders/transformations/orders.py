@@ -1,4 +1,5 @@
-"""The orders change log (``format("cdc")``) applied to the ``orders`` streaming table by AUTO CDC.
+"""The orders change log (``format("cdc")``) streamed into ``order_changes``, and ``orders``, the source
+table's rows (latest change per key by ``_seq``, deleted keys left out), as a materialized view over it.
 
 A pipeline definition file: ``spark-pipelines`` runs it with ``spark`` (a Spark Connect session) in its
 globals, and blocks session mutations (``spark.conf.set``, ``spark.udf.register``) while it runs.
@@ -8,6 +9,8 @@ globals, and blocks session mutations (``spark.conf.set``, ``spark.udf.register`
 from pathlib import Path
 
 from pyspark import pipelines as dp
+from pyspark.sql import Window
+from pyspark.sql import functions as F
 
 import cdc
 
@@ -19,20 +22,18 @@ cdc.register(spark)
 LOG = str(Path(spark.conf.get("cdc.example.orders.log")).resolve())
 
 
-@dp.temporary_view
+@dp.table
 def order_changes():  # type: ignore[no-untyped-def]
-    """Every change of the orders table: its rows at a consistent cut, then the changes after it."""
+    """Every change of the orders table, exactly once (the pipeline checkpoints the stream in `storage`):
+    its rows at a consistent cut, then the changes after it."""
     return (spark.readStream.format("cdc").option("backend", "local").option("path", LOG)
             .option("startingOffsets", "snapshot").load())
 
 
-dp.create_streaming_table("orders")
-dp.create_auto_cdc_flow(
-    target="orders",
-    source="order_changes",
-    keys=["order_id"],
-    sequence_by="_seq",
-    apply_as_deletes="_op = 'delete'",
-    except_column_list=["_op", "_seq", "_commit_ts", "_channel", "_position"],
-    stored_as_scd_type=1,
-)
+@dp.materialized_view
+def orders():  # type: ignore[no-untyped-def]
+    """The orders table as the source has it now."""
+    latest = Window.partitionBy("order_id").orderBy(F.col("_seq").desc())
+    return (spark.read.table("order_changes").withColumn("_rank", F.row_number().over(latest))
+            .where("_rank = 1 AND _op != 'delete'")
+            .select("order_id", "customer", "amount", "status"))
