@@ -35,7 +35,7 @@ class TracedStreamReader(CdcStreamReader):
         trace = os.environ.get(TRACE_ENV)
         if trace:
             with open(Path(trace) / f"{os.getpid()}.jsonl", "a") as f:
-                f.write(json.dumps({"pid": os.getpid(), "chain": parent_chain(os.getpid()),
+                f.write(json.dumps({"pid": os.getpid(), "chain": parent_chain(os.getpid()), "t": time.time(),
                                     "channel": getattr(partition, "channel", None)}) + "\n")
         time.sleep(float(os.environ.get(DELAY_ENV, "0")))
         yield from super().read(partition)

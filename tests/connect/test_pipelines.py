@@ -5,13 +5,13 @@ source. ``examples/pipelines/orders_auto_cdc`` (``create_auto_cdc_flow``) is ana
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from cdc.backends.local import LocalLog
@@ -24,12 +24,10 @@ from orders_demo import SCHEMA, OrderSource  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-READ_BACK = """
-import json, sys
-from pyspark.sql import SparkSession
-spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
-print(json.dumps([r.asDict() for r in spark.read.parquet(sys.argv[1]).collect()]))
-"""
+# pyspark 4.2.1's spark-pipelines client exits with this after "Run is COMPLETED" when a flow read a Python data
+# source: the read's (empty) Python accumulator update reaches the client as observed metrics of the
+# run-events stream, which its event loop does not expect. The run itself has completed by then.
+CLIENT_BUG = "[UNKNOWN_RESPONSE] Unknown response: Plan observed(__python_accumulator__"
 
 
 def _project(tmp_path: Path, name: str) -> tuple[Path, OrderSource]:
@@ -52,7 +50,10 @@ def _pipelines(project: Path, command: str) -> str:
     run = subprocess.run([str(spark_home() / "bin" / "spark-pipelines"), command, "--spec", "spark-pipeline.yaml"],
                          cwd=project, env=env, capture_output=True, text=True, timeout=600)
     output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-4000:]
+    if command == "run" and run.returncode != 0:
+        assert "Run is COMPLETED" in output and CLIENT_BUG in output, output[-4000:]
+    else:
+        assert run.returncode == 0, output[-4000:]
     assert "Importing" in output  # the definitions file loaded (cdc.register ran inside the pipeline)
     return output
 
@@ -62,9 +63,7 @@ def test_the_orders_pipeline_applies_the_change_log(tmp_path: Path) -> None:
     _pipelines(project, "run")
     tables = [p for p in (project / "spark-warehouse").rglob("orders") if p.is_dir()]
     assert len(tables) == 1, tables
-    out = subprocess.run([sys.executable, "-c", READ_BACK, str(tables[0])], env=python_env(),
-                         capture_output=True, text=True, timeout=300, check=True)
-    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = pq.read_table(tables[0]).to_pylist()  # a plain parquet table: the pipeline's default format
     assert {r["order_id"]: r for r in rows} == source.rows
 
 

@@ -35,7 +35,7 @@ def main() -> None:
     spark.dataSource.register(TracedCdcDataSource)
     sink = DeltaUpsertSink(table, keys=["order_id"], compact_every=5)
     changes = (spark.readStream.format("cdc-traced").option("backend", "local").option("path", log_path)
-               .option("startingOffsets", "snapshot").option("maxRecordsPerTrigger", "400").load())
+               .option("startingOffsets", "snapshot").option("maxRecordsPerTrigger", "800").load())
     writer = changes.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
     if mode == "once":
         writer.trigger(availableNow=True).start().awaitTermination()
