@@ -4,6 +4,7 @@ the driver, restarts; the table equals the source, no batch committed twice."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -28,13 +29,21 @@ from orders_demo import SCHEMA, OrderSource  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
+DELTA_JARS_ENV = "CDC_DELTA_JARS"
+"""A glob of the io.delta jars for this Spark (``.../delta-spark_4.2_2.13-*.jar`` and its dependencies); the
+delta-spark test runs when it names some (the integrator points it at the project's resolved jars)."""
+
+
+def delta_jars() -> list[str]:
+    return sorted(glob.glob(os.environ.get(DELTA_JARS_ENV, "")))
+
 
 def _driver(cluster: Any, conf: dict[str, str], log: LocalLog, table: Path, ck: Path, mode: str,
-            logfile: Path) -> subprocess.Popen[bytes]:
+            logfile: Path, engine: str = "delta-rs") -> subprocess.Popen[bytes]:
     with open(logfile, "ab") as out:
         return subprocess.Popen(
             [sys.executable, str(DRIVER), json.dumps({**cluster.session_conf(), **conf}), str(log.path), str(table),
-             str(ck), mode],
+             str(ck), mode, engine],
             env={**os.environ, "PYSPARK_PYTHON": sys.executable}, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -113,3 +122,24 @@ def test_orders_pipeline_on_the_cluster_through_worker_and_driver_kills(spark_cl
     assert reads and all(set(r["chain"]) & worker_pids for r in reads)
     assert all(driver.pid not in r["chain"] and again.pid not in r["chain"] for r in reads)
     assert cluster.workers[1].pid in {p for r in reads for p in r["chain"]}  # the other worker read too
+
+
+@pytest.mark.skipif(not delta_jars(), reason=f"delta-spark's MERGE needs the io.delta jars: set {DELTA_JARS_ENV}")
+def test_orders_pipeline_on_the_cluster_with_delta_spark(spark_cluster: Any, tmp_path: Path) -> None:
+    """The MERGE runs in the cluster (delta-spark); the table equals the source across two runs."""
+    conf = {
+        "spark.jars": ",".join(delta_jars()),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    }
+    log = LocalLog.create(tmp_path / "orders-log", SCHEMA, keys=["order_id"], channels=2)
+    source = OrderSource(log, seed=29)
+    table, ck, driver_log = tmp_path / "lake" / "orders", tmp_path / "ck", tmp_path / "driver.log"
+    for _ in range(2):
+        for _ in range(3):
+            source.burst(400)
+        run = _driver(spark_cluster, conf, log, table, ck, "once", driver_log, engine="delta-spark")
+        assert run.wait(300) == 0, driver_log.read_text()[-3000:]
+        assert _live(table) == source.rows
+    txns = _txns(table)
+    assert txns and len(txns) == len(set(txns))

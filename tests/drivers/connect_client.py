@@ -20,6 +20,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
     import cdc
     from sinks.delta import DeltaUpsertSink, read
@@ -29,8 +30,13 @@ def main() -> None:
     sink = DeltaUpsertSink(table, keys=["id"], compact_every=None)
     changes = (spark.readStream.format("cdc").option("backend", "local").option("path", log_path)
                .option("maxRecordsPerTrigger", "150").load())
-    query = (changes.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
-             .trigger(availableNow=True).start())
+    writer = changes.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint).trigger(availableNow=True)
+    # The server gives the foreachBatch Python worker a hard-coded 10 s to connect back (PythonWorkerFactory);
+    # on a loaded 2-core machine its imports alone have taken longer. Only that failure is retried.
+    for attempt in Retrying(stop=stop_after_attempt(4), reraise=True,
+                            retry=retry_if_exception(lambda e: "Python worker failed to connect back" in str(e))):
+        with attempt:
+            query = writer.start()
     query.awaitTermination()
     rows = read(spark, table).select("id", "v").collect()
     Path(result).write_text(json.dumps({

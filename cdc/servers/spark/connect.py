@@ -118,9 +118,6 @@ class ConnectServer(ServerProcess):
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "2",
             "spark.sql.session.timeZone": "UTC",
-            # A foreachBatch worker must connect back within this (default 15 s); a loaded machine's Python
-            # start-up has been seen to take longer.
-            "spark.python.authenticate.socketTimeout": "120s",
             "spark.sql.warehouse.dir": str(self.data_dir / "warehouse"),
             "spark.local.dir": str(self.data_dir / "tmp"),
             **self.conf,
