@@ -23,11 +23,18 @@ check-java:
 	  echo "       macOS: brew install openjdk@17; or set JAVA_HOME to a JDK 17."; \
 	  exit 1; }
 
-$(STAMP): pyproject.toml
+# The tablestore SDK declares protobuf<6 while Spark Connect's client needs protobuf 6 (pinned in pyproject,
+# with the SDK's real dependencies): pip cannot resolve both, so the SDK goes in without its declared ones.
+# It was measured to work on protobuf 6.33 (tests/connect imports both and round-trips a table call);
+# `pip check` reports this one conflict on purpose.
+TABLESTORE_SDK := tablestore==6.4.8
+
+$(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps '$(TABLESTORE_SDK)'
 	@touch $(STAMP)
 
 install: check-java $(STAMP)

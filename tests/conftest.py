@@ -107,3 +107,23 @@ def postgres_dsn(postgres_server: Any, request: pytest.FixtureRequest) -> str:
 
     digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
     return str(postgres_server.create_database(f"t_{digest}"))
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The Spark Connect server of pyspark 4.2 on a free loopback port, shared by the session (~15-40 s to
+    start); clients run in child processes (``tests/drivers/connect_client.py``): a Connect session in this
+    process would switch pyspark's functions to Connect mode for every later test."""
+    from cdc.servers.spark.connect import ConnectServer
+
+    with ConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark standalone master and two workers (1 core, 1 GB each) on loopback, shared by the session.
+    Drivers run in child processes (``tests/drivers/cluster_orders.py``) so that a test can ``kill -9`` them."""
+    from cdc.servers.spark.cluster import SparkCluster
+
+    with SparkCluster(2, cores=1, memory="1g", data_dir=tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster

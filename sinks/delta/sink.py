@@ -247,7 +247,8 @@ class DeltaUpsertSink:
 
     @staticmethod
     def _query_app_id(spark: Any) -> str:
-        qid = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+        qid = _connect_query_id(spark) if is_connect(spark) else spark.sparkContext.getLocalProperty(
+            "sql.streaming.queryId")
         if not qid:
             raise OptionError(
                 "option 'app_id' is required outside a streaming query (no streaming query id to derive it from)",
@@ -330,6 +331,29 @@ class DeltaUpsertSink:
             state.compact()
         if main.schema() is not None:
             main.compact()
+
+
+def is_connect(spark: Any) -> bool:
+    """True for a Spark Connect session (no ``sparkContext``, no ``_jvm``); checked by class, so that a
+    classic session never imports the Connect client (grpc)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _connect_query_id(spark: Any) -> str | None:
+    """The streaming query id under Spark Connect, where the batch's local properties are not visible.
+
+    ``foreachBatch`` runs in a worker attached to the client's session, so the session's active queries are
+    the user's: with exactly one, it is this batch's query (its id is kept in the checkpoint, so it stays the
+    same across restarts). With several, the batch cannot tell which is its own.
+    """
+    active = spark.streams.active
+    if len(active) > 1:
+        raise OptionError(
+            f"option 'app_id' is required under Spark Connect when the session runs several streaming queries "
+            f"({len(active)} active): give each query's sink its own app_id",
+            "app_id",
+        )
+    return str(active[0].id) if active else None
 
 
 ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"

@@ -50,7 +50,11 @@ class DeltaSparkEngine:
     enforces_transactions = True
 
     def __init__(self, spark: Any, path: str) -> None:
-        if not delta_jars_available(spark):
+        from sinks.delta.sink import is_connect
+
+        # Under Spark Connect the server's classpath cannot be asked (no ``_jvm``): delta-spark's Python
+        # DeltaTable sends its calls through Delta's Connect plugin, which the server must load.
+        if not is_connect(spark) and not delta_jars_available(spark):
             raise TerminalError(UNAVAILABLE)
         try:
             from delta.tables import DeltaTable  # type: ignore[import-not-found,unused-ignore]
