@@ -108,6 +108,7 @@ def postgres_dsn(postgres_server: Any, request: pytest.FixtureRequest) -> str:
     digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
     return str(postgres_server.create_database(f"t_{digest}"))
 
+
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The Spark Connect server of pyspark 4.2 on a free loopback port, shared by the session (~15-40 s to
