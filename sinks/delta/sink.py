@@ -109,6 +109,11 @@ class DeltaUpsertSink:
             raise OptionError(
                 "option 'staging_dir' is required with pipelined=True when the table is not on a local path", "staging_dir"
             )
+        if pipelined and engine == "delta-spark":
+            raise OptionError(
+                "option 'pipelined' applies to engine='delta-rs' (delta-spark merges the batch inside Spark, "
+                "with nothing to overlap on the driver); accepted with delta-spark: pipelined=False", "pipelined"
+            )
         self.staging_dir = staging_dir or os.path.join(self.path, "_cdc_staging")
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future[None] | None = None
@@ -165,6 +170,9 @@ class DeltaUpsertSink:
         unused = [c for c in batch_df.columns if c in (CHANNEL, POSITION) or c in self.spec.except_columns]
         if unused:
             batch_df = batch_df.drop(*unused)
+        if self.engine_name == "delta-spark":
+            self.write_frame(batch_df, batch_id, app_id)
+            return
         started = time.perf_counter()
         changes = _collect(batch_df)
         collected = time.perf_counter()
@@ -271,6 +279,28 @@ class DeltaUpsertSink:
         plan = merge_plan(spec, source, schema)
         metrics = engine.merge(source, plan, app, batch_id)
         log.info("batch %d: merged %d changes into %s: %s", batch_id, prepared.num_rows, self.path, metrics)
+        if self.compact_every and (batch_id + 1) % self.compact_every == 0:
+            self.maintain(now)
+        return True
+
+    def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None) -> bool:
+        """:meth:`write` for a DataFrame with ``engine='delta-spark'``: prepared, staged and merged inside Spark
+        (:mod:`sinks.delta.frame`), never collected to the driver."""
+        from sinks.delta.frame import write_frame
+        from sinks.delta.spark import DeltaSparkEngine
+
+        app = app_id or self.app_id
+        if not app:
+            raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
+        engine = self.engine(batch_df.sparkSession)
+        assert isinstance(engine, DeltaSparkEngine)
+        done = engine.committed_version(app)
+        if done is not None and done >= batch_id:
+            log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app, done)
+            return False
+        now = self.clock()
+        if not write_frame(self.spec, engine, batch_df, batch_id, app, now):
+            return False
         if self.compact_every and (batch_id + 1) % self.compact_every == 0:
             self.maintain(now)
         return True
