@@ -54,6 +54,7 @@ def sink(path: Path, engine: str, scd_type: int, **kw: Any) -> DeltaUpsertSink:
                            clock=lambda: NOW, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scd_type", [1, 2])
 @pytest.mark.parametrize("partial", [False, True], ids=["full", "partial"])
 def test_frame_path_equals_delta_rs(spark: Any, tmp_path: Path, scd_type: int, partial: bool) -> None:
