@@ -84,3 +84,27 @@ def configure_delta(builder: Any, *, local: bool = True) -> Any:
     if local:
         builder = builder.config("spark.databricks.delta.snapshotPartitions", LOCAL_SNAPSHOT_PARTITIONS)
     return builder
+
+
+def default_engine(spark: Any, *, pipelined: bool = False) -> str:
+    """The engine ``engine="auto"`` runs: delta-rs under ``local[...]`` (or with no session, or pipelined),
+    delta-spark on a cluster when the session has the io.delta jars.
+
+    Measured with ``benchmarks/cdc_to_delta.py --engine delta-spark`` (see the README): locally delta-rs is the
+    faster engine; on a cluster delta-rs would collect every micro-batch to the driver and rewrite files from
+    one process, while delta-spark reads, prepares and rewrites on the executors.
+    """
+    if spark is None or pipelined:
+        return "delta-rs"
+    try:
+        master = str(spark.conf.get("spark.master", "local"))
+    except Exception:  # a session that does not expose it (Spark Connect): no cluster evidence either way
+        return "delta-rs"
+    if master.startswith("local"):
+        return "delta-rs"
+    from sinks.delta.spark import delta_jars_available
+
+    try:
+        return "delta-spark" if delta_jars_available(spark) else "delta-rs"
+    except Exception:
+        return "delta-rs"

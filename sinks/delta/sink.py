@@ -26,7 +26,7 @@ from sinks.delta.staging import StagingLog
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("delta-rs", "delta-spark")
+ENGINES = ("auto", "delta-rs", "delta-spark")
 
 
 class DeltaUpsertSink:
@@ -53,7 +53,9 @@ class DeltaUpsertSink:
         None disables both.
     app_id : the Delta application-transaction id; default ``cdc-tunnel-<streaming query id>``, which stays
         the same across restarts of the query from its checkpoint.
-    engine : ``delta-rs`` (default) or ``delta-spark``.
+    engine : ``auto`` (default), ``delta-rs`` or ``delta-spark``. ``auto`` picks by where the query runs (see
+        :func:`sinks.delta.session.default_engine`): delta-rs under ``local[...]``, delta-spark on a cluster
+        when the io.delta jars are on the session (and not ``pipelined``).
     storage_options : passed to delta-rs (object store credentials).
     pipelined : return from ``foreachBatch`` once the batch is durably staged (``staging_dir``), and merge it
         in the background while Spark prepares the next batch (at most one merge in flight). Exactly-once is
@@ -77,7 +79,7 @@ class DeltaUpsertSink:
         compact_every: int | None = 10,
         prune_by_key_range: bool = True,
         app_id: str | None = None,
-        engine: str = "delta-rs",
+        engine: str = "auto",
         storage_options: dict[str, str] | None = None,
         pipelined: bool = False,
         staging_dir: str | None = None,
@@ -131,6 +133,10 @@ class DeltaUpsertSink:
     # ------------------------------------------------------------------ engines
     def engine(self, spark: Any = None) -> Engine:
         if self._engine is None:
+            if self.engine_name == "auto":
+                from sinks.delta.session import default_engine
+
+                self.engine_name = default_engine(spark, pipelined=self.pipelined)
             if self.engine_name == "delta-rs":
                 from sinks.delta.rs import DeltaRsEngine
 
