@@ -240,7 +240,18 @@ def prepared_schema(checked: Checked) -> pa.Schema:
 def write_frame(spec: SinkSpec, engine: DeltaSparkEngine, df: Any, batch_id: int, app_id: str, now: datetime) -> bool:
     """Prepare, stage and merge one batch inside Spark (one commit carrying ``(app_id, batch_id)``); return
     False when the batch holds no changes. The caller has checked that the batch is not a replay."""
-    checked = check(spec, df)
+    from pyspark import StorageLevel
+
+    # The batch is read twice (the checks, then the MERGE, which materializes its source once): cached, the
+    # source (a Python data source, a log read) runs once.
+    df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        return _write_checked(spec, engine, check(spec, df), batch_id, app_id, now)
+    finally:
+        df.unpersist()
+
+
+def _write_checked(spec: SinkSpec, engine: DeltaSparkEngine, checked: Checked, batch_id: int, app_id: str, now: datetime) -> bool:
     if checked.rows == 0:
         log.debug("batch %d has no changes", batch_id)
         return False
