@@ -6,7 +6,9 @@ table equals the model too.
 
 Every delta-spark step is a Spark MERGE (seconds on 2 cores), so these run fewer examples than the delta-rs
 ones (150 SCD1, 100 SCD2 there): 6 examples of up to 12 steps each (SCD1 and SCD2, partial changes mixed
-into both), measured at ~4 minutes together.
+into both). Measured only on a machine at load 18 on 2 cores, where 2 examples of 8 steps took 188 s (SCD1)
+and the benchmark's delta-rs merges ran 13x slower than on a quiet machine: these settings are sized for
+~4 minutes together on a quiet one.
 """
 
 from __future__ import annotations
