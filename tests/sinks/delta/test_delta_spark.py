@@ -70,6 +70,7 @@ def test_frame_path_equals_delta_rs(spark: Any, tmp_path: Path, scd_type: int, p
     assert not ds.write_frame(spark.createDataFrame(BATCHES[-1]), len(BATCHES) - 1), "a replay is skipped"
 
 
+@pytest.mark.slow
 def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """From foreachBatch, engine='delta-spark' merges without bringing the batch to the driver: every way
     to collect a DataFrame fails, except single-row results (the batch's checks and key range)."""
