@@ -28,9 +28,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def spark_builder(app: str = "cdc-tunnel-tests") -> Any:
+    """The tests' local session, with Delta Lake configured (the io.delta jars of ``make delta-spark``) so the
+    delta-spark engine and ``format("delta")`` run in the suite; without the jars it fails, naming the command."""
     from pyspark.sql import SparkSession
 
-    return (
+    from sinks.delta.session import configure_delta
+
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
@@ -41,6 +45,7 @@ def spark_builder(app: str = "cdc-tunnel-tests") -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
     )
+    return configure_delta(builder)
 
 
 @pytest.fixture(scope="session")

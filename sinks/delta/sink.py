@@ -28,7 +28,7 @@ from sinks.delta.state import guard, key_range_condition, state_source
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("delta-rs", "delta-spark")
+ENGINES = ("auto", "delta-rs", "delta-spark")
 
 
 class DeltaUpsertSink:
@@ -60,7 +60,9 @@ class DeltaUpsertSink:
         ``commit_ts`` (``_commit_ts``) and, SCD type 2, ``is_current`` (``_is_current``); default all. A
         hidden column is not stored in the table (the state table keeps what the sink needs); it applies
         when the table is created.
-    engine : ``delta-rs`` (default) or ``delta-spark``.
+    engine : ``auto`` (default), ``delta-rs`` or ``delta-spark``. ``auto`` picks by where the query runs (see
+        :func:`sinks.delta.session.default_engine`): delta-rs under ``local[...]``, delta-spark on a cluster
+        when the io.delta jars are on the session (and not ``pipelined``).
     storage_options : passed to delta-rs (object store credentials).
     pipelined : return from ``foreachBatch`` once the batch is durably staged (``staging_dir``), and merge it
         in the background while Spark prepares the next batch (at most one merge in flight). Exactly-once is
@@ -85,7 +87,7 @@ class DeltaUpsertSink:
         prune_by_key_range: bool = True,
         bookkeeping_columns: Sequence[str] | None = None,
         app_id: str | None = None,
-        engine: str = "delta-rs",
+        engine: str = "auto",
         storage_options: dict[str, str] | None = None,
         pipelined: bool = False,
         staging_dir: str | None = None,
@@ -119,6 +121,11 @@ class DeltaUpsertSink:
             raise OptionError(
                 "option 'staging_dir' is required with pipelined=True when the table is not on a local path", "staging_dir"
             )
+        if pipelined and engine == "delta-spark":
+            raise OptionError(
+                "option 'pipelined' applies to engine='delta-rs' (delta-spark merges the batch inside Spark, "
+                "with nothing to overlap on the driver); accepted with delta-spark: pipelined=False", "pipelined"
+            )
         self.staging_dir = staging_dir or os.path.join(self.path, "_cdc_staging")
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future[None] | None = None
@@ -147,6 +154,10 @@ class DeltaUpsertSink:
         return self._state_engine
 
     def _new_engine(self, path: str, spark: Any) -> Engine:
+        if self.engine_name == "auto":
+            from sinks.delta.session import default_engine
+
+            self.engine_name = default_engine(spark, pipelined=self.pipelined)
         if self.engine_name == "delta-rs":
             from sinks.delta.rs import DeltaRsEngine
 
@@ -190,6 +201,9 @@ class DeltaUpsertSink:
         unused = [c for c in batch_df.columns if c in (CHANNEL, POSITION) or c in self.spec.except_columns]
         if unused:
             batch_df = batch_df.drop(*unused)
+        if self.engine_name == "delta-spark":
+            self.write_frame(batch_df, batch_id, app_id)
+            return
         started = time.perf_counter()
         changes = _collect(batch_df)
         collected = time.perf_counter()
@@ -320,6 +334,28 @@ class DeltaUpsertSink:
         """Convert a table written by the previous layout (tombstones in the table) to the current one; see
         :func:`sinks.delta.migration.migrate_layout`. Returns False when there was nothing to migrate."""
         return migrate_layout(self.path, self.spec, self.storage_options)
+
+    def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None) -> bool:
+        """:meth:`write` for a DataFrame with ``engine='delta-spark'``: prepared, staged and merged inside Spark
+        (:mod:`sinks.delta.frame`), never collected to the driver."""
+        from sinks.delta.frame import write_frame
+        from sinks.delta.spark import DeltaSparkEngine
+
+        app = app_id or self.app_id
+        if not app:
+            raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
+        engine = self.engine(batch_df.sparkSession)
+        assert isinstance(engine, DeltaSparkEngine)
+        done = engine.committed_version(app)
+        if done is not None and done >= batch_id:
+            log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app, done)
+            return False
+        now = self.clock()
+        if not write_frame(self.spec, engine, batch_df, batch_id, app, now):
+            return False
+        if self.compact_every and (batch_id + 1) % self.compact_every == 0:
+            self.maintain(now)
+        return True
 
     def maintain(self, now: datetime | None = None) -> None:
         """Purge expired tombstones and compact small files (each one commit; readers are never blocked)."""
