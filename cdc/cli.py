@@ -62,7 +62,7 @@ class _Servers(_LazyGroup):
     lazy = {
         "tablestore": ("cdc.servers.tablestore.cli", "main", "The local Tablestore server; split/merge partitions.",
                        False),
-        "pulsar": ("cdc.servers.pulsar.broker", "main", "An embedded Pulsar broker (pulsar-lite) on loopback.", False),
+        "pulsar": ("cdc.servers.pulsar.broker", "main", "pulsar-lite (a Pulsar-protocol dev broker, not Apache Pulsar) on loopback.", False),
     }
 
 
