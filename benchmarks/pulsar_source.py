@@ -58,8 +58,8 @@ def produce(url: str, topic: str, n: int, size: int) -> float:
     return elapsed
 
 
-def read_partition(url: str, topic: str, n: int) -> tuple[int, int]:
-    """One partition topic from earliest to its last message (``n`` of them), building the source's columns
+def read_partition(url: str, topic: str, last: tuple[int, int, int]) -> tuple[int, int]:
+    """One partition topic from earliest to its last message (id ``last``), building the source's columns
     per 8192 messages; returns (messages, payload bytes). Runs in a process of its own."""
     import pulsar
     import pyarrow as pa
@@ -68,11 +68,14 @@ def read_partition(url: str, topic: str, n: int) -> tuple[int, int]:
     reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=RECEIVER_QUEUE)
     count = nbytes = 0
     msgs = []
-    while count < n:
+    done = False
+    while not done:
         msg = reader.read_next(30_000)
+        mid = msg.message_id()
+        done = (mid.ledger_id(), mid.entry_id(), mid.batch_index()) >= last
         msgs.append(msg)
         count += 1
-        if len(msgs) == 8192 or count == n:
+        if len(msgs) == 8192 or done:
             values = pa.array([m.data() for m in msgs], type=pa.binary())
             nbytes += values.nbytes
             pa.RecordBatch.from_arrays(
@@ -93,23 +96,27 @@ def read_partition(url: str, topic: str, n: int) -> tuple[int, int]:
     return count, nbytes
 
 
-def partition_counts(admin_url: str, topic: str) -> list[int]:
-    """Messages per partition (admin stats), so that each reference reader knows where to stop."""
+def last_ids(admin_url: str, topic: str) -> list[tuple[int, int, int]]:
+    """Each partition's last message id (admin ``lastMessageId``), so that each reference reader knows where
+    to stop."""
     import json
     import urllib.request
 
     rest = topic.split("://", 1)[1]
-    with urllib.request.urlopen(f"{admin_url}/admin/v2/persistent/{rest}/partitioned-stats?perPartition=true") as r:
-        stats = json.loads(r.read())
-    return [int(stats["partitions"][f"{topic}-partition-{p}"]["msgInCounter"]) for p in range(PARTITIONS)]
+    out = []
+    for p in range(PARTITIONS):
+        with urllib.request.urlopen(f"{admin_url}/admin/v2/persistent/{rest}-partition-{p}/lastMessageId") as r:
+            answer = json.loads(r.read())
+        out.append((int(answer["ledgerId"]), int(answer["entryId"]), int(answer.get("batchIndex", -1))))
+    return out
 
 
 def reader_loop(pool: object, url: str, admin_url: str, topic: str) -> tuple[float, int, int]:
     """The reference: both partitions read concurrently, one process each. Returns (seconds, messages, bytes)."""
-    counts = partition_counts(admin_url, topic)
+    lasts = last_ids(admin_url, topic)
     start = time.perf_counter()
     results = pool.starmap(  # type: ignore[attr-defined]
-        read_partition, [(url, f"{topic}-partition-{p}", counts[p]) for p in range(PARTITIONS)]
+        read_partition, [(url, f"{topic}-partition-{p}", lasts[p]) for p in range(PARTITIONS)]
     )
     return time.perf_counter() - start, sum(r[0] for r in results), sum(r[1] for r in results)
 

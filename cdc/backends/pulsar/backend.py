@@ -44,7 +44,7 @@ from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import AdminClient, match_topics, registry_schema
 from cdc.backends.pulsar.client import Channel, connect, partitions_of, token_of
 from cdc.backends.pulsar.codec import Decoder
-from cdc.backends.pulsar.errors import SchemaMismatchError
+from cdc.backends.pulsar.errors import HeadUnavailableError, SchemaMismatchError
 from cdc.backends.pulsar.heads import PartitionHeads
 from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
@@ -224,7 +224,10 @@ class PulsarBackend(Backend):
 
     def latest(self, channel: str) -> Position:
         ch = self._channel(channel)
-        head = self._heads.of(ch) if self._probe is not False else None
+        try:
+            head = self._heads.of(ch) if self._probe is not False else None
+        except HeadUnavailableError:
+            head = None  # where the query starts is worth reading the ids for
         if head is not None:
             return list(head)
         return list(self._index(ch.topic).ids(ch.partition).last)
@@ -239,7 +242,10 @@ class PulsarBackend(Backend):
         s = to_key(start, channel)
         u = None if until is None else to_key(until, channel)
         if self._probe is not False and max_records is None:
-            head = self._heads.of(ch)
+            try:
+                head = self._heads.of(ch)
+            except HeadUnavailableError:
+                return PlannedRange(list(start), 0)  # nothing this round; the next asks again
             if head is not None:
                 # Without a record budget nothing needs counting: the range ends at the partition's last
                 # message (or the bound). ``records`` is then a lower bound (the contract allows it).

@@ -20,6 +20,7 @@ from typing import Any
 from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import AdminClient
 from cdc.backends.pulsar.client import Channel
+from cdc.backends.pulsar.errors import HeadUnavailableError
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import Key
 
@@ -36,7 +37,7 @@ class PartitionHeads:
         self._admin = admin
         self._subscription = subscription
         self._options = options
-        self._answers: dict[str, Key | None] = {}  # this round's answers (None: ask the index)
+        self._answers: dict[str, Key | None | HeadUnavailableError] = {}  # this round's (None: ask the index)
         self._warned_no_admin = False
 
     def clear(self) -> None:
@@ -45,9 +46,16 @@ class PartitionHeads:
     def of(self, ch: Channel) -> Key | None:
         """The id of the partition's last message, without reading the partition: ``getLastMessageId`` on the
         partition's topic, then, when the broker leaves out the batch index (pulsar-lite does), the messages
-        of that one entry. ``None`` when the broker does not answer: planning then reads ids (the index)."""
+        of that one entry. ``None`` when the answer names no entry (the index then knows the last id).
+
+        Raises :class:`HeadUnavailableError` when the broker does not answer (down or restarting, or
+        pulsar-lite on an empty topic): the round then plans nothing for the partition rather than reading
+        every id from the start (the next round asks again)."""
         if ch.id in self._answers:
-            return self._answers[ch.id]
+            answer = self._answers[ch.id]
+            if isinstance(answer, HeadUnavailableError):
+                raise answer
+            return answer
         head: Key | None
         try:
             k = self._last_message_id(ch)
@@ -60,8 +68,10 @@ class PartitionHeads:
             else:
                 head = k
         except Exception as exc:  # noqa: BLE001 - the C++ core raises its own types (an empty topic, on pulsar-lite)
-            log.debug("getLastMessageId on %s failed (%s); planning reads its message ids", ch.id, exc)
-            head = None
+            log.info("getLastMessageId on %s failed (%s); nothing planned for it this round", ch.id, exc)
+            error = HeadUnavailableError(f"channel {ch.id!r}: the broker did not answer its last message id: {exc}")
+            self._answers[ch.id] = error
+            raise error from None
         self._answers[ch.id] = head
         return head
 

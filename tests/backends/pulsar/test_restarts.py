@@ -6,6 +6,9 @@ here each batch after the restarts must stay far under it, and the output holds 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 
 from cdc.servers.pulsar import ApachePulsar
 from tests.backends.pulsar.helpers import produce
-from tests.streaming import kill_driver, start_driver, wait_for
+from tests.streaming import driver_args, kill_driver, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +44,15 @@ def _batch_seconds(ck: Path, after: int) -> dict[int, float]:
     return out
 
 
+def start_driver(options: dict[str, str], out: Path, ck: Path, log: Path) -> subprocess.Popen[bytes]:
+    """tests.streaming's driver process, with its output kept in ``log`` (a failure then shows why)."""
+    with open(log, "ab") as sink:
+        return subprocess.Popen(
+            driver_args(options, out, ck, "forever"), env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+
 def _payloads(lo: int, hi: int) -> tuple[list[bytes], list[str | None]]:
     return [f"m{i}".encode() for i in range(lo, hi)], [f"k{i % 7}" for i in range(lo, hi)]
 
@@ -52,7 +64,8 @@ def test_no_stall_after_broker_then_driver_restart(apache_pulsar: ApachePulsar, 
     # Default options (heads through the subscription's consumers, kept by the driver) and the 30 s timeout.
     options = {"backend": "pulsar", "service.url": apache_pulsar.url, "topic": topic, "operationTimeoutSeconds": "30"}
     produce(apache_pulsar.url, topic, *_payloads(0, 500), batching=True)
-    proc = start_driver(options, out, ck)
+    log = tmp_path / "driver.log"
+    proc = start_driver(options, out, ck, log)
     try:
         wait_for(lambda: len(_rows(out)) >= 500, 240, "the first 500 messages")
         apache_pulsar.kill()
@@ -61,12 +74,15 @@ def test_no_stall_after_broker_then_driver_restart(apache_pulsar: ApachePulsar, 
         wait_for(lambda: len(_rows(out)) >= 1000, 120, "the messages produced after the broker restart")
         kill_driver(proc)
         first_after = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit()) + 1
-        proc = start_driver(options, out, ck)
+        proc = start_driver(options, out, ck, log)
         for lo in (1000, 1500):
             time.sleep(2)
             produce(apache_pulsar.url, topic, *_payloads(lo, lo + 500), batching=lo == 1000)
         wait_for(lambda: len(_rows(out)) >= 2000, 120, "the messages produced after the driver restart")
         time.sleep(3)  # a few more (empty) triggers after the restarts
+    except AssertionError as exc:
+        batches = _batch_seconds(ck, 0) if (ck / "commits").exists() else {}
+        raise AssertionError(f"{exc}; batch seconds {batches}; driver log: {log.read_text()[-3000:]}") from None
     finally:
         kill_driver(proc)
     rows = _rows(out)
