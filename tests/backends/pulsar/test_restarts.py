@@ -73,7 +73,7 @@ def test_no_stall_after_broker_then_driver_restart(apache_pulsar: ApachePulsar, 
         produce(apache_pulsar.url, topic, *_payloads(500, 1000), batching=True)
         wait_for(lambda: len(_rows(out)) >= 1000, 120, "the messages produced after the broker restart")
         kill_driver(proc)
-        first_after = max(int(p.name) for p in (ck / "commits").iterdir() if p.name.isdigit()) + 1
+        restarted_at = time.time()
         proc = start_driver(options, out, ck, log)
         for lo in (1000, 1500):
             time.sleep(2)
@@ -90,9 +90,11 @@ def test_no_stall_after_broker_then_driver_restart(apache_pulsar: ApachePulsar, 
         kill_driver(proc)
     rows = _rows(out)
     assert sorted(rows) == sorted(f"m{i}".encode() for i in range(2600))  # nothing lost or duplicated
-    durations = _batch_seconds(ck, first_after)
-    # The restarted driver's first batch also starts Spark's Python workers (the first driver's batch 0 took as
-    # long with no restart involved); every batch after it must stay far under the 30 s operation timeout.
-    later = {n: t for n, t in durations.items() if n > first_after}
+    durations = _batch_seconds(ck, 0)
+    planned_after = sorted(n for n in durations if (ck / "offsets" / str(n)).stat().st_mtime > restarted_at)
+    # The first batch the restarted driver plans also starts Spark's Python planner and workers (15-48 s with 2
+    # cores under load ~20, with no Pulsar error in the driver's log); the batches after it must stay far under
+    # the 30 s operation timeout (pulsar-lite made each of them wait for it).
+    later = {n: durations[n] for n in planned_after[1:]}
     assert len(later) >= 2, durations
     assert max(later.values()) < 10, f"a micro-batch after the restarts waited: {durations}"
