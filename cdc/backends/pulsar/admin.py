@@ -91,6 +91,22 @@ class AdminClient:
                 f"Pulsar admin GET lastMessageId of {topic}: unexpected answer {str(answer)[:200]}"
             ) from None
 
+    def backlog(self, topic: str, subscription: str) -> dict[str, int]:
+        """Messages the subscription has not acknowledged, per partition topic (``msgBacklog`` of the
+        partitioned stats, or of the topic's stats when it is not partitioned); a partition the subscription
+        does not exist on yet is left out."""
+        rest = topic.split("://", 1)[1]
+        stats = self.get(f"/admin/v2/persistent/{rest}/partitioned-stats?perPartition=true", missing_ok=True)
+        per_topic = (stats or {}).get("partitions") or {}
+        if not per_topic:  # not partitioned: the partitioned stats answer 404 or hold no partition
+            per_topic = {topic: self.get(f"/admin/v2/persistent/{rest}/stats")}
+        out = {}
+        for name, one in sorted(per_topic.items()):
+            sub = ((one or {}).get("subscriptions") or {}).get(subscription)
+            if sub is not None:
+                out[name] = int(sub.get("msgBacklog", 0))
+        return out
+
     def topic_schema(self, topic: str) -> dict[str, Any] | None:
         """The latest schema of a topic from the schema registry (``GetSchemaResponse``: ``type``,
         ``data``, ``version``...), or ``None`` when the topic has none."""

@@ -14,7 +14,7 @@ from cdc.options import BackendOptions, Field, SecretStr
 
 ValueFormat = Literal["bytes", "json", "avro", "debezium"]
 OnMalformed = Literal["fail", "quarantine"]
-ReaderTopic = Literal["parent", "partition"]
+ReaderTopic = Literal["auto", "parent", "partition"]
 Compression = Literal["none", "lz4", "zlib", "zstd", "snappy"]
 
 
@@ -81,35 +81,37 @@ class PulsarOptions(BackendOptions):
         "with a stall error.",
     )
     reopen_after_ms: PositiveInt = Field(
-        500,
+        10_000,
         alias="reopenAfterMs",
         description="A read that gets no message for this long short of its planned end reopens its Reader "
-        "after the last message delivered (new Reader, not seek).",
+        "after the last message delivered (new Reader, not seek): a guard against a broker that stops "
+        "dispatching to a reader (pulsar-lite does).",
     )
     catch_up_ms: PositiveInt = Field(
         200,
         alias="catchUpMs",
-        description="Planning: when the broker cannot confirm the head (a partition without messages yet, "
-        "or right after a stalled reader was replaced), how long the driver waits for more messages "
+        description="Planning with a record budget (or on a broker that does not answer a partition's last "
+        "message id): when the broker cannot confirm the head, how long the driver waits for more messages "
         "before taking what it has seen as the head of each partition (4x that right after new messages).",
     )
     receiver_queue_size: PositiveInt = Field(
-        20_000,
+        1000,
         alias="receiverQueueSize",
-        description="Reader prefetch (messages). On pulsar-lite, 20000 read 300k messages without a "
-        "redelivery or stall in every run we measured, while 1000 made the broker redeliver up to 5x and "
-        "30000+ stalled more often; duplicates are dropped by id either way. Lower it for large messages "
-        "(memory is about receiverQueueSize x message size per reader).",
+        description="Reader prefetch (messages; pulsar-client's default). Memory is about receiverQueueSize x "
+        "message size per reader. On pulsar-lite, 20000 avoids most of its redeliveries (duplicates are "
+        "dropped by id either way).",
     )
     reader_topic: ReaderTopic = Field(
-        "parent",
+        "auto",
         alias="reader.topic",
-        description="`partition` (recommended on Apache Pulsar): each executor reads its partition as the topic "
-        "`<topic>-partition-N`, and a batch without a record budget ends at each partition's last message id "
-        "(getLastMessageId: through admin.url, else a short-lived subscription), so the driver reads no message; "
-        "needs a broker that serves partitions as topics (Pulsar; pulsar-lite when it auto-creates "
-        "non-partitioned topics). `parent` (default; any broker): executors read the partitioned topic and drop "
-        "other partitions' messages, and the driver reads every message id to end batches.",
+        description="`auto` (default): `partition` when the broker serves each partition as a topic of its own "
+        "(Apache Pulsar always; detected once per query through the binary protocol's partition metadata), "
+        "else `parent`. `partition`: each executor reads its partition as the topic `<topic>-partition-N`, and "
+        "a batch without a record budget ends at each partition's last message id (getLastMessageId: through "
+        "admin.url, else through the consumer of the query's durable subscription on that partition, which the "
+        "driver keeps open), so the driver reads no message. `parent` (for pulsar-lite's auto-created "
+        "partitioned topics): executors read the partitioned topic and drop other partitions' messages, and "
+        "the driver reads every message id to end batches.",
     )
     subscription_name: str | None = Field(
         None,
