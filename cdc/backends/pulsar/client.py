@@ -191,7 +191,9 @@ def refusal(exc: Exception, options: ClientOptions, what: str) -> Exception:
             option.split(" ")[0],
         )
     if isinstance(exc, pulsar.AuthenticationError):
-        return OptionError(f"option {option!r}: the broker at {options.service_url} refused the credential", option)
+        return OptionError(
+            f"option {option!r}: the broker at {options.service_url} refused the credential", option.split(" ")[0]
+        )
     if isinstance(exc, pulsar.Timeout | pulsar.ConnectError):
         admin_url = getattr(options, "admin_url", None)
         if admin_url:
@@ -201,6 +203,8 @@ def refusal(exc: Exception, options: ClientOptions, what: str) -> Exception:
                 return refused
             except BackendUnavailableError:
                 pass
+            else:  # the credential is good: a slow or restarting broker, not a refusal
+                return BackendUnavailableError(f"cannot {what} on {options.service_url}: {exc}")
         if _port_open(options.service_url):
             timeout = options.client_settings.get("operation_timeout_seconds", options.operation_timeout_s)
             given = " (no credential was given)" if option == "auth.token" and not token_of(options) else ""

@@ -74,7 +74,7 @@ class ConnectionOptions(BackendOptions):
         "pulsar-spark: pulsar.client.tlsHostnameVerificationEnable.",
     )
     client_settings: dict[str, Any] = Field(
-        default_factory=dict,
+        {},  # pydantic copies it per model
         alias="pulsar.client.*",
         description="pulsar.client.<name>: keyword <name> of pulsar-client's Client(...), e.g. "
         "pulsar.client.operation_timeout_seconds (camelCase works too); these win over the options above.",
@@ -217,7 +217,7 @@ class PulsarOptions(ConnectionOptions):
     acknowledge: bool = Field(True, alias="acknowledge", description="Advance the subscription on commit.")
     operation_timeout_s: PositiveInt = Field(30, alias="operationTimeoutSeconds")
     reader_settings: dict[str, Any] = Field(
-        default_factory=dict,
+        {},  # pydantic copies it per model
         alias="pulsar.reader.*",
         description="pulsar.reader.<name>: keyword <name> of pulsar-client's create_reader(...) for the executors' "
         "readers, e.g. pulsar.reader.receiver_queue_size (wins over receiverQueueSize).",
