@@ -32,6 +32,7 @@ from cdc.testing import batches
 from tests.backends.pulsar.security_world import (
     CLIENT_ROLE,
     OAUTH_AUDIENCE,
+    SUPER_USER,
     Certificates,
     OAuthServer,
     TokenSigner,
@@ -264,7 +265,7 @@ def test_reader_and_client_pass_through_reach_the_broker(secured: Secured) -> No
         reader = client.create_reader(topic + "-partition-0", pulsar.MessageId.earliest, **kwargs)
         request = urllib.request.Request(
             f"{secured.broker.admin_url}/admin/v2/persistent/public/default/{topic.rsplit('/', 1)[1]}-partition-0/stats",
-            headers={"Authorization": f"Bearer {secured.broker._admin_token}"},
+            headers={"Authorization": f"Bearer {secured.signer.token(SUPER_USER)}"},
         )
         with urllib.request.urlopen(request, timeout=30) as r:
             stats = json.loads(r.read())
