@@ -41,8 +41,8 @@ import pyarrow as pa
 
 from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
 from cdc.backends.pulsar.acknowledge import Subscription
-from cdc.backends.pulsar.admin import AdminClient, match_topics, registry_schema
-from cdc.backends.pulsar.client import Channel, connect, partitions_of, token_of
+from cdc.backends.pulsar.admin import match_topics, registry_schema
+from cdc.backends.pulsar.client import Channel, admin_client, connect, partitions_of
 from cdc.backends.pulsar.codec import Decoder
 from cdc.backends.pulsar.errors import HeadUnavailableError, SchemaMismatchError
 from cdc.backends.pulsar.heads import PartitionHeads
@@ -68,7 +68,7 @@ class PulsarBackend(Backend):
 
     def __init__(self, options: PulsarOptions) -> None:
         super().__init__(options)
-        self._admin = AdminClient(options.admin_url, token_of(options)) if options.admin_url else None
+        self._admin = admin_client(options, options.admin_url) if options.admin_url else None
         # Topics whose registry schema was checked against the query's; None: the schema is an option.
         self._registry_checked: set[str] | None = None
         if options.value_format in ("json", "avro") and not options.value_schema:
@@ -129,7 +129,7 @@ class PulsarBackend(Backend):
             )
             self._stale.add(topic)
         if topic in self._stale:
-            chans = self._partitions.get(topic) or partitions_of(self.client, topic)
+            chans = self._partitions.get(topic) or partitions_of(self.client, topic, self.options)
             index.partitions = [ch.partition for ch in chans]
             index.catch_up()
             self._stale.discard(topic)
@@ -162,7 +162,7 @@ class PulsarBackend(Backend):
         topics = self.topics()
         for topic in topics:
             self._check_registry(topic)
-            chans = self._partitions[topic] = partitions_of(self.client, topic)
+            chans = self._partitions[topic] = partitions_of(self.client, topic, self.options)
             if self._probe is None and chans and chans[0].partition >= 0:
                 self._probe = self._serves_partition_topics(chans[0])
                 self._subscription.per_partition = self._probe
