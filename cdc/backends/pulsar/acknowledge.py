@@ -61,10 +61,13 @@ class Subscription:
         topic = ch.id if self.per_partition else ch.topic
         consumer = self._consumers.get(topic)
         if consumer is None:
+            # Failover, not Exclusive: a driver restarted before the broker noticed the old one died (or a
+            # second instance of the source in one process) must not be refused with ConsumerBusy, which would
+            # leave the partition without a head and plan nothing. Cumulative acknowledgement works the same.
             consumer = self._consumers[topic] = self._client().subscribe(
                 topic,
                 self.name,
-                consumer_type=pulsar.ConsumerType.Exclusive,
+                consumer_type=pulsar.ConsumerType.Failover,
                 initial_position=pulsar.InitialPosition.Earliest,
                 receiver_queue_size=1,
             )
