@@ -11,6 +11,7 @@ import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +33,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from cdc.backend import Backend, Position, RangeReader, backend_class
-from cdc.errors import OptionError
+from cdc.errors import CdcError, OptionError
+from cdc.lag import measure, to_report
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
 from cdc.options import BackendOptions, SourceOptions, split_and_parse
 from cdc.planner import Planner, describe
@@ -129,6 +131,7 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
     def __init__(self, config: _Config, schema: StructType) -> None:
         super().__init__(config, schema)
         self._target: dict[str, Position] | None = None
+        self._planned: OffsetJson | None = None
 
     def initialOffset(self) -> OffsetJson:
         offset = self.planner.initial(self._config.source.starting_offsets)
@@ -146,7 +149,9 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
             by_size = self._rows_for_bytes(max_bytes)
             if by_size is not None:
                 max_rows = by_size if max_rows is None else min(max_rows, by_size)
-        return self.planner.next(start, max_rows, self._target)
+        end = self.planner.next(start, max_rows, self._target)
+        self._planned = end
+        return end
 
     def _rows_for_bytes(self, max_bytes: int) -> int | None:
         """``maxBytesPerTrigger`` as a record count, from the backend's average record size (at least one
@@ -170,8 +175,20 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
         log.info("Trigger.AvailableNow target: %s", self._target)
 
     def reportLatestOffset(self) -> OffsetJson | None:
+        """Each channel's head and the lag of the batch just planned (see :mod:`cdc.lag`): the only figures a
+        Python source can put into query progress, where Spark shows them as the source's ``latestOffset``."""
         backend = self.backend
-        return Offset({c.id: ChannelOffset(backend.latest(c.id)) for c in backend.list_channels()}).to_json()
+        if self._planned is None:  # nothing planned yet in this run: the heads alone
+            return Offset({c.id: ChannelOffset(backend.latest(c.id)) for c in backend.list_channels()}).to_json()
+        planned = Offset.from_json(self._planned)
+        positions = {cid: e.pos for cid, e in planned.channels.items() if not e.snapshot}
+        now = datetime.now(UTC)
+        try:
+            lags = measure(backend, positions, now)
+        except CdcError as exc:  # a report is no reason to fail the query
+            log.warning("measuring the lag per channel failed: %s", exc)
+            return None
+        return to_report(lags, now)
 
     def partitions(self, start: OffsetJson, end: OffsetJson) -> Sequence[InputPartition]:
         return self._partitions(start, end)
