@@ -152,6 +152,15 @@ class Backend(ABC):
         """Validate a user-given position (from ``startingOffsets`` JSON); backends override."""
         return value
 
+    def position_at(self, channel: str, when: datetime) -> Position:
+        """The position before the channel's first record committed at or after ``when`` (the head if none is):
+        ``startingTimestamp`` and ``endingTimestamp``. Backends that keep commit times override."""
+        raise OptionError(
+            f"option 'startingTimestamp'/'endingTimestamp': backend {self.name!r} cannot find positions by time; "
+            "use startingOffsets/endingOffsets",
+            "startingTimestamp",
+        )
+
     def snapshot(self) -> SnapshotInfo:
         """Take a snapshot for the full-plus-incremental hand-off; backends that can, override."""
         raise OptionError(

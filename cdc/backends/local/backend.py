@@ -86,6 +86,19 @@ class LocalBackend(Backend):
             )
         return out
 
+    def position_at(self, channel: str, when: datetime) -> Position:
+        st = self.log.channel(channel)
+        # Commit times rise along a channel (appends stamp them), so a binary search over the records is exact.
+        lo, hi = st.earliest, st.head
+        while lo < hi:
+            mid = (lo + hi) // 2
+            t = self._commit_time(channel, mid)
+            if t is not None and t >= when:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
     def _read_commit_time(self, channel: str, index: int) -> datetime | None:
         if index < 0:
             return None

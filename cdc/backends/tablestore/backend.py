@@ -590,6 +590,17 @@ class TablestoreBackend(Backend):
             )
         return out
 
+    def position_at(self, channel: str, when: datetime) -> Position:
+        """Walk from the earliest position up to a time bound just before ``when``: stream records are in
+        commit-time order within a channel. Base-data records carry no commit time: their channel starts at its
+        beginning."""
+        start = self.earliest(channel)
+        if self._is_base(self._info(channel)):
+            return start
+        micros = int(when.timestamp() * 1_000_000) - 1
+        bound = Pos(Pos.parse(channel, start).token, 0, 0, (TIME_BOUND, micros)).to_json()
+        return self._plan(channel, start, None, bound, open_waiting=False).end
+
     def acknowledge(self, positions: Mapping[str, Position]) -> None:
         self._describe()
         for channel, value in positions.items():

@@ -5,7 +5,7 @@ channel's checkpoint (the SDKs show ``now - channel_rpo``)."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from cdc.planner import Planner
 from cdc.servers.tablestore import TablestoreProcess
@@ -40,4 +40,27 @@ def test_heads_count_the_backlog_and_the_rpo_follows_the_checkpoint(tablestore_s
     backend.acknowledge({channel: final["channels"][channel]["pos"]})
     caught_up = backend.heads({channel: final["channels"][channel]["pos"]})[channel]
     assert caught_up.behind == 0 and caught_up.measures["rpoMs"] < 300
+    backend.close()
+
+
+def test_starting_timestamp_skips_the_changes_committed_before_it(tablestore_server: TablestoreProcess) -> None:
+    w = World(tablestore_server, tunnel_type="Stream")
+    w.create_tunnel()
+    w.put_many([(i, "early") for i in range(12)])
+    time.sleep(0.05)
+    cut = datetime.now(UTC)
+    time.sleep(0.05)
+    w.put_many([(i, "late") for i in range(12, 20)])
+    backend = w.backend()
+    planner = Planner(backend)
+    start = planner.initial("earliest", cut)
+    (channel,) = start["channels"]
+    assert start["channels"][channel]["pos"]["n"] == 12
+    end = planner.next(start, None)
+    rows = [r for t in backend.reader().read(channel, start["channels"][channel]["pos"],
+                                             end["channels"][channel]["pos"]) for r in t.to_pylist()]
+    assert sorted(r["id"] for r in rows) == list(range(12, 20)) and {r["v"] for r in rows} == {"late"}
+    # before every change: the channel's beginning; after every change: its head
+    assert backend.position_at(channel, cut - timedelta(hours=1))["n"] == 0
+    assert backend.position_at(channel, cut + timedelta(hours=1))["n"] == 20
     backend.close()
