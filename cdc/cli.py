@@ -177,11 +177,16 @@ def status_cmd(checkpoint: str, pairs: tuple[str, ...], from_env: tuple[str, ...
 
     console = Console()
     try:
-        backend = open_source_backend(_options(pairs, from_env))
+        # Opening a backend and walking to its heads can take seconds (a Tablestore tunnel): a spinner on
+        # stderr while it does, shown only on a terminal.
+        with Console(stderr=True).status("reading the checkpoint and the change log's heads..."):
+            backend = open_source_backend(_options(pairs, from_env))
     except CdcError as e:
         raise click.ClickException(str(e)) from e
     try:
-        table = render(query_status(checkpoint, backend, source_index))
+        with Console(stderr=True).status("reading the checkpoint and the change log's heads..."):
+            first = query_status(checkpoint, backend, source_index)
+        table = render(first)
         if not watch:
             console.print(table)
             return
