@@ -108,7 +108,9 @@ def _duration(ms: int | None) -> str:
         return f"{seconds:.1f} s"
     if seconds < 3600:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 _STATE_STYLE = {"finished": "dim", "waiting-for-parents": "yellow", "new": "cyan", "snapshot": "magenta"}
