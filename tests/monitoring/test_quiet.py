@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -16,6 +18,7 @@ def _cdc(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cdc", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
+@pytest.mark.slow  # two interpreters that import the SDK: seconds each
 def test_cdc_commands_do_not_print_the_sdks_codec_warning() -> None:
     out = _cdc("server", "tablestore", "--help")  # imports the SDK (the server's admin client uses it)
     assert out.returncode == 0 and "Usage:" in out.stdout
