@@ -1,24 +1,26 @@
-"""Pulsar source throughput: the cdc source into Spark's ``noop`` sink vs a plain pulsar-client Reader loop.
+"""Pulsar source throughput on Apache Pulsar standalone: the cdc source into Spark's ``noop`` sink vs a plain
+pulsar-client Reader loop.
 
-Both read the same topic (2 partitions, ~200-byte messages) from an embedded pulsar-lite broker in one run.
-The cdc figure includes planning and Spark's job overhead; Spark's session start and a warm-up job are
-excluded. Last line: ``ratio <cdc/reader>``.
-
-The broker is set up like an Apache Pulsar cluster: auto-created topics are not partitioned and the
-partitioned topic is created explicitly (pulsar-lite has no admin API: ``create_partitioned_topic``
-restarts it). It then serves each partition as a topic of its own, and the source reads with
-``reader.topic=partition``: one Reader per partition on the executors, and planning asks each partition's
-last message id instead of reading every id (``--reader-topic parent`` measures the other mode: the driver
-reads every message id, each executor reads the partitioned topic).
+The benchmark starts its own Apache Pulsar standalone (``make pulsar-standalone`` resolves it), creates a topic
+with 2 partitions and produces ~200-byte messages. The reference reads both partitions concurrently (one
+process per partition, like Spark's two local Python workers), one Reader per partition topic, and builds the
+same Arrow columns the source returns (value, key, topic, message id, publish and event time, properties).
+The source runs with default options (``reader.topic=auto`` picks per-partition readers and asks the broker
+for heads). The cdc figure includes planning and Spark's job overhead; Spark's session start and a warm-up
+job are excluded. Also printed: produce rate, and the source's rate as a stream with a
+``maxRecordsPerTrigger`` budget (the driver then counts messages: its id index reads them). Last line:
+``ratio <reader seconds / cdc seconds>``.
 
     python benchmarks/pulsar_source.py            # 1M messages
-    python benchmarks/pulsar_source.py --quick    # 100k messages, under a minute
+    python benchmarks/pulsar_source.py --quick    # 100k messages
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
+import tempfile
 import time
 
 import click
@@ -28,7 +30,8 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 TOPIC = "persistent://public/default/bench"
-RECEIVER_QUEUE = 20_000  # the cdc source's default receiverQueueSize
+RECEIVER_QUEUE = 1000  # pulsar-client's default, and the cdc source's receiverQueueSize
+BUDGET = 100_000  # maxRecordsPerTrigger of the streaming figure
 PARTITIONS = 2
 
 
@@ -55,71 +58,76 @@ def produce(url: str, topic: str, n: int, size: int) -> float:
     return elapsed
 
 
-def reader_loop(url: str, topic: str, n: int) -> tuple[float, int, int]:
-    """The reference: a Reader on the partitioned topic from earliest, touching each payload.
-
-    Hardened the way pulsar-lite needs (see docs/notes), as well as a hand-written loop would be: a message
-    whose id is not above the last one of its partition is a redelivery and skipped, and when the broker
-    stalls the reader (0.5 s of silence before all ``n`` messages came) it is replaced by one Reader per
-    partition, each starting at the entry of that partition's last message (a Reader on the parent topic
-    started at one partition's id is served that partition only), read in turn. It uses the same receiver
-    queue as the cdc source's default (``RECEIVER_QUEUE``; with pulsar-client's default of 1000 pulsar-lite
-    redelivers heavily and both sides would be slower). Returns (seconds, payload bytes, reopen count).
-    """
+def read_partition(url: str, topic: str, last: tuple[int, int, int]) -> tuple[int, int]:
+    """One partition topic from earliest to its last message (id ``last``), building the source's columns
+    per 8192 messages; returns (messages, payload bytes). Runs in a process of its own."""
     import pulsar
+    import pyarrow as pa
 
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    last: dict[int, tuple[int, int, int]] = {}
-    count = nbytes = reopens = 0
-    start = time.perf_counter()
-    readers = [client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=RECEIVER_QUEUE)]
-    current, silent_since = 0, None
-    while count < n:
-        try:
-            msg = readers[current].read_next(0 if len(readers) > 1 else 100)
-        except pulsar.Timeout:
-            current = (current + 1) % len(readers)
-            now = time.perf_counter()
-            silent_since = silent_since or now
-            if now - silent_since < 0.5:
-                continue
-            for r in readers:
-                r.close()
-            readers = [
-                client.create_reader(
-                    topic,
-                    pulsar.MessageId(p, ledger, entry, -1),
-                    receiver_queue_size=RECEIVER_QUEUE,
-                    start_message_id_inclusive=True,
-                )
-                for p, (ledger, entry, _) in sorted(last.items())
-            ]
-            if len(last) < PARTITIONS:  # a partition with nothing read yet: from earliest
-                readers.append(client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=RECEIVER_QUEUE))
-            current, silent_since = 0, None
-            reopens += 1
-            continue
-        silent_since = None
+    reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=RECEIVER_QUEUE)
+    count = nbytes = 0
+    msgs = []
+    done = False
+    while not done:
+        msg = reader.read_next(30_000)
         mid = msg.message_id()
-        key = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-        if key > last.get(mid.partition(), (-1, -1, -1)):
-            last[mid.partition()] = key
-            count += 1
-            nbytes += len(msg.data())
-    elapsed = time.perf_counter() - start
-    for r in readers:
-        r.close()
+        done = (mid.ledger_id(), mid.entry_id(), mid.batch_index()) >= last
+        msgs.append(msg)
+        count += 1
+        if len(msgs) == 8192 or done:
+            values = pa.array([m.data() for m in msgs], type=pa.binary())
+            nbytes += values.nbytes
+            pa.RecordBatch.from_arrays(
+                [
+                    values,
+                    pa.array([m.partition_key() or None for m in msgs], type=pa.string()),
+                    pa.repeat(pa.scalar(topic), len(msgs)),
+                    pa.array([m.message_id().serialize() for m in msgs], type=pa.binary()),
+                    pa.array([m.publish_timestamp() * 1000 for m in msgs], type=pa.timestamp("us", "UTC")),
+                    pa.array([m.event_timestamp() * 1000 or None for m in msgs], type=pa.timestamp("us", "UTC")),
+                    pa.array([list(m.properties().items()) for m in msgs], type=pa.map_(pa.string(), pa.string())),
+                ],
+                names=["value", "__key", "__topic", "__messageId", "__publishTime", "__eventTime", "__properties"],
+            )
+            msgs = []
+    reader.close()
     client.close()
-    return elapsed, nbytes, reopens
+    return count, nbytes
 
 
-def cdc_parts(url: str, topic: str, reader_topic: str) -> tuple[float, float, int]:
+def last_ids(admin_url: str, topic: str) -> list[tuple[int, int, int]]:
+    """Each partition's last message id (admin ``lastMessageId``), so that each reference reader knows where
+    to stop."""
+    import json
+    import urllib.request
+
+    rest = topic.split("://", 1)[1]
+    out = []
+    for p in range(PARTITIONS):
+        with urllib.request.urlopen(f"{admin_url}/admin/v2/persistent/{rest}-partition-{p}/lastMessageId") as r:
+            answer = json.loads(r.read())
+        out.append((int(answer["ledgerId"]), int(answer["entryId"]), int(answer.get("batchIndex", -1))))
+    return out
+
+
+def reader_loop(pool: object, url: str, admin_url: str, topic: str) -> tuple[float, int, int]:
+    """The reference: both partitions read concurrently, one process each. Returns (seconds, messages, bytes)."""
+    lasts = last_ids(admin_url, topic)
+    start = time.perf_counter()
+    results = pool.starmap(  # type: ignore[attr-defined]
+        read_partition, [(url, f"{topic}-partition-{p}", lasts[p]) for p in range(PARTITIONS)]
+    )
+    return time.perf_counter() - start, sum(r[0] for r in results), sum(r[1] for r in results)
+
+
+def cdc_parts(url: str, topic: str) -> tuple[float, float, int]:
     """Breakdown without Spark: driver planning, then reading every range here, one after another."""
     from cdc.backend import open_backend
     from cdc.planner import Planner
 
     backend = open_backend(
-        "pulsar", {"service.url": url, "topic": topic, "catchUpMs": "100", "reader.topic": reader_topic}
+        "pulsar", {"service.url": url, "topic": topic}
     )
     start = time.perf_counter()
     planner = Planner(backend)
@@ -133,19 +141,17 @@ def cdc_parts(url: str, topic: str, reader_topic: str) -> tuple[float, float, in
     return t_plan, time.perf_counter() - start, rows
 
 
-def cdc_frame(spark: object, url: str, topic: str, reader_topic: str) -> object:
+def cdc_frame(spark: object, url: str, topic: str) -> object:
     return (
         spark.read.format("cdc")  # type: ignore[attr-defined]
         .option("backend", "pulsar")
         .option("service.url", url)
         .option("topic", topic)
-        .option("catchUpMs", "100")
-        .option("reader.topic", reader_topic)
         .load()
     )
 
 
-def cdc_noop(spark: object, url: str, topic: str, reader_topic: str) -> tuple[float, int]:
+def cdc_noop(spark: object, url: str, topic: str) -> tuple[float, int]:
     """Seconds and rows of one cdc read into ``noop``; the rows are counted by an Observation on the same
     run (a cheap JVM-side count), so the figure cannot come from a partial read."""
     from pyspark.sql import Observation
@@ -153,33 +159,49 @@ def cdc_noop(spark: object, url: str, topic: str, reader_topic: str) -> tuple[fl
 
     observed = Observation("rows")
     start = time.perf_counter()
-    df = cdc_frame(spark, url, topic, reader_topic).observe(observed, F.count(F.lit(1)).alias("n"))  # type: ignore[attr-defined]
+    df = cdc_frame(spark, url, topic).observe(observed, F.count(F.lit(1)).alias("n"))  # type: ignore[attr-defined]
     df.write.format("noop").mode("overwrite").save()
     elapsed = time.perf_counter() - start
     return elapsed, int(observed.get["n"])
+
+
+def cdc_stream_budget(spark: object, url: str, topic: str, n: int) -> tuple[float, int]:
+    """Seconds and micro-batches of a stream (``Trigger.AvailableNow``) over the topic with
+    ``maxRecordsPerTrigger``; checks that every message was read."""
+    with tempfile.TemporaryDirectory() as ck:
+        df = (
+            spark.readStream.format("cdc")  # type: ignore[attr-defined]
+            .option("backend", "pulsar").option("service.url", url).option("topic", topic)
+            .option("maxRecordsPerTrigger", str(BUDGET)).load()
+        )
+        start = time.perf_counter()
+        query = df.writeStream.format("noop").option("checkpointLocation", ck).trigger(availableNow=True).start()
+        query.awaitTermination()
+        elapsed = time.perf_counter() - start
+        rows = sum(p["numInputRows"] for p in query.recentProgress)
+        batches = len([p for p in query.recentProgress if p["numInputRows"]])
+    if rows != n:
+        raise SystemExit(f"the budgeted stream read {rows} rows, not {n}")
+    return elapsed, batches
 
 
 @click.command()
 @click.option("--quick", is_flag=True, help="100k messages instead of 1M.")
 @click.option("--messages", type=int, default=None)
 @click.option("--size", type=int, default=200, show_default=True)
-@click.option(
-    "--reader-topic",
-    type=click.Choice(["partition", "parent"]),
-    default="partition",
-    show_default=True,
-    help="The source's reader.topic; parent also makes the broker auto-create partitioned topics.",
-)
-def main(quick: bool, messages: int | None, size: int, reader_topic: str) -> None:
+def main(quick: bool, messages: int | None, size: int) -> None:
     import cdc
-    from cdc.servers.pulsar import EmbeddedBroker
+    from cdc.servers.pulsar import ApachePulsar
     from tests.conftest import spark_builder
 
     n = messages or (100_000 if quick else 1_000_000)
-    by_partition = reader_topic == "partition"
-    with EmbeddedBroker(partitions=0 if by_partition else PARTITIONS) as broker:
-        if by_partition:
-            broker.create_partitioned_topic(TOPIC, PARTITIONS)
+    # The reference's processes start before any client exists here (pulsar-client is not fork-safe).
+    pool = multiprocessing.get_context("spawn").Pool(PARTITIONS)
+    pool.map(abs, range(PARTITIONS))  # started and imported
+    with ApachePulsar(heap="512m") as broker:
+        print(f"Apache Pulsar standalone ready in {broker.last_start_s:.1f} s")
+        broker.create_partitioned_topic(TOPIC, PARTITIONS)
+        broker.create_partitioned_topic(TOPIC + "-warmup", PARTITIONS)
         t = produce(broker.url, TOPIC, n, size)
         print(f"produced {n} x {size} B in {t:.1f} s ({n / t:,.0f} msg/s) to {PARTITIONS} partitions")
         produce(broker.url, TOPIC + "-warmup", 1000, size)
@@ -187,25 +209,24 @@ def main(quick: bool, messages: int | None, size: int, reader_topic: str) -> Non
         spark = spark_builder("pulsar-source-benchmark").config("spark.ui.showConsoleProgress", "false").getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         cdc.register(spark)
-        cdc_noop(spark, broker.url, TOPIC + "-warmup", reader_topic)  # JVM, Python workers, imports
+        cdc_noop(spark, broker.url, TOPIC + "-warmup")  # JVM, Python workers, imports
+        reader_loop(pool, broker.url, broker.admin_url, TOPIC + "-warmup")
 
-        t_reader, nbytes, reopens = reader_loop(broker.url, TOPIC, n)
-        print(
-            f"reader loop: {n} messages ({nbytes / 1e6:.0f} MB) in {t_reader:.2f} s ({n / t_reader:,.0f} msg/s, "
-            f"{reopens} reopens after broker stalls)"
-        )
-        t_plan, t_read, rows = cdc_parts(broker.url, TOPIC, reader_topic)
-        print(
-            f"breakdown without Spark (reader.topic={reader_topic}): planning {t_plan:.2f} s, reading {rows} rows "
-            f"one range after another {t_read:.2f} s"
-        )
-        if rows != n:
-            print(f"WARNING: the breakdown's plan held {rows} of {n} messages (a broker stall cut planning short)")
-        t_cdc, counted = cdc_noop(spark, broker.url, TOPIC, reader_topic)
-        print(f"cdc source -> noop: {counted} messages in {t_cdc:.2f} s ({counted / t_cdc:,.0f} msg/s)")
-        if counted != n:
-            raise SystemExit(f"the cdc source read {counted} rows, not {n}: the figures above are void")
+        t_reader, got, nbytes = reader_loop(pool, broker.url, broker.admin_url, TOPIC)
+        print(f"reader loop (2 processes): {got} messages ({nbytes / 1e6:.0f} MB) in {t_reader:.2f} s "
+              f"({got / t_reader:,.0f} msg/s)")
+        t_plan, t_read, rows = cdc_parts(broker.url, TOPIC)
+        print(f"breakdown without Spark: planning {t_plan:.2f} s, reading {rows} rows one range after another "
+              f"{t_read:.2f} s")
+        t_cdc, counted = cdc_noop(spark, broker.url, TOPIC)
+        print(f"cdc source -> noop (default options): {counted} messages in {t_cdc:.2f} s ({counted / t_cdc:,.0f} msg/s)")
+        if counted != n or got != n:
+            raise SystemExit(f"the cdc source read {counted} rows and the reference {got}, not {n}: the figures are void")
+        t_budget, batches = cdc_stream_budget(spark, broker.url, TOPIC, n)
+        print(f"cdc stream with maxRecordsPerTrigger={BUDGET}: {n} messages in {batches} batches, {t_budget:.2f} s "
+              f"({n / t_budget:,.0f} msg/s)")
         spark.stop()
+    pool.close()
     print(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)")
     print(f"ratio {t_reader / t_cdc:.3f}")
 

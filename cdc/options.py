@@ -18,7 +18,7 @@ import difflib
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, TypeVar, get_args
+from typing import Any, ClassVar, TypeVar, get_args
 
 from pydantic import (
     BaseModel,
@@ -53,6 +53,19 @@ class _Model(BaseModel):
 
 class BackendOptions(_Model):
     """Base of every backend's options model."""
+
+    passthrough: ClassVar[Mapping[str, str]] = {}
+    """Option-name prefixes (lower case, ending in ``.``) whose options are gathered, prefix removed, into a
+    dict field: prefix -> that field's name. For settings handed to a client library as they are."""
+
+
+def _passthrough(model: type[BaseModel], key: str) -> tuple[str, str] | None:
+    """(dict field, key without the prefix) when ``key`` falls under one of the model's pass-through prefixes."""
+    prefixes: Mapping[str, str] = getattr(model, "passthrough", {})
+    for prefix, field in prefixes.items():
+        if key.lower().startswith(prefix) and len(key) > len(prefix):
+            return field, key[len(prefix):]
+    return None
 
 
 class SourceOptions(_Model):
@@ -239,6 +252,9 @@ def parse(model: type[M], raw: Mapping[str, Any], *, what: str) -> M:
     values: dict[str, Any] = {}
     for key, value in raw.items():
         field = names.get(key.lower())
+        if field is None and (under := _passthrough(model, key)) is not None:
+            values.setdefault(_alias(model, under[0]), {})[under[1]] = value
+            continue
         if field is None:
             raise _unknown(key, what, [_alias(model, f) for f in names.values()])
         values[_alias(model, field)] = value
@@ -267,7 +283,7 @@ def split_and_parse(
         k = key.lower()
         if k in core_names:
             core_raw[key] = value
-        elif k in backend_names:
+        elif k in backend_names or _passthrough(backend_model, key) is not None:
             backend_raw[key] = value
         else:
             accepted = [_alias(SourceOptions, f) for f in core_names.values()] + [

@@ -2,6 +2,12 @@
 
 Best effort (rule 4 of the backend contract): correctness never depends on it; it lets the broker's
 retention and backlog metrics see how far the query is.
+
+When the broker serves partitions as topics (Apache Pulsar), the driver subscribes each partition's topic
+on its own and keeps those consumers for the query: they also answer ``getLastMessageId`` for planning
+(:mod:`cdc.backends.pulsar.heads`), so no subscription is made per planning round. A subscription is one
+cursor per partition on the broker either way, so subscribing a partition or its parent topic is the same
+subscription.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ class Subscription:
         self._client = client  # the backend's client, opened on first use
         self.name = name
         self._consumers: dict[str, Any] = {}
+        self.per_partition = False  # subscribe each partition's topic (set once the broker is known to serve them)
 
     def advance(self, keys: Mapping[Channel, Key]) -> None:
         """Acknowledge every message up to each key, cumulatively.
@@ -39,15 +46,23 @@ class Subscription:
                 continue
             mid = _pulsar.MessageId(max(ch.partition, -1), ledger, entry, -1)
             mid.topic_name(ch.id)
-            self._consumer(ch).acknowledge_cumulative(mid)
+            self.consumer(ch).acknowledge_cumulative(mid)
 
-    def _consumer(self, ch: Channel) -> Any:
+    def last_message_id(self, ch: Channel) -> tuple[int, int, int]:
+        """``getLastMessageId`` of one partition through its consumer (``per_partition`` only)."""
+        mid = self.consumer(ch).get_last_message_id()
+        return (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+
+    def consumer(self, ch: Channel) -> Any:
+        """The subscription's consumer of the channel's partition topic (``per_partition``), else of its
+        parent topic; opened on first use and kept (it reconnects by itself after a broker restart)."""
         import pulsar
 
-        consumer = self._consumers.get(ch.topic)
+        topic = ch.id if self.per_partition else ch.topic
+        consumer = self._consumers.get(topic)
         if consumer is None:
-            consumer = self._consumers[ch.topic] = self._client().subscribe(
-                ch.topic,
+            consumer = self._consumers[topic] = self._client().subscribe(
+                topic,
                 self.name,
                 consumer_type=pulsar.ConsumerType.Exclusive,
                 initial_position=pulsar.InitialPosition.Earliest,

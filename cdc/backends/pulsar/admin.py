@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -24,12 +26,27 @@ _PARTITION = re.compile(r"^(.*)-partition-(\d+)$")
 
 
 class AdminClient:
-    """``GET`` calls on the admin REST API of one cluster."""
+    """``GET`` calls on the admin REST API of one cluster.
 
-    def __init__(self, url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+    ``token`` (or ``bearer``, which returns a fresh one per call: OAuth2) goes in the ``Authorization``
+    header; ``ssl_context`` holds the trust rules for an ``https`` URL; ``credential`` names the option a
+    refused credential came from (HTTP 401/403 fail naming it)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        *,
+        bearer: Callable[[], str | None] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        credential: str = "auth.token",
+    ) -> None:
         self.url = url.rstrip("/")
-        self._token = token
+        self._bearer = bearer if bearer is not None else (lambda: token)
         self.timeout_s = timeout_s
+        self._ssl_context = ssl_context
+        self.credential = credential
 
     def __repr__(self) -> str:
         return f"AdminClient({self.url!r})"  # never the token
@@ -43,20 +60,40 @@ class AdminClient:
     def get(self, path: str, *, missing_ok: bool = False) -> Any:
         """The JSON answer of ``GET path``; ``None`` for HTTP 404 when ``missing_ok``."""
         request = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
-        if self._token:
-            request.add_header("Authorization", f"Bearer {self._token}")
+        token = self._bearer()
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._ssl_context) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             if exc.code == 404 and missing_ok:
                 return None
+            if exc.code in (401, 403):
+                option = self.credential.split(" ")[0]
+                problem = (
+                    "refused the credential" if exc.code == 401 else "accepted the credential but does not allow its role"
+                )
+                raise OptionError(
+                    f"option {self.credential!r}: the Pulsar admin API at {self.url} {problem} "
+                    f"(GET {path}: HTTP {exc.code}{'' if token else '; no credential was given'})",
+                    option,
+                ) from None
             if exc.code >= 500:
                 raise BackendUnavailableError(f"Pulsar admin GET {path}: HTTP {exc.code}") from None
             raise OptionError(
                 f"option 'admin.url': GET {self.url}{path} answered HTTP {exc.code} {exc.reason}", "admin.url"
             ) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ssl.SSLCertVerificationError):
+                raise OptionError(
+                    f"option 'tls.trustCertsFilePath': the Pulsar admin API at {self.url} presented a certificate "
+                    f"that does not verify ({exc.reason.verify_message}); give the CA that signed it, or "
+                    "(tests only) tls.allowInsecureConnection=true",
+                    "tls.trustCertsFilePath",
+                ) from None
+            raise BackendUnavailableError(f"Pulsar admin API at {self.url} unreachable: {exc}") from None
+        except (TimeoutError, ConnectionError) as exc:
             raise BackendUnavailableError(f"Pulsar admin API at {self.url} unreachable: {exc}") from None
 
     def topics_of_namespace(self, tenant: str, namespace: str) -> list[str]:
@@ -90,6 +127,22 @@ class AdminClient:
             raise BackendUnavailableError(
                 f"Pulsar admin GET lastMessageId of {topic}: unexpected answer {str(answer)[:200]}"
             ) from None
+
+    def backlog(self, topic: str, subscription: str) -> dict[str, int]:
+        """Messages the subscription has not acknowledged, per partition topic (``msgBacklog`` of the
+        partitioned stats, or of the topic's stats when it is not partitioned); a partition the subscription
+        does not exist on yet is left out."""
+        rest = topic.split("://", 1)[1]
+        stats = self.get(f"/admin/v2/persistent/{rest}/partitioned-stats?perPartition=true", missing_ok=True)
+        per_topic = (stats or {}).get("partitions") or {}
+        if not per_topic:  # not partitioned: the partitioned stats answer 404 or hold no partition
+            per_topic = {topic: self.get(f"/admin/v2/persistent/{rest}/stats")}
+        out = {}
+        for name, one in sorted(per_topic.items()):
+            sub = ((one or {}).get("subscriptions") or {}).get(subscription)
+            if sub is not None:
+                out[name] = int(sub.get("msgBacklog", 0))
+        return out
 
     def topic_schema(self, topic: str) -> dict[str, Any] | None:
         """The latest schema of a topic from the schema registry (``GetSchemaResponse``: ``type``,

@@ -3,16 +3,18 @@
 The read path
 -------------
 Batch ends must be real message ids fixed before any executor reads (a replay then reads the same
-messages). How the driver finds them depends on ``reader.topic``:
+messages). How the driver finds them depends on ``reader.topic``; ``auto`` (the default) picks ``partition``
+when the broker serves each partition as a topic of its own (Apache Pulsar: a partition's partition metadata
+names the partition itself), detected once per query at its first partitioned topic, else ``parent``.
 
-*``partition`` (Apache Pulsar; pulsar-lite when it serves partitions as topics).* Without a record budget
-a batch ends at each partition's last message id, asked of the broker (``getLastMessageId``: the admin
-API's ``lastMessageId`` when ``admin.url`` is given, else a consumer on a subscription made and removed for
-the question; :mod:`cdc.backends.pulsar.heads`). When the answer has no batch index (pulsar-lite), the driver
-reads that one entry to find its last message. No message is read to plan; ``records`` is then a lower
-bound (the contract allows it without a budget). Executors open one Reader per partition topic.
+*``partition`` (Apache Pulsar).* Without a record budget a batch ends at each partition's last message id,
+asked of the broker (:mod:`cdc.backends.pulsar.heads`: the admin API's ``lastMessageId`` when ``admin.url``
+is given, else the consumer of the query's durable subscription on that partition, kept by the driver).
+When the answer has no batch index, the driver reads that one entry to find its last message. No message
+is read to plan; ``records`` is then a lower bound (the contract allows it without a budget). Executors
+open one Reader per partition topic.
 
-*``parent`` (any broker), and any plan with a record budget.* Pulsar cannot count the messages between two
+*``parent`` (pulsar-lite's auto-created partitioned topics), and any plan with a record budget.* Pulsar cannot count the messages between two
 ids without reading them, so the driver keeps a tailing Reader per topic that records every message id
 (:class:`~cdc.backends.pulsar.index.TopicIndex`; ids only, trimmed once planned). Each planning round reads
 the new ids up to the head and stops as soon as the broker confirms there is nothing more
@@ -39,10 +41,10 @@ import pyarrow as pa
 
 from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
 from cdc.backends.pulsar.acknowledge import Subscription
-from cdc.backends.pulsar.admin import AdminClient, match_topics, registry_schema
-from cdc.backends.pulsar.client import Channel, connect, partitions_of, token_of
+from cdc.backends.pulsar.admin import match_topics, registry_schema
+from cdc.backends.pulsar.client import Channel, admin_client, connect, partitions_of
 from cdc.backends.pulsar.codec import Decoder
-from cdc.backends.pulsar.errors import SchemaMismatchError
+from cdc.backends.pulsar.errors import HeadUnavailableError, SchemaMismatchError
 from cdc.backends.pulsar.heads import PartitionHeads
 from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
@@ -66,7 +68,7 @@ class PulsarBackend(Backend):
 
     def __init__(self, options: PulsarOptions) -> None:
         super().__init__(options)
-        self._admin = AdminClient(options.admin_url, token_of(options)) if options.admin_url else None
+        self._admin = admin_client(options, options.admin_url) if options.admin_url else None
         # Topics whose registry schema was checked against the query's; None: the schema is an option.
         self._registry_checked: set[str] | None = None
         if options.value_format in ("json", "avro") and not options.value_schema:
@@ -82,10 +84,13 @@ class PulsarBackend(Backend):
         self._indexes: dict[str, TopicIndex] = {}
         self._channels: dict[str, Channel] = {}
         self._subscription = Subscription(lambda: self.client, options.subscription())
-        # reader.topic=partition: the broker serves each partition as a topic, so the driver asks it for each
-        # partition's last message id (getLastMessageId) instead of reading every id (see _head).
-        self._probe = options.reader_topic == "partition"
-        self._heads = PartitionHeads(lambda: self.client, self._admin, options)
+        # Partition mode: the broker serves each partition as a topic, so the driver asks it for each
+        # partition's last message id (getLastMessageId) instead of reading every id. None (reader.topic=auto)
+        # until a partitioned topic shows whether the broker does; non-partitioned topics read the same
+        # either way, and take their heads from the broker meanwhile.
+        self._probe: bool | None = {"partition": True, "parent": False}.get(options.reader_topic)
+        self._subscription.per_partition = self._probe is not False
+        self._heads = PartitionHeads(lambda: self.client, self._admin, options, self._subscription)
         self._stale: set[str] = set()  # topics whose index has not caught up this round
         self._partitions: dict[str, list[Channel]] = {}
         self._verified: set[str] = set()  # topics whose partitions were checked to be served as topics
@@ -124,7 +129,7 @@ class PulsarBackend(Backend):
             )
             self._stale.add(topic)
         if topic in self._stale:
-            chans = self._partitions.get(topic) or partitions_of(self.client, topic)
+            chans = self._partitions.get(topic) or partitions_of(self.client, topic, self.options)
             index.partitions = [ch.partition for ch in chans]
             index.catch_up()
             self._stale.discard(topic)
@@ -157,8 +162,16 @@ class PulsarBackend(Backend):
         topics = self.topics()
         for topic in topics:
             self._check_registry(topic)
-            chans = self._partitions[topic] = partitions_of(self.client, topic)
-            if self._probe and topic not in self._verified:
+            chans = self._partitions[topic] = partitions_of(self.client, topic, self.options)
+            if self._probe is None and chans and chans[0].partition >= 0:
+                self._probe = self._serves_partition_topics(chans[0])
+                self._subscription.per_partition = self._probe
+                log.info(
+                    "reader.topic=auto: %s (%s)", "partition" if self._probe else "parent",
+                    "the broker serves partitions as topics" if self._probe
+                    else "the broker does not serve partitions as topics (pulsar-lite)",
+                )
+            elif self._probe and self.options.reader_topic == "partition" and topic not in self._verified:
                 self._check_partition_topics(chans)
                 self._verified.add(topic)
             for ch in chans:
@@ -166,10 +179,23 @@ class PulsarBackend(Backend):
                 out.append(ChannelInfo(ch.id))
         self._stale.update(topics)
         self._heads.clear()
-        if not self._probe:
+        if self._probe is False:
             for topic in topics:
                 self._index(topic)
         return out
+
+    @property
+    def partition_mode(self) -> bool:
+        """Whether partitions are read as topics with heads from the broker (``reader.topic`` resolved)."""
+        if self._probe is None and not self._partitions:
+            self.list_channels()  # a replayed batch may be read before any planning round
+        return self._probe is not False
+
+    def _serves_partition_topics(self, ch: Channel) -> bool:
+        """Whether the broker serves partition ``ch`` as a topic of its own: Apache Pulsar answers its partition
+        metadata with the partition itself; pulsar-lite, when it auto-creates partitioned topics, makes a new
+        partitioned topic of that name."""
+        return list(self.client.get_topic_partitions(ch.id)) == [ch.id]
 
     def _check_partition_topics(self, chans: Sequence[Channel]) -> None:
         """reader.topic=partition needs a broker that serves a partition as a topic of its own (Apache Pulsar
@@ -177,12 +203,12 @@ class PulsarBackend(Backend):
         topic of that name): fail clearly instead of reading an empty look-alike."""
         if not chans or chans[0].partition < 0:
             return
-        names = self.client.get_topic_partitions(chans[0].id)
-        if list(names) != [chans[0].id]:
+        if not self._serves_partition_topics(chans[0]):
+            names = self.client.get_topic_partitions(chans[0].id)
             raise OptionError(
                 f"option 'reader.topic': 'partition' needs a broker that serves each partition as a topic, but it "
                 f"answers {chans[0].id} as a partitioned topic of its own ({len(names)} partitions; pulsar-lite "
-                "does that when it auto-creates partitioned topics); accepted values: parent, partition",
+                "does that when it auto-creates partitioned topics); accepted values: auto, parent, partition",
                 "reader.topic",
             )
 
@@ -191,14 +217,17 @@ class PulsarBackend(Backend):
 
     def earliest(self, channel: str) -> Position:
         ch = self._channel(channel)
-        if self._probe and ch.topic not in self._indexes:
+        if self._probe is not False and ch.topic not in self._indexes:
             return START  # an executor's Reader from the earliest message the broker holds
         first = self._index(ch.topic).first(ch.partition)
         return START if first is None else before(first)
 
     def latest(self, channel: str) -> Position:
         ch = self._channel(channel)
-        head = self._heads.of(ch) if self._probe else None
+        try:
+            head = self._heads.of(ch) if self._probe is not False else None
+        except HeadUnavailableError:
+            head = None  # where the query starts is worth reading the ids for
         if head is not None:
             return list(head)
         return list(self._index(ch.topic).ids(ch.partition).last)
@@ -212,8 +241,11 @@ class PulsarBackend(Backend):
         ch = self._channel(channel)
         s = to_key(start, channel)
         u = None if until is None else to_key(until, channel)
-        if self._probe and max_records is None:
-            head = self._heads.of(ch)
+        if self._probe is not False and max_records is None:
+            try:
+                head = self._heads.of(ch)
+            except HeadUnavailableError:
+                return PlannedRange(list(start), 0)  # nothing this round; the next asks again
             if head is not None:
                 # Without a record budget nothing needs counting: the range ends at the partition's last
                 # message (or the bound). ``records`` is then a lower bound (the contract allows it).
@@ -232,7 +264,8 @@ class PulsarBackend(Backend):
         return PlannedRange(end, j - i)
 
     def reader(self) -> RangeReader:
-        return PulsarRangeReader(self.options)
+        mode = "partition" if self.partition_mode else "parent"
+        return PulsarRangeReader(self.options.model_copy(update={"reader_topic": mode}))
 
     def average_record_bytes(self) -> float | None:
         """Payload bytes per message over every message the driver has indexed (the index reads each
@@ -256,6 +289,19 @@ class PulsarBackend(Backend):
             return
         self._subscription.advance({self._channel(c): to_key(p, c) for c, p in positions.items()})
         log.debug("acknowledged %s on subscription %s", dict(positions), self._subscription.name)
+
+    def backlog(self) -> dict[str, int]:
+        """The durable subscription's (``subscription.name``) backlog per channel: messages not acknowledged
+        yet, from the admin API's partitioned stats (``msgBacklog``). Needs ``admin.url``. Acknowledgement
+        follows Spark's commits (an entry is acknowledged whole), so this is an upper bound of what the
+        query has left to commit. Channels the subscription does not exist on yet (before the first
+        commit) are left out."""
+        if self._admin is None:
+            raise OptionError("the subscription backlog is read through the admin API: give option 'admin.url'", "admin.url")
+        out: dict[str, int] = {}
+        for topic in self.topics():
+            out.update(self._admin.backlog(topic, self._subscription.name))
+        return out
 
     # ------------------------------------------------------------------ writes
     @classmethod

@@ -23,3 +23,7 @@ class MessageTooLargeError(TerminalError):
 
 class SendError(TransientError):
     """The broker did not accept a message."""
+
+
+class HeadUnavailableError(TransientError):
+    """The broker did not answer a partition's last message id this planning round (it may be restarting)."""

@@ -1,9 +1,11 @@
-"""Partition heads (``reader.topic=partition``): each partition's last message id, asked of the broker.
+"""Partition heads (``reader.topic=partition``, what ``auto`` picks on Apache Pulsar): each partition's last
+message id, asked of the broker.
 
-*``partition`` (Apache Pulsar; pulsar-lite when it serves partitions as topics).* Without a record budget
-a batch ends at each partition's last message id, asked of the broker (``getLastMessageId``: the admin
-API's ``lastMessageId`` when ``admin.url`` is given, else a consumer on a subscription made and removed for
-the question; :meth:`PartitionHeads.of`). When the answer has no batch index (pulsar-lite), the driver
+Without a record budget a batch ends at each partition's last message id, asked of the broker
+(``getLastMessageId``, :meth:`PartitionHeads.of`): the admin API's ``lastMessageId`` when ``admin.url`` is
+given; else the consumer of the query's durable subscription on that partition, which the driver keeps
+for the query (it acknowledges through it, too); only with ``acknowledge=false`` (no durable subscription)
+a consumer on a subscription made and removed for the question, one per partition and round. When the answer has no batch index (pulsar-lite), the driver
 reads that one entry to find its last message. No message is read to plan; ``records`` is then a lower
 bound (the contract allows it without a budget). Executors open one Reader per partition topic.
 """
@@ -15,8 +17,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import AdminClient
 from cdc.backends.pulsar.client import Channel
+from cdc.backends.pulsar.errors import HeadUnavailableError
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import Key
 
@@ -26,11 +30,14 @@ log = logging.getLogger(__name__)
 class PartitionHeads:
     """The last message id of each partition, asked once per planning round (:meth:`clear` starts one)."""
 
-    def __init__(self, client: Callable[[], Any], admin: AdminClient | None, options: PulsarOptions) -> None:
+    def __init__(
+        self, client: Callable[[], Any], admin: AdminClient | None, options: PulsarOptions, subscription: Subscription
+    ) -> None:
         self._client = client  # the backend's client, opened on first use
         self._admin = admin
+        self._subscription = subscription
         self._options = options
-        self._answers: dict[str, Key | None] = {}  # this round's answers (None: ask the index)
+        self._answers: dict[str, Key | None | HeadUnavailableError] = {}  # this round's (None: ask the index)
         self._warned_no_admin = False
 
     def clear(self) -> None:
@@ -39,9 +46,16 @@ class PartitionHeads:
     def of(self, ch: Channel) -> Key | None:
         """The id of the partition's last message, without reading the partition: ``getLastMessageId`` on the
         partition's topic, then, when the broker leaves out the batch index (pulsar-lite does), the messages
-        of that one entry. ``None`` when the broker does not answer: planning then reads ids (the index)."""
+        of that one entry. ``None`` when the answer names no entry (the index then knows the last id).
+
+        Raises :class:`HeadUnavailableError` when the broker does not answer (down or restarting, or
+        pulsar-lite on an empty topic): the round then plans nothing for the partition rather than reading
+        every id from the start (the next round asks again)."""
         if ch.id in self._answers:
-            return self._answers[ch.id]
+            answer = self._answers[ch.id]
+            if isinstance(answer, HeadUnavailableError):
+                raise answer
+            return answer
         head: Key | None
         try:
             k = self._last_message_id(ch)
@@ -54,24 +68,31 @@ class PartitionHeads:
             else:
                 head = k
         except Exception as exc:  # noqa: BLE001 - the C++ core raises its own types (an empty topic, on pulsar-lite)
-            log.debug("getLastMessageId on %s failed (%s); planning reads its message ids", ch.id, exc)
-            head = None
+            log.info("getLastMessageId on %s failed (%s); nothing planned for it this round", ch.id, exc)
+            error = HeadUnavailableError(f"channel {ch.id!r}: the broker did not answer its last message id: {exc}")
+            self._answers[ch.id] = error
+            raise error from None
         self._answers[ch.id] = head
         return head
 
     def _last_message_id(self, ch: Channel) -> Key:
         """``getLastMessageId`` of one partition: through the admin API when ``admin.url`` is given (no
-        subscription involved), else through a consumer on a short-lived subscription of its own (only
-        consumers can ask; the query's durable subscription may be in use by another query: Exclusive),
-        removed at once."""
+        subscription involved), else through the durable subscription's consumer of the partition (only
+        consumers can ask, Readers cannot in pulsar-client), else (``acknowledge=false``) through a consumer on
+        a short-lived subscription of its own, removed at once."""
         if self._admin is not None:
-            return self._admin.last_message_id(ch.id)
+            ledger, entry, batch = self._admin.last_message_id(ch.id)
+            # The admin API names the open ledger with entry -1 only while the partition never held a message
+            # (after a ledger roll it names the previous ledger's last entry).
+            return (-1, -1, -1) if entry < 0 else (ledger, entry, batch)
+        if self._options.acknowledge:
+            return self._subscription.last_message_id(ch)
         import pulsar
 
         if not self._warned_no_admin:
             self._warned_no_admin = True
             log.warning(
-                "reader.topic=partition without admin.url: each planning round asks every partition's last message "
+                "acknowledge=false without admin.url: each planning round asks every partition's last message "
                 "id through a subscription made and removed for it (a metadata update on the broker per partition); "
                 "give admin.url to ask the admin API instead"
             )

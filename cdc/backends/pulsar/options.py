@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import PositiveInt, field_validator, model_validator
 
@@ -14,24 +15,120 @@ from cdc.options import BackendOptions, Field, SecretStr
 
 ValueFormat = Literal["bytes", "json", "avro", "debezium"]
 OnMalformed = Literal["fail", "quarantine"]
-ReaderTopic = Literal["parent", "partition"]
+ReaderTopic = Literal["auto", "parent", "partition"]
 Compression = Literal["none", "lz4", "zlib", "zstd", "snappy"]
 
 
-class PulsarOptions(BackendOptions):
-    """``spark.readStream.format("cdc").option("backend", "pulsar")...``"""
+# pulsar-spark's names (and pulsar-client's keywords) for what has an option of its own here, so that
+# ``pulsar.client.tlsTrustCertsFilePath`` from a pulsar-spark job keeps working; compared lower-cased, without _.
+_CLIENT_ALIASES = {
+    "tlstrustcertsfilepath": "tls.trustCertsFilePath",
+    "tlsallowinsecureconnection": "tls.allowInsecureConnection",
+    "tlshostnameverificationenable": "tls.hostnameVerification",
+    "tlsvalidatehostname": "tls.hostnameVerification",
+}
 
-    service_url: str = Field(alias="service.url", description="Broker URL, e.g. pulsar://localhost:6650.")
-    admin_url: str | None = Field(
-        None,
-        alias="admin.url",
-        description="Admin REST URL (http://host:8080); needed for topicsPattern, and used to read "
-        "valueSchema from the schema registry when that option is not given.",
+
+class ConnectionOptions(BackendOptions):
+    """Where the cluster is and how to authenticate and trust it (reads and writes)."""
+
+    passthrough: ClassVar[Mapping[str, str]] = {"pulsar.client.": "client_settings"}
+
+    service_url: str = Field(
+        alias="service.url", description="Broker URL, e.g. pulsar://localhost:6650 (pulsar+ssl://host:6651: TLS)."
     )
     auth_token: SecretStr | None = Field(
         None,
         alias="auth.token",
         description="JWT for token authentication (broker and admin API); default: $PULSAR_AUTH_TOKEN.",
+    )
+    oauth2_issuer_url: str | None = Field(
+        None,
+        alias="auth.oauth2.issuerUrl",
+        description="OAuth2 client credentials (pulsar-client's AuthenticationOauth2): the issuer, whose "
+        "/.well-known/openid-configuration names the token endpoint. Not with auth.token.",
+    )
+    oauth2_private_key: str | None = Field(
+        None,
+        alias="auth.oauth2.privateKey",
+        description="OAuth2: the credentials file (JSON with client_id, client_secret), a path or a file:// or "
+        "data: URL; it must exist where the driver and the executors run.",
+    )
+    oauth2_audience: str | None = Field(None, alias="auth.oauth2.audience", description="OAuth2: the audience.")
+    tls_trust_certs_file_path: str | None = Field(
+        None,
+        alias="tls.trustCertsFilePath",
+        description="PEM file of the CAs trusted for pulsar+ssl:// and https:// (default: the system's); "
+        "pulsar-spark: pulsar.client.tlsTrustCertsFilePath.",
+    )
+    tls_allow_insecure_connection: bool = Field(
+        False,
+        alias="tls.allowInsecureConnection",
+        description="Accept a certificate that does not verify (tests only); pulsar-spark: "
+        "pulsar.client.tlsAllowInsecureConnection.",
+    )
+    tls_hostname_verification: bool = Field(
+        True,
+        alias="tls.hostnameVerification",
+        description="Check that the broker's and the admin API's certificates name the host of the URL; "
+        "pulsar-spark: pulsar.client.tlsHostnameVerificationEnable.",
+    )
+    client_settings: dict[str, Any] = Field(
+        {},  # pydantic copies it per model
+        alias="pulsar.client.*",
+        description="pulsar.client.<name>: keyword <name> of pulsar-client's Client(...), e.g. "
+        "pulsar.client.operation_timeout_seconds (camelCase works too); these win over the options above.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pulsar_spark_names(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("pulsar.client.*"), Mapping):
+            return data
+        data, rest = dict(data), {}
+        for key, value in data["pulsar.client.*"].items():
+            own = _CLIENT_ALIASES.get(key.replace("_", "").lower())
+            if own is None:
+                rest[key] = value
+            elif own in data and str(data[own]).lower() != str(value).lower():
+                raise ValueError(f"options 'pulsar.client.{key}' and {own!r} disagree; give one")
+            else:
+                data[own] = value
+        data["pulsar.client.*"] = rest
+        return data
+
+    @field_validator("client_settings", mode="before")
+    @classmethod
+    def _client_settings(cls, v: Any) -> Any:
+        from cdc.backends.pulsar.client import settings
+
+        return settings("client", v) if isinstance(v, Mapping) else v
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> ConnectionOptions:
+        if self.auth_token and self.oauth2_issuer_url:
+            raise ValueError("options 'auth.token' and 'auth.oauth2.issuerUrl' exclude each other; give one")
+        oauth = {"auth.oauth2.issuerUrl": self.oauth2_issuer_url, "auth.oauth2.privateKey": self.oauth2_private_key}
+        if any(oauth.values()) and not all(oauth.values()):
+            missing = next(k for k, v in oauth.items() if not v)
+            raise ValueError(f"option {missing!r} is required with OAuth2 (auth.oauth2.issuerUrl, auth.oauth2.privateKey)")
+        if self.oauth2_audience and not self.oauth2_issuer_url:
+            raise ValueError("option 'auth.oauth2.audience' needs option 'auth.oauth2.issuerUrl'")
+        return self
+
+
+class PulsarOptions(ConnectionOptions):
+    """``spark.readStream.format("cdc").option("backend", "pulsar")...``"""
+
+    passthrough: ClassVar[Mapping[str, str]] = {
+        "pulsar.client.": "client_settings", "pulsar.reader.": "reader_settings"
+    }
+
+    admin_url: str | None = Field(
+        None,
+        alias="admin.url",
+        description="Admin REST URL (http://host:8080); needed for topicsPattern, and used to read "
+        "valueSchema from the schema registry when that option is not given.",
     )
     topic: str | None = Field(None, alias="topic", description="One topic.")
     topics: str | None = Field(None, alias="topics", description="Comma-separated topics.")
@@ -81,35 +178,37 @@ class PulsarOptions(BackendOptions):
         "with a stall error.",
     )
     reopen_after_ms: PositiveInt = Field(
-        500,
+        10_000,
         alias="reopenAfterMs",
         description="A read that gets no message for this long short of its planned end reopens its Reader "
-        "after the last message delivered (new Reader, not seek).",
+        "after the last message delivered (new Reader, not seek): a guard against a broker that stops "
+        "dispatching to a reader (pulsar-lite does).",
     )
     catch_up_ms: PositiveInt = Field(
         200,
         alias="catchUpMs",
-        description="Planning: when the broker cannot confirm the head (a partition without messages yet, "
-        "or right after a stalled reader was replaced), how long the driver waits for more messages "
+        description="Planning with a record budget (or on a broker that does not answer a partition's last "
+        "message id): when the broker cannot confirm the head, how long the driver waits for more messages "
         "before taking what it has seen as the head of each partition (4x that right after new messages).",
     )
     receiver_queue_size: PositiveInt = Field(
-        20_000,
+        1000,
         alias="receiverQueueSize",
-        description="Reader prefetch (messages). On pulsar-lite, 20000 read 300k messages without a "
-        "redelivery or stall in every run we measured, while 1000 made the broker redeliver up to 5x and "
-        "30000+ stalled more often; duplicates are dropped by id either way. Lower it for large messages "
-        "(memory is about receiverQueueSize x message size per reader).",
+        description="Reader prefetch (messages; pulsar-client's default). Memory is about receiverQueueSize x "
+        "message size per reader. On pulsar-lite, 20000 avoids most of its redeliveries (duplicates are "
+        "dropped by id either way).",
     )
     reader_topic: ReaderTopic = Field(
-        "parent",
+        "auto",
         alias="reader.topic",
-        description="`partition` (recommended on Apache Pulsar): each executor reads its partition as the topic "
-        "`<topic>-partition-N`, and a batch without a record budget ends at each partition's last message id "
-        "(getLastMessageId: through admin.url, else a short-lived subscription), so the driver reads no message; "
-        "needs a broker that serves partitions as topics (Pulsar; pulsar-lite when it auto-creates "
-        "non-partitioned topics). `parent` (default; any broker): executors read the partitioned topic and drop "
-        "other partitions' messages, and the driver reads every message id to end batches.",
+        description="`auto` (default): `partition` when the broker serves each partition as a topic of its own "
+        "(Apache Pulsar always; detected once per query through the binary protocol's partition metadata), "
+        "else `parent`. `partition`: each executor reads its partition as the topic `<topic>-partition-N`, and "
+        "a batch without a record budget ends at each partition's last message id (getLastMessageId: through "
+        "admin.url, else through the consumer of the query's durable subscription on that partition, which the "
+        "driver keeps open), so the driver reads no message. `parent` (for pulsar-lite's auto-created "
+        "partitioned topics): executors read the partitioned topic and drop other partitions' messages, and "
+        "the driver reads every message id to end batches.",
     )
     subscription_name: str | None = Field(
         None,
@@ -119,6 +218,19 @@ class PulsarOptions(BackendOptions):
     )
     acknowledge: bool = Field(True, alias="acknowledge", description="Advance the subscription on commit.")
     operation_timeout_s: PositiveInt = Field(30, alias="operationTimeoutSeconds")
+    reader_settings: dict[str, Any] = Field(
+        {},  # pydantic copies it per model
+        alias="pulsar.reader.*",
+        description="pulsar.reader.<name>: keyword <name> of pulsar-client's create_reader(...) for the executors' "
+        "readers, e.g. pulsar.reader.receiver_queue_size (wins over receiverQueueSize).",
+    )
+
+    @field_validator("reader_settings", mode="before")
+    @classmethod
+    def _reader_settings(cls, v: Any) -> Any:
+        from cdc.backends.pulsar.client import settings
+
+        return settings("reader", v) if isinstance(v, Mapping) else v
 
     @field_validator("starting_time")
     @classmethod
@@ -170,11 +282,9 @@ class PulsarOptions(BackendOptions):
         return self.subscription_name or self.default_subscription()
 
 
-class PulsarSinkOptions(BackendOptions):
+class PulsarSinkOptions(ConnectionOptions):
     """Writes: ``df.write.format("cdc").option("backend", "pulsar")...`` (or format ``cdc-pulsar``)."""
 
-    service_url: str = Field(alias="service.url")
-    auth_token: SecretStr | None = Field(None, alias="auth.token")
     topic: str | None = Field(None, alias="topic", description="Target topic when the rows have no topic column.")
     value_format: Literal["bytes", "json"] = Field("bytes", alias="valueFormat")
     max_message_size: PositiveInt = Field(

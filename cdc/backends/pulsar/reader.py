@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.backend import Position, RangeReader
-from cdc.backends.pulsar.client import Channel, connect
+from cdc.backends.pulsar.client import Channel, connect, reader_settings
 from cdc.backends.pulsar.codec import PROPERTIES, TS, Decoder, Malformed, sequence_of
 from cdc.backends.pulsar.errors import StallError
 from cdc.backends.pulsar.options import PulsarOptions
@@ -68,8 +68,8 @@ def _open_reader(client: Any, options: PulsarOptions, ch: Channel, start: Key) -
         reader = client.create_reader(
             topic,
             mid,
-            receiver_queue_size=options.receiver_queue_size,
             start_message_id_inclusive=inclusive,
+            **reader_settings(options, receiver_queue_size=options.receiver_queue_size),
         )
     except Exception as exc:  # the C++ core raises its own exception types
         raise BackendUnavailableError(

@@ -183,7 +183,12 @@ class EmbeddedBroker(ServerProcess):
         return f"EmbeddedBroker(url={self.url!r}, data_dir={str(self.data_dir)!r}, running={self.running})"
 
 
-@click.command("pulsar", help="Run an embedded pulsar-lite broker on 127.0.0.1 until interrupted.")
+@click.command(
+    "pulsar",
+    help="Run pulsar-lite on 127.0.0.1 until interrupted: an alpha broker that speaks the Pulsar protocol, NOT Apache "
+    "Pulsar (no admin API, schema registry or per-partition topics; it redelivers and can stall readers). For "
+    "development only; the tests run Apache Pulsar standalone (cdc.servers.pulsar.ApachePulsar).",
+)
 @click.option("--port", type=int, default=6650, show_default=True, help="Broker port (0 = a free port).")
 @click.option(
     "--data-dir",

@@ -13,21 +13,25 @@ pinned by ``apache-pulsar/pom.xml`` beside this module and resolved once into a 
 
 Unlike pulsar-lite it has the real admin API and schema registry. It starts and restarts in seconds to tens
 of seconds, not milliseconds: the JVM runs with the C1 compiler only (``-XX:TieredStopAtLevel=1``), which
-roughly halves start-up for a short-lived test broker, and a small heap.
+roughly halves start-up for a short-lived test broker, a small heap, and a class-data-sharing archive of the
+broker's classes (:func:`cds_archive`): the first graceful stop writes it beside the jars, later starts map it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
@@ -92,6 +96,20 @@ def pulsar_lib() -> Path:
     return lib
 
 
+def cds_archive(lib: Path) -> Path:
+    """The broker's class-data-sharing archive: the loaded classes of a previous run, mapped at start instead
+    of parsed and verified again. It is valid for one JVM build and this exact class path (a JVM that cannot
+    use it says so and starts without it), so its name carries both."""
+    java = Path(_java()).resolve()
+    key = hashlib.sha256(f"{java}\n{lib.resolve()}".encode()).hexdigest()[:12]
+    return lib.parent / f"cds-{key}.jsa"
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    return str(Path(java_home) / "bin" / "java") if java_home else (shutil.which("java") or "java")
+
+
 class _NotReady(Exception):
     """The broker is up but does not serve the default namespace yet."""
 
@@ -113,9 +131,20 @@ class ApachePulsar(ServerProcess):
         The JVM's maximum heap (direct memory is half of it).
     die_with_parent:
         SIGTERM the broker when the process that started it dies, even by SIGKILL (Linux only).
+    conf:
+        ``standalone.conf`` settings that replace or add to ours (e.g. ``authenticationEnabled``,
+        ``tlsCertificateFilePath``).
+    tls:
+        Also listen with TLS: free ports for ``brokerServicePortTls`` and ``webServicePortTls`` (:attr:`tls_url`,
+        :attr:`tls_admin_url`); ``conf`` must name the certificate and key. The plain ports stay open, so the
+        broker's own clients and the readiness check need no certificate.
+    admin_token:
+        A super-user token for the admin calls of this class, when ``conf`` turns authentication on.
     """
 
-    stop_timeout = 30.0  # SIGTERM runs the broker's shutdown hooks (ledgers, metadata): give them time
+    # SIGTERM runs the broker's shutdown hooks (ledgers, metadata), and the first run writes the class-data
+    # archive at its exit (9-34 s measured): give them time.
+    stop_timeout = 60.0
 
     def __init__(
         self,
@@ -126,6 +155,9 @@ class ApachePulsar(ServerProcess):
         bookie_port: int | None = None,
         heap: str = "256m",
         die_with_parent: bool = True,
+        conf: Mapping[str, str] | None = None,
+        tls: bool = False,
+        admin_token: str | None = None,
     ) -> None:
         self._owns_dir = data_dir is None
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="apache-pulsar-"))
@@ -135,9 +167,14 @@ class ApachePulsar(ServerProcess):
         self.bookie_port = bookie_port or free_port()
         self.heap = heap
         self.die_with_parent = die_with_parent
+        self.conf = dict(conf or {})
+        self.broker_tls_port = free_port() if tls else None
+        self.web_tls_port = free_port() if tls else None
+        self._admin_token = admin_token
         self.last_start_s: float | None = None
         """Seconds from launching the JVM to the broker serving its default namespace, at the last start."""
         self._process: subprocess.Popen[bytes] | None = None
+        self._dumping: Path | None = None  # where this run writes the class-data archive at its exit
 
     @property
     def url(self) -> str:
@@ -147,25 +184,78 @@ class ApachePulsar(ServerProcess):
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.web_port}"
 
+    @property
+    def tls_url(self) -> str:
+        """The TLS binary URL; the certificate names ``localhost`` and ``127.0.0.1`` in the tests."""
+        if self.broker_tls_port is None:
+            raise BrokerError("this broker was made without tls=True")
+        return f"pulsar+ssl://localhost:{self.broker_tls_port}"
+
+    @property
+    def tls_admin_url(self) -> str:
+        if self.web_tls_port is None:
+            raise BrokerError("this broker was made without tls=True")
+        return f"https://localhost:{self.web_tls_port}"
+
     def _write_config(self) -> Path:
         config = self.data_dir / "standalone.conf"
         template = (FILES / "standalone.conf").read_text()
-        config.write_text(
-            template.replace("@BROKER_PORT@", str(self.broker_port)).replace("@WEB_PORT@", str(self.web_port))
-        )
+        text = template.replace("@BROKER_PORT@", str(self.broker_port)).replace("@WEB_PORT@", str(self.web_port))
+        overrides = dict(self.conf)
+        if self.broker_tls_port is not None and self.web_tls_port is not None:
+            overrides.setdefault("brokerServicePortTls", str(self.broker_tls_port))
+            overrides.setdefault("webServicePortTls", str(self.web_tls_port))
+        lines = []
+        for line in text.splitlines():
+            key = line.split("=", 1)[0].strip()
+            if "=" in line and not line.lstrip().startswith("#") and key in overrides:
+                line = f"{key}={overrides.pop(key)}"
+            lines.append(line)
+        lines += [f"{key}={value}" for key, value in overrides.items()]
+        config.write_text("\n".join(lines) + "\n")
         return config
 
+    def _cds_flag(self, lib: Path) -> str:
+        """Map the archive when it exists; else have this run write one at its exit (graceful only: see
+        :meth:`stop`, which moves it in place, so a killed run never leaves a partial archive in use)."""
+        archive = cds_archive(lib)
+        if archive.exists():
+            self._dumping = None
+            return f"-XX:SharedArchiveFile={archive}"
+        self._dumping = archive.with_name(f"{archive.name}.{os.getpid()}-{id(self)}.tmp")
+        self._dumping.unlink(missing_ok=True)
+        return f"-XX:ArchiveClassesAtExit={self._dumping}"
+
+    def stop(self, cleanup: bool | None = None) -> None:
+        """Stop gracefully (see :class:`ServerProcess`); a run that was writing the class-data archive has
+        written it by its exit, and it is moved in place unless the JVM had to be killed."""
+        process, dumping = self._process, self._dumping
+        super().stop(cleanup)
+        # A JVM stopped by SIGTERM exits with 143 once its shutdown hooks ran; only SIGKILL cuts the dump short.
+        killed = process is None or process.returncode == -signal.SIGKILL
+        if dumping is not None and not killed and dumping.exists():
+            os.replace(dumping, cds_archive(dumping.parent / "lib"))
+            log.info("class-data archive of Apache Pulsar written to %s", cds_archive(dumping.parent / "lib"))
+        elif dumping is not None:
+            dumping.unlink(missing_ok=True)
+        self._dumping = None
+
+    def _admin_request(self, path: str, data: bytes | None = None, method: str | None = None) -> urllib.request.Request:
+        headers = {"Content-Type": "application/json"}
+        if self._admin_token:
+            headers["Authorization"] = f"Bearer {self._admin_token}"
+        return urllib.request.Request(self.admin_url + path, data=data, method=method, headers=headers)
+
     def _command(self, lib: Path, config: Path) -> list[str]:
-        java_home = os.environ.get("JAVA_HOME")
-        java = str(Path(java_home) / "bin" / "java") if java_home else (shutil.which("java") or "java")
         direct = f"{max(64, _megabytes(self.heap) // 2)}m"
         return [
-            java,
+            _java(),
             "-Xms64m",
             f"-Xmx{self.heap}",
             f"-XX:MaxDirectMemorySize={direct}",
             "-XX:+UseG1GC",
             "-XX:TieredStopAtLevel=1",
+            self._cds_flag(lib),
             *(arg for module in _ADD_OPENS for arg in ("--add-opens", f"{module}=ALL-UNNAMED")),
             "-Dio.netty.leakDetectionLevel=disabled",
             "-Dpulsar.allocator.exit_on_oom=true",
@@ -238,7 +328,7 @@ class ApachePulsar(ServerProcess):
             )
             raise BrokerError(f"Apache Pulsar exited with {code} at start-up (see {self.data_dir}): {tail}")
         try:
-            with urllib.request.urlopen(self.admin_url + "/admin/v2/namespaces/public/default", timeout=5) as r:
+            with urllib.request.urlopen(self._admin_request("/admin/v2/namespaces/public/default"), timeout=5) as r:
                 if r.status == 200:
                     return
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
@@ -249,11 +339,10 @@ class ApachePulsar(ServerProcess):
         """Create ``topic`` (``persistent://tenant/namespace/name``, or a name in ``public/default``) with
         ``partitions`` partitions through the admin API (auto-created topics are not partitioned)."""
         path = _topic_path(topic)
-        request = urllib.request.Request(
-            f"{self.admin_url}/admin/v2/{path}/partitions",
+        request = self._admin_request(
+            f"/admin/v2/{path}/partitions",
             data=str(int(partitions)).encode(),
             method="PUT",
-            headers={"Content-Type": "application/json"},
         )
         try:
             with urllib.request.urlopen(request, timeout=30):
@@ -261,6 +350,19 @@ class ApachePulsar(ServerProcess):
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
             raise BrokerError(f"creating {topic} with {partitions} partitions: HTTP {exc.code} {detail}") from exc
+
+    def grant(self, namespace: str, role: str, actions: list[str]) -> None:
+        """Give ``role`` the ``actions`` (``consume``, ``produce``...) on ``tenant/namespace`` (a broker with
+        ``authorizationEnabled``; needs ``admin_token``)."""
+        request = self._admin_request(
+            f"/admin/v2/namespaces/{namespace}/permissions/{role}", data=json.dumps(actions).encode(), method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30):
+                pass
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise BrokerError(f"granting {actions} on {namespace} to {role}: HTTP {exc.code} {detail}") from exc
 
     def __repr__(self) -> str:
         return (

@@ -1,5 +1,7 @@
-"""Pulsar fixtures: real brokers on 127.0.0.1 (free ports, temporary data): pulsar-lite, and one Apache Pulsar
-standalone per test session (its JVM takes tens of seconds to start; ``make pulsar-standalone`` fetches it)."""
+"""Pulsar fixtures. The tests run on Apache Pulsar standalone, one broker per test session (the
+``apache_pulsar`` fixture of tests/conftest.py: its JVM takes seconds to tens of seconds to start), with a
+fresh topic per test. pulsar-lite stays only where its own faults are the subject (a reader the broker
+stops serving; topics whose partitions are not served as topics)."""
 
 from __future__ import annotations
 
@@ -8,29 +10,42 @@ from collections.abc import Iterator
 
 import pytest
 
-from cdc.servers.pulsar.broker import EmbeddedBroker
+from cdc.servers.pulsar import ApachePulsar
 
 _names = itertools.count()
 
 
-@pytest.fixture(scope="session")
-def broker() -> Iterator[EmbeddedBroker]:
-    """A broker whose auto-created topics have 2 partitions."""
-    with EmbeddedBroker(partitions=2) as b:
-        yield b
-
-
-@pytest.fixture(scope="session")
-def plain_broker() -> Iterator[EmbeddedBroker]:
-    """A broker whose auto-created topics are not partitioned."""
-    with EmbeddedBroker(partitions=0) as b:
-        yield b
+@pytest.fixture
+def broker(apache_pulsar: ApachePulsar) -> ApachePulsar:
+    """The session's Apache Pulsar broker (``topic`` makes each test's topic with 2 partitions)."""
+    return apache_pulsar
 
 
 @pytest.fixture
-def topic(request: pytest.FixtureRequest) -> str:
-    """A fresh topic name per test (topics are auto-created on first use)."""
-    return f"persistent://public/default/t{next(_names)}-{abs(hash(request.node.nodeid)) % 10**8}"
+def plain_broker(apache_pulsar: ApachePulsar) -> ApachePulsar:
+    """The same broker: its auto-created topics are not partitioned (see ``plain_topic``)."""
+    return apache_pulsar
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest, apache_pulsar: ApachePulsar) -> str:
+    """A fresh topic with 2 partitions per test (made through the admin API: auto-created topics are not
+    partitioned)."""
+    name = f"persistent://public/default/t{next(_names)}-{abs(hash(request.node.nodeid)) % 10**8}"
+    apache_pulsar.create_partitioned_topic(name, 2)
+    return name
+
+
+@pytest.fixture
+def plain_topic(request: pytest.FixtureRequest) -> str:
+    """A fresh non-partitioned topic name (auto-created on first use)."""
+    return f"persistent://public/default/p{next(_names)}-{abs(hash(request.node.nodeid)) % 10**8}"
+
+
+@pytest.fixture
+def lite_topic(request: pytest.FixtureRequest) -> str:
+    """A fresh topic name for a test's own pulsar-lite broker."""
+    return f"persistent://public/default/l{next(_names)}-{abs(hash(request.node.nodeid)) % 10**8}"
 
 
 @pytest.fixture(autouse=True)

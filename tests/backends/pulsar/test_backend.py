@@ -18,7 +18,7 @@ from cdc.backends.pulsar.errors import SequenceRangeError
 from cdc.errors import BackendUnavailableError, MalformedRecordError, OptionError, PositionError
 from cdc.options import parse
 from cdc.planner import Planner
-from cdc.servers.pulsar import EmbeddedBroker
+from cdc.servers.pulsar import ApachePulsar, EmbeddedBroker
 from tests.backends.pulsar.helpers import backend, drain, produce
 
 
@@ -65,7 +65,7 @@ def test_the_token_comes_from_the_environment_when_no_option_gives_it(monkeypatc
     assert token_of(parse(PulsarOptions, {"service.url": "u", "topic": "t"}, what="b")) is None
 
 
-def test_positions_are_validated(broker: EmbeddedBroker, topic: str) -> None:
+def test_positions_are_validated(broker: ApachePulsar, topic: str) -> None:
     b = backend(broker.url, topic)
     ch = b.list_channels()[0].id
     assert b.parse_position(ch, {"ledgerId": 3, "entryId": 4}) == [3, 4, -1]
@@ -75,7 +75,7 @@ def test_positions_are_validated(broker: EmbeddedBroker, topic: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def test_partitioned_topic_columns_and_per_partition_order(broker: EmbeddedBroker, topic: str) -> None:
+def test_partitioned_topic_columns_and_per_partition_order(broker: ApachePulsar, topic: str) -> None:
     keys = [f"k{i % 5}" for i in range(60)]
     produce(broker.url, topic, [f"{i}".encode() for i in range(60)], keys, batching=True,
             properties={"p": "1"}, event_ms=1_700_000_000_000)
@@ -95,7 +95,7 @@ def test_partitioned_topic_columns_and_per_partition_order(broker: EmbeddedBroke
         assert seq == sorted(seq)
 
 
-def test_starting_offsets_latest_json_and_starting_time(broker: EmbeddedBroker, topic: str) -> None:
+def test_starting_offsets_latest_json_and_starting_time(broker: ApachePulsar, topic: str) -> None:
     first = produce(broker.url, topic, [b"old1", b"old2"], ["a", "a"])
     time.sleep(0.05)
     cut = int(time.time() * 1000)
@@ -120,13 +120,13 @@ def test_starting_offsets_latest_json_and_starting_time(broker: EmbeddedBroker, 
     assert table.column("value").to_pylist() == [b"new1", b"new2"]
 
 
-def test_empty_topic_is_no_data(broker: EmbeddedBroker, topic: str) -> None:
+def test_empty_topic_is_no_data(broker: ApachePulsar, topic: str) -> None:
     table, offset = drain(backend(broker.url, topic))
     assert table.num_rows == 0
     assert all(e["pos"] == [-1, -1, -1] for e in offset["channels"].values())
 
 
-def test_duplicates_are_dropped_by_id(broker: EmbeddedBroker, topic: str) -> None:
+def test_duplicates_are_dropped_by_id(broker: ApachePulsar, topic: str) -> None:
     # A tiny receiver queue makes pulsar-lite redeliver (ids go backwards); nothing may come twice.
     produce(broker.url, topic, [f"{i}".encode() for i in range(3000)], [f"k{i}" for i in range(3000)])
     table, _ = drain(backend(broker.url, topic, receiverQueueSize=10))
@@ -134,7 +134,10 @@ def test_duplicates_are_dropped_by_id(broker: EmbeddedBroker, topic: str) -> Non
     assert sorted(values) == list(range(3000))
 
 
-def test_stalled_read_fails_clearly(topic: str) -> None:
+def test_stalled_read_fails_clearly(lite_topic: str) -> None:
+    """On a broker of its own that dies mid-range (pulsar-lite: it restarts in 0.1 s; the session's Apache
+    Pulsar is shared by the other tests)."""
+    topic = lite_topic
     with EmbeddedBroker(partitions=0) as b:
         produce(b.url, topic, [b"x"] * 9000)
         bk = backend(b.url, topic, pollTimeoutMs=1500, receiverQueueSize=100, operationTimeoutSeconds=3)
@@ -165,7 +168,7 @@ SCHEMA = json.dumps(
 )
 
 
-def test_json_schema_decoding(broker: EmbeddedBroker, topic: str) -> None:
+def test_json_schema_decoding(broker: ApachePulsar, topic: str) -> None:
     produce(broker.url, topic, [json.dumps({"id": 1, "amount": 2.5, "at": 0}).encode(), b'{"id": 2}'], ["a", "a"])
     b = backend(broker.url, topic, valueFormat="json", valueSchema=SCHEMA)
     assert b.schema().names[:3] == ["id", "amount", "at"]
@@ -175,14 +178,14 @@ def test_json_schema_decoding(broker: EmbeddedBroker, topic: str) -> None:
     assert rows[0]["at"] == datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def test_malformed_fails_naming_the_message(broker: EmbeddedBroker, topic: str) -> None:
+def test_malformed_fails_naming_the_message(broker: ApachePulsar, topic: str) -> None:
     produce(broker.url, topic, [b'{"id": "not a number"}'], ["bad-key"])
     b = backend(broker.url, topic, valueFormat="json", valueSchema=SCHEMA)
     with pytest.raises(MalformedRecordError, match=r"bad-key.*field 'id': expected an integer"):
         drain(b)
 
 
-def test_malformed_quarantined_to_a_topic(broker: EmbeddedBroker, topic: str) -> None:
+def test_malformed_quarantined_to_a_topic(broker: ApachePulsar, topic: str) -> None:
     produce(broker.url, topic, [b'{"id": 1}', b"garbage", b'{"id": 3}'], ["k", "k", "k"])
     q = topic + "-quarantine"
     b = backend(broker.url, topic, valueFormat="json", valueSchema=SCHEMA, onMalformed="quarantine", quarantineTopic=q)
@@ -199,7 +202,7 @@ def test_malformed_quarantined_to_a_topic(broker: EmbeddedBroker, topic: str) ->
         client.close()
 
 
-def test_debezium_envelopes_map_to_the_change_model(broker: EmbeddedBroker, topic: str) -> None:
+def test_debezium_envelopes_map_to_the_change_model(broker: ApachePulsar, topic: str) -> None:
     schema = json.dumps({"type": "record", "name": "T", "fields": [
         {"name": "id", "type": "long"}, {"name": "name", "type": ["null", "string"]}]})
     events = [
@@ -220,7 +223,7 @@ def test_debezium_envelopes_map_to_the_change_model(broker: EmbeddedBroker, topi
     assert rows[3]["_commit_ts"] == datetime.fromtimestamp(4, UTC)
 
 
-def test_average_record_bytes_comes_from_the_indexed_payloads(broker: EmbeddedBroker, topic: str) -> None:
+def test_average_record_bytes_comes_from_the_indexed_payloads(broker: ApachePulsar, topic: str) -> None:
     """maxBytesPerTrigger's estimate: the payload bytes of the messages the driver indexed, per message."""
     b = backend(broker.url, topic)
     assert b.average_record_bytes() == 0.0  # nothing indexed yet: no estimate, no limit
@@ -255,10 +258,10 @@ def test_change_sequences_refuse_ids_they_cannot_encode() -> None:
 # ---------------------------------------------------------------------------------------------- acks
 @pytest.mark.parametrize("kind", ["partitioned", "non-partitioned"])
 def test_acknowledge_advances_the_subscription_and_cleanup_removes_it(
-    kind: str, broker: EmbeddedBroker, plain_broker: EmbeddedBroker, topic: str
+    kind: str, broker: ApachePulsar, topic: str, plain_topic: str
 ) -> None:
     if kind == "non-partitioned":
-        broker = plain_broker
+        topic = plain_topic
     produce(broker.url, topic, [f"{i}".encode() for i in range(20)], [f"k{i}" for i in range(20)])
     sub = "cdc-test-ack"
     b = backend(broker.url, topic, **{"subscription.name": sub})
@@ -284,7 +287,8 @@ def test_acknowledge_advances_the_subscription_and_cleanup_removes_it(
     assert drop_subscription(opts) == [topic]
 
 
-def test_module_commands_start_a_broker_and_drop_a_subscription(topic: str) -> None:
+def test_module_commands_start_a_broker_and_drop_a_subscription(lite_topic: str) -> None:
+    topic = lite_topic
     import socket
     import subprocess
     import sys

@@ -1,8 +1,8 @@
-"""The shared backend contract over real brokers. On pulsar-lite: partitioned and non-partitioned topics, and
-partitioned topics read partition by partition (``reader.topic=partition``, planning by each partition's last
-message id) on a broker that serves partitions as topics. On Apache Pulsar standalone (one broker per session):
-a partitioned topic made through the admin API and read partition by partition with heads from ``admin.url``,
-and a non-partitioned topic."""
+"""The shared backend contract over real brokers, with default options. On Apache Pulsar standalone (one broker
+per session): partitioned topics made through the admin API, read partition by partition with heads from the
+durable subscription's consumers, or from ``admin.url``; a non-partitioned topic. On pulsar-lite, what
+``auto`` picks there only: its auto-created partitioned topics read through the parent topic (the driver's
+message-id index ends every batch)."""
 
 from __future__ import annotations
 
@@ -31,21 +31,20 @@ class PulsarHarness(Harness):
     order_columns = None  # raw messages carry no change-model sequence
 
     def __init__(
-        self, broker: EmbeddedBroker | ApachePulsar, batching: bool, *, partitioned: bool, partition_topics: bool = False
+        self, broker: EmbeddedBroker | ApachePulsar, batching: bool, *, partitioned: bool, admin: bool = False
     ) -> None:
         self.broker = broker
         self.topic = f"persistent://public/default/contract-{next(_topics)}-{'b' if batching else 'n'}"
         self.options: dict[str, Any] = {"service.url": broker.url, "topic": self.topic, "catchUpMs": 150}
-        if partition_topics or (partitioned and isinstance(broker, ApachePulsar)):
-            # Apache Pulsar auto-creates non-partitioned topics and makes partitioned ones through its admin
-            # API; pulsar-lite serves its partitions as topics only when it made them this way, too.
-            broker.create_partitioned_topic(self.topic, 2)
-        if partition_topics:
-            # Per-partition Readers, and planning asks each partition's last id instead of reading ids.
-            self.options["reader.topic"] = "partition"
+        if isinstance(broker, ApachePulsar):
+            if partitioned:
+                broker.create_partitioned_topic(self.topic, 2)  # auto-created topics are not partitioned
+            # Heads from the broker: batches without a record budget end at the partitions' last ids.
             self.exact_counts_without_budget = False
-            if isinstance(broker, ApachePulsar):
+            if admin:
                 self.options["admin.url"] = broker.admin_url
+        else:
+            self.options.update(receiverQueueSize=20000, reopenAfterMs=500)  # see the option's description
         self.client = open_client(broker.url)
         # Blocking when the send queue is full: Apache Pulsar otherwise fails the sends beyond
         # max_pending_messages (ProducerQueueIsFull, in the callback) instead of waiting.
@@ -77,42 +76,20 @@ class PulsarHarness(Harness):
 
 
 @pytest.fixture(scope="module")
-def partitioned_broker() -> Iterator[EmbeddedBroker]:
+def lite_broker() -> Iterator[EmbeddedBroker]:
     with EmbeddedBroker(partitions=2) as b:
         yield b
 
 
-@pytest.fixture(scope="module")
-def single_broker() -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker(partitions=0) as b:
-        yield b
-
-
-@pytest.fixture(
-    params=[
-        "partitioned",
-        "partitioned-batching",
-        "non-partitioned",
-        "partition-topics-batching",
-        "apache-partitioned-batching",
-        "apache-partition-topics-batching",
-        "apache-non-partitioned",
-    ]
-)
+@pytest.fixture(params=["apache-partitioned-batching", "apache-partitioned-admin", "apache-non-partitioned",
+                        "lite-partitioned-batching"])
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     kind: str = request.param
     # Brokers are looked up per case, so a run of pulsar-lite cases alone never starts Apache Pulsar.
-    if kind.startswith("apache-"):
-        kind = kind.removeprefix("apache-")
-        broker: EmbeddedBroker | ApachePulsar = request.getfixturevalue("apache_pulsar")
-    else:
-        broker = request.getfixturevalue("partitioned_broker" if kind.startswith("partitioned") else "single_broker")
-    h = PulsarHarness(
-        broker,
-        batching="batching" in kind,
-        partitioned=kind.startswith("partition"),
-        partition_topics=kind.startswith("partition-topics"),
+    broker: EmbeddedBroker | ApachePulsar = request.getfixturevalue(
+        "apache_pulsar" if kind.startswith("apache-") else "lite_broker"
     )
+    h = PulsarHarness(broker, batching="batching" in kind, partitioned="-partitioned" in kind, admin="admin" in kind)
     yield h
     h.close()
 

@@ -21,7 +21,7 @@ from cdc.backends.pulsar.codec import Decoder, Malformed, _Field
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.reader import _Columns
 from cdc.errors import MalformedRecordError
-from cdc.servers.pulsar import EmbeddedBroker
+from cdc.servers.pulsar import ApachePulsar
 from tests.backends.pulsar.helpers import backend, drain, produce
 
 SCHEMA = json.dumps({"type": "record", "name": "T", "fields": [
@@ -148,7 +148,7 @@ def test_a_value_the_batch_cannot_hold_fails_naming_the_message_not_arrow() -> N
         columns.batch(msgs, [_Id(1), _Id(2)])
 
 
-def test_undecodable_envelopes_are_quarantined_and_the_rest_is_read(broker: EmbeddedBroker, topic: str) -> None:
+def test_undecodable_envelopes_are_quarantined_and_the_rest_is_read(broker: ApachePulsar, topic: str) -> None:
     good = [envelope({"n": i}, ts_ms=1000 + i) for i in range(3)]
     bad = [payload for payload, _ in UNDECODABLE.values()]
     produce(broker.url, topic, [good[0], *bad[:10], good[1], *bad[10:], good[2]], ["k"] * (len(bad) + 3))
@@ -170,7 +170,7 @@ def test_undecodable_envelopes_are_quarantined_and_the_rest_is_read(broker: Embe
         client.close()
 
 
-def test_a_value_beyond_its_column_fails_the_query_naming_the_message(broker: EmbeddedBroker, topic: str) -> None:
+def test_a_value_beyond_its_column_fails_the_query_naming_the_message(broker: ApachePulsar, topic: str) -> None:
     ids = produce(broker.url, topic, [envelope(), envelope({"n": 2**31})], ["ok", "too-big"])
     b = backend(broker.url, topic, valueFormat="debezium", valueSchema=SCHEMA, changeKeys="id")
     mid = ids[1]

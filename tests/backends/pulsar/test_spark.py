@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cdc.servers.pulsar import EmbeddedBroker
+from cdc.servers.pulsar import ApachePulsar
 from tests.backends.pulsar.helpers import backend, drain, produce
 
 pytestmark = pytest.mark.spark
@@ -91,7 +91,7 @@ def _payloads(lo: int, hi: int) -> tuple[list[bytes], list[str | None]]:
     return [f"m-{i}".encode() for i in range(lo, hi)], [f"key{i % 13}" for i in range(lo, hi)]
 
 
-def test_stream_with_producer_writing_during_the_query(registered: Any, broker: EmbeddedBroker, topic: str,
+def test_stream_with_producer_writing_during_the_query(registered: Any, broker: ApachePulsar, topic: str,
                                                        tmp_path: Path) -> None:
     spark = registered
     produce(broker.url, topic, *_payloads(0, 200))
@@ -116,57 +116,37 @@ def test_stream_with_producer_writing_during_the_query(registered: Any, broker: 
     _check_exactly_once_in_order(rows, 1200)
 
 
-def test_stream_over_partition_topics_with_producer_writing(registered: Any, topic: str, tmp_path: Path) -> None:
-    """reader.topic=partition on a broker that serves partitions as topics: executors read one partition each
-    and planning asks each partition's last message id (no id is read on the driver)."""
+@pytest.mark.slow
+def test_broker_killed_and_query_restarted_exactly_once(
+    registered: Any, broker: ApachePulsar, topic: str, tmp_path: Path
+) -> None:
+    """The session's broker SIGKILLed mid-stream and restarted (one restart: seconds on Apache Pulsar)."""
     spark = registered
-    with EmbeddedBroker(partitions=0) as broker:
-        broker.create_partitioned_topic(topic, 2)
-        produce(broker.url, topic, *_payloads(0, 300), batching=True)
-        query = _stream(spark, broker.url, topic, tmp_path / "cp", tmp_path / "out", **{"reader.topic": "partition"})
-        try:
-            for lo in range(300, 900, 100):
-                produce(broker.url, topic, *_payloads(lo, lo + 100), batching=lo % 200 == 0)
-                time.sleep(0.2)
-            rows = _wait_rows(spark, tmp_path / "out", 900)
-            time.sleep(1.5)  # a few more triggers: nothing may arrive twice
-            rows = _rows(spark, tmp_path / "out")
-            assert query.exception() is None
-        finally:
-            query.stop()
-    _check_exactly_once_in_order(rows, 900)
-    assert {r.topic for r in rows} == {f"{topic}-partition-0", f"{topic}-partition-1"}
-
-
-def test_broker_killed_and_query_restarted_exactly_once(registered: Any, tmp_path: Path) -> None:
-    spark = registered
-    topic = "persistent://public/default/crash"
     out, cp = tmp_path / "out", tmp_path / "cp"
-    with EmbeddedBroker(partitions=2) as b:
-        produce(b.url, topic, *_payloads(0, 300), batching=True)
-        query = _stream(spark, b.url, topic, cp, out)
-        try:
-            _wait_rows(spark, out, 1)
-            b.kill()  # SIGKILL mid-stream
-            time.sleep(1.0)
-            b.start()  # same port, same data
-            produce(b.url, topic, *_payloads(300, 600))
-            _wait_rows(spark, out, 600)
-        finally:
-            query.stop()
-        produce(b.url, topic, *_payloads(600, 900), batching=True)  # while no query runs
-        query = _stream(spark, b.url, topic, cp, out)  # the query restarts from its checkpoint
-        try:
-            produce(b.url, topic, *_payloads(900, 1000))
-            rows = _wait_rows(spark, out, 1000)
-            time.sleep(1.5)
-            rows = _rows(spark, out)
-        finally:
-            query.stop()
+    b = broker
+    produce(b.url, topic, *_payloads(0, 300), batching=True)
+    query = _stream(spark, b.url, topic, cp, out)
+    try:
+        _wait_rows(spark, out, 1)
+        b.kill()  # SIGKILL mid-stream
+        b.start()  # same ports, same data
+        produce(b.url, topic, *_payloads(300, 600))
+        _wait_rows(spark, out, 600)
+    finally:
+        query.stop()
+    produce(b.url, topic, *_payloads(600, 900), batching=True)  # while no query runs
+    query = _stream(spark, b.url, topic, cp, out)  # the query restarts from its checkpoint
+    try:
+        produce(b.url, topic, *_payloads(900, 1000))
+        rows = _wait_rows(spark, out, 1000)
+        time.sleep(1.5)
+        rows = _rows(spark, out)
+    finally:
+        query.stop()
     _check_exactly_once_in_order(rows, 1000)
 
 
-def test_batch_read_with_ending_offsets(registered: Any, broker: EmbeddedBroker, topic: str) -> None:
+def test_batch_read_with_ending_offsets(registered: Any, broker: ApachePulsar, topic: str) -> None:
     spark = registered
     produce(broker.url, topic, *_payloads(0, 50))
     b = backend(broker.url, topic)
@@ -182,7 +162,7 @@ def test_batch_read_with_ending_offsets(registered: Any, broker: EmbeddedBroker,
 
 
 # ---------------------------------------------------------------------------------------------- the sink
-def test_batch_sink_routes_by_topic_column_and_key(registered: Any, broker: EmbeddedBroker, topic: str) -> None:
+def test_batch_sink_routes_by_topic_column_and_key(registered: Any, broker: ApachePulsar, topic: str) -> None:
     spark = registered
     other = topic + "-other"
     rows = [(f"p{i}".encode(), f"k{i % 3}", topic if i % 2 else other, {"n": str(i)}) for i in range(40)]
@@ -195,7 +175,7 @@ def test_batch_sink_routes_by_topic_column_and_key(registered: Any, broker: Embe
     assert got[b"p7"] == ("k1", {"n": "7"})
 
 
-def test_sink_json_values_and_too_large_message_names_the_key(registered: Any, broker: EmbeddedBroker,
+def test_sink_json_values_and_too_large_message_names_the_key(registered: Any, broker: ApachePulsar,
                                                               topic: str) -> None:
     spark = registered
     df = spark.createDataFrame([(1, "a", "k1"), (2, "b", "k2")], "id long, name string, key string")
@@ -210,7 +190,7 @@ def test_sink_json_values_and_too_large_message_names_the_key(registered: Any, b
          .option("maxMessageSize", "1000").mode("append").save())
 
 
-def test_streaming_sink(registered: Any, broker: EmbeddedBroker, topic: str, tmp_path: Path) -> None:
+def test_streaming_sink(registered: Any, broker: ApachePulsar, topic: str, tmp_path: Path) -> None:
     spark = registered
     source = topic + "-src"
     produce(broker.url, source, *_payloads(0, 100))

@@ -13,7 +13,7 @@ from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from cdc.backends.pulsar.writer import PulsarStreamWriter, PulsarWriter
 from cdc.errors import OptionError
-from cdc.servers.pulsar import EmbeddedBroker
+from cdc.servers.pulsar import ApachePulsar
 from cdc.source import CdcDataSource
 from tests.backends.pulsar.helpers import backend, drain
 
@@ -39,7 +39,7 @@ def test_a_write_to_a_backend_without_a_writer_fails_naming_backend(tmp_path: ob
     assert err.value.option == "backend"
 
 
-def test_a_write_naming_pulsar_gets_the_pulsar_writers(broker: EmbeddedBroker, topic: str) -> None:
+def test_a_write_naming_pulsar_gets_the_pulsar_writers(broker: ApachePulsar, topic: str) -> None:
     options = {"backend": "pulsar", "service.url": broker.url, "topic": topic}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # naming the backend: no deprecation warning
@@ -49,7 +49,7 @@ def test_a_write_naming_pulsar_gets_the_pulsar_writers(broker: EmbeddedBroker, t
         CdcDataSource(options).writer(SCHEMA, True)
 
 
-def test_a_write_naming_no_backend_still_reaches_pulsar_and_warns(broker: EmbeddedBroker, topic: str,
+def test_a_write_naming_no_backend_still_reaches_pulsar_and_warns(broker: ApachePulsar, topic: str,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     source = CdcDataSource({"service.url": broker.url, "topic": topic})
     with pytest.warns(FutureWarning, match=r"without option 'backend' goes to Pulsar.*deprecated"):
