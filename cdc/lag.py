@@ -60,12 +60,16 @@ def time_behind_ms(head: ChannelHead, now: datetime) -> int | None:
     return max(0, int((now - head.position_time).total_seconds() * 1000))
 
 
-def measure(backend: Backend, positions: Mapping[str, Position], now: datetime | None = None) -> list[ChannelLag]:
+def measure(
+    backend: Backend, positions: Mapping[str, Position], now: datetime | None = None
+) -> list[ChannelLag]:
     """The lag of every channel in ``positions`` (a query's), asking the backend for its heads."""
     now = now or datetime.now(UTC)
     heads = backend.heads(positions)
     return [
-        ChannelLag(cid, h.head, h.behind, h.head_time, h.position_time, time_behind_ms(h, now), dict(h.measures))
+        ChannelLag(
+            cid, h.head, h.behind, h.head_time, h.position_time, time_behind_ms(h, now), dict(h.measures)
+        )
         for cid, h in heads.items()
     ]
 

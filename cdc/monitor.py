@@ -63,15 +63,18 @@ class _LagCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         behind = GaugeMetricFamily(
-            "cdc_records_behind", "Records from the query's position to the channel's head.",
+            "cdc_records_behind",
+            "Records from the query's position to the channel's head.",
             labels=["query", "source", "channel"],
         )
         late = GaugeMetricFamily(
-            "cdc_time_behind_seconds", "Age of the last change the query delivered while records are behind.",
+            "cdc_time_behind_seconds",
+            "Age of the last change the query delivered while records are behind.",
             labels=["query", "source", "channel"],
         )
         own = GaugeMetricFamily(
-            "cdc_backend_lag", "The change-log system's own lag measures (Tablestore rpoMs, Pulsar backlog).",
+            "cdc_backend_lag",
+            "The change-log system's own lag measures (Tablestore rpoMs, Pulsar backlog).",
             labels=["query", "source", "channel", "measure"],
         )
         rate = GaugeMetricFamily("cdc_input_rows_per_second", "The query's input rate.", labels=["query"])
@@ -152,4 +155,3 @@ def attach(spark: Any, prometheus_port: int | None = None, prometheus_addr: str 
         monitor.serve(prometheus_port, prometheus_addr)
     spark.streams.addListener(monitor)
     return monitor
-

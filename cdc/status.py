@@ -89,7 +89,9 @@ def query_status(checkpoint: str, backend: Backend, source_index: int = 0) -> Qu
         if state == "reading" and h.behind == 0 and cid in channels and channels[cid].finished:
             state = "finished"  # read to its final end; the offset marks it done with the next batch
         position = None if entry is None else entry.pos
-        out.append(ChannelStatus(cid, state, position, h.head, h.behind, time_behind_ms(h, now), dict(h.measures)))
+        out.append(
+            ChannelStatus(cid, state, position, h.head, h.behind, time_behind_ms(h, now), dict(h.measures))
+        )
     return QueryStatus(checkpoint, batch, out, now)
 
 
@@ -126,14 +128,27 @@ def render(status: QueryStatus) -> Group:
     )
     measures = sorted({k for c in status.channels for k in c.measures})
     table = Table()
-    for name, justify in [("channel", "left"), ("state", "left"), ("position", "right"), ("head", "right"),
-                          ("records behind", "right"), ("time behind", "right"), *((m, "right") for m in measures)]:
+    for name, justify in [
+        ("channel", "left"),
+        ("state", "left"),
+        ("position", "right"),
+        ("head", "right"),
+        ("records behind", "right"),
+        ("time behind", "right"),
+        *((m, "right") for m in measures),
+    ]:
         table.add_column(name, justify=justify, no_wrap=name in ("channel", "state"))  # type: ignore[arg-type]
     for c in status.channels:
         behind = "?" if c.behind is None else f"{c.behind:,}"
         extra = [f"{c.measures[m]:g}" if m in c.measures else "-" for m in measures]
         table.add_row(
-            c.channel, c.state, _short(c.position), _short(c.head), behind, _duration(c.time_behind_ms), *extra,
+            c.channel,
+            c.state,
+            _short(c.position),
+            _short(c.head),
+            behind,
+            _duration(c.time_behind_ms),
+            *extra,
             style=_STATE_STYLE.get(c.state),
         )
     return Group(heading, table)

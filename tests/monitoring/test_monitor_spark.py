@@ -31,11 +31,17 @@ def test_listener_logs_lag_per_channel_and_serves_it_to_prometheus_on_loopback(
     caplog.set_level(logging.INFO, logger="cdc.monitor")
     try:
         assert monitor._server is not None and monitor._server.server_address[0] == "127.0.0.1"
-        reader = spark.readStream.format("cdc").option("path", str(log.path)).option("maxRecordsPerTrigger", "10")
+        reader = (
+            spark.readStream.format("cdc").option("path", str(log.path)).option("maxRecordsPerTrigger", "10")
+        )
         q = (
-            reader.load().writeStream.format("parquet").option("path", str(tmp_path / "out"))
-            .option("checkpointLocation", str(tmp_path / "ck")).queryName("orders_lag")
-            .trigger(processingTime="60 seconds").start()
+            reader.load()
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "out"))
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .queryName("orders_lag")
+            .trigger(processingTime="60 seconds")
+            .start()
         )
         try:
             streaming.wait_for(lambda: bool(monitor.queries()), 60, "a progress event")
@@ -43,7 +49,8 @@ def test_listener_logs_lag_per_channel_and_serves_it_to_prometheus_on_loopback(
                 text = resp.read().decode()
             # cdc status on the live query's checkpoint: its first batch read 10 of 30
             status = CliRunner().invoke(
-                main, ["status", str(tmp_path / "ck"), "-o", f"path={log.path}", "-o", "maxRecordsPerTrigger=10"],
+                main,
+                ["status", str(tmp_path / "ck"), "-o", f"path={log.path}", "-o", "maxRecordsPerTrigger=10"],
                 env={"COLUMNS": "160"},
             )
         finally:

@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _cdc(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "cdc", *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "cdc", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 @pytest.mark.slow  # two interpreters that import the SDK: seconds each

@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def write_offsets(ck: Path, batch: int, offset: dict, committed: bool = True) -> None:
     (ck / "offsets").mkdir(parents=True, exist_ok=True)
     (ck / "commits").mkdir(parents=True, exist_ok=True)
-    (ck / "offsets" / str(batch)).write_text("\n".join(["v1", json.dumps({"batchWatermarkMs": 0}), json.dumps(offset)]))
+    (ck / "offsets" / str(batch)).write_text(
+        "\n".join(["v1", json.dumps({"batchWatermarkMs": 0}), json.dumps(offset)])
+    )
     if committed:
         (ck / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
 
@@ -57,8 +59,11 @@ def rows(output: str) -> dict[str, list[str]]:
 
 def test_status_shows_each_channels_lag_and_state(query: tuple[LocalLog, Path]) -> None:
     log, ck = query
-    result = CliRunner().invoke(main, ["status", str(ck), "-o", "backend=local", "-o", f"path={log.path}",
-                                       "-o", "maxRecordsPerTrigger=5"], env={"COLUMNS": "160"})
+    result = CliRunner().invoke(
+        main,
+        ["status", str(ck), "-o", "backend=local", "-o", f"path={log.path}", "-o", "maxRecordsPerTrigger=5"],
+        env={"COLUMNS": "160"},
+    )
     assert result.exit_code == 0, result.output
     assert "batch 3 (committed)" in result.output
     table = rows(result.output)
@@ -86,8 +91,9 @@ def s3_server() -> Iterator[str]:
     """moto's S3-compatible server on loopback (a stand-in for an object store, which cannot run here)."""
     port = _free_port()
     moto = Path(sys.executable).with_name("moto_server")
-    proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -105,15 +111,21 @@ def test_status_reads_a_checkpoint_on_an_object_store(
     query: tuple[LocalLog, Path], s3_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log, ck = query
-    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                       ("AWS_DEFAULT_REGION", "us-east-1")):
+    for key, value in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         monkeypatch.setenv(key, value)
-    s3 = fs.S3FileSystem(endpoint_override=s3_server, scheme="http", region="us-east-1", allow_bucket_creation=True)
+    s3 = fs.S3FileSystem(
+        endpoint_override=s3_server, scheme="http", region="us-east-1", allow_bucket_creation=True
+    )
     s3.create_dir("checkpoints")
     fs.copy_files(str(ck), "checkpoints/orders", destination_filesystem=s3)
     uri = f"s3://checkpoints/orders?endpoint_override={s3_server}&scheme=http&region=us-east-1"
-    result = CliRunner().invoke(main, ["status", uri, "-o", "backend=local", "-o", f"path={log.path}"],
-                                env={"COLUMNS": "200"})
+    result = CliRunner().invoke(
+        main, ["status", uri, "-o", "backend=local", "-o", f"path={log.path}"], env={"COLUMNS": "200"}
+    )
     assert result.exit_code == 0, result.output
     assert rows(result.output)["c0"][:4] == ["reading", "4", "10", "6"]
 
@@ -124,8 +136,23 @@ def test_watch_refreshes_under_a_terminal(query: tuple[LocalLog, Path]) -> None:
     pid, fd = pty.fork()
     if pid == 0:  # the child: cdc status --watch on the pseudo-terminal
         os.environ.update({"PYTHONPATH": str(ROOT), "COLUMNS": "120", "TERM": "xterm"})
-        os.execv(sys.executable, [sys.executable, "-m", "cdc", "status", str(ck), "-o", "backend=local",
-                                  "-o", f"path={log.path}", "--watch", "--interval", "0.3"])
+        os.execv(
+            sys.executable,
+            [
+                sys.executable,
+                "-m",
+                "cdc",
+                "status",
+                str(ck),
+                "-o",
+                "backend=local",
+                "-o",
+                f"path={log.path}",
+                "--watch",
+                "--interval",
+                "0.3",
+            ],
+        )
     seen = b""
 
     def read_until(marker: bytes, timeout: float) -> None:

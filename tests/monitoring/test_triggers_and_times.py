@@ -42,7 +42,9 @@ def stream_reader(log: LocalLog, **options: str) -> tuple[CdcStreamReader, FakeC
 def test_min_records_waits_until_the_minimum_or_the_delay(tmp_path: Path) -> None:
     log = new_log(tmp_path)
     log.append([{"id": i} for i in range(3)])
-    reader, clock = stream_reader(log, minRecordsPerTrigger="10", maxRecordsPerTrigger="25", maxTriggerDelay="30s")
+    reader, clock = stream_reader(
+        log, minRecordsPerTrigger="10", maxRecordsPerTrigger="25", maxTriggerDelay="30s"
+    )
     limit = reader.getDefaultReadLimit()
     start = reader.initialOffset()
     first = reader.latestOffset(start, limit)  # the first batch of a run never waits
@@ -81,14 +83,22 @@ def test_available_now_ignores_the_minimum(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"minRecordsPerTrigger": "10", "maxRecordsPerTrigger": "5"}, r"'minRecordsPerTrigger' \(10\) is above"),
+        (
+            {"minRecordsPerTrigger": "10", "maxRecordsPerTrigger": "5"},
+            r"'minRecordsPerTrigger' \(10\) is above",
+        ),
         ({"maxTriggerDelay": "soon"}, "option 'maxTriggerDelay'.*500ms, 30s, 15m"),
-        ({"startingTimestamp": "0", "startingOffsets": "earliest"}, "'startingTimestamp' and 'startingOffsets'"),
+        (
+            {"startingTimestamp": "0", "startingOffsets": "earliest"},
+            "'startingTimestamp' and 'startingOffsets'",
+        ),
         ({"endingTimestamp": "0", "endingOffsets": "latest"}, "'endingTimestamp' and 'endingOffsets'"),
         ({"startingTimestamp": "2026-01-01T00:00:00"}, "option 'startingTimestamp'.*no zone"),
     ],
 )
-def test_bad_trigger_and_time_options_name_the_option(tmp_path: Path, options: dict[str, str], message: str) -> None:
+def test_bad_trigger_and_time_options_name_the_option(
+    tmp_path: Path, options: dict[str, str], message: str
+) -> None:
     with pytest.raises(OptionError, match=message):
         _Config({"path": str(tmp_path), **options})
 
@@ -116,8 +126,11 @@ def test_a_batch_read_between_two_times(tmp_path: Path) -> None:
     log = timed_log(tmp_path)
     minute = 60_000
     t0 = int(T0.timestamp() * 1000)
-    options = {"path": str(log.path), "startingTimestamp": str(t0 + minute),
-               "endingTimestamp": (T0 + timedelta(minutes=3)).isoformat()}
+    options = {
+        "path": str(log.path),
+        "startingTimestamp": str(t0 + minute),
+        "endingTimestamp": (T0 + timedelta(minutes=3)).isoformat(),
+    }
     reader = CdcBatchReader(_Config(options), from_arrow_schema(log.arrow_schema))
     ids = sorted(i for p in reader.partitions() for b in reader.read(p) for i in b.column("id").to_pylist())
     assert ids == list(range(10, 30))  # minutes 1 and 2: at or after the start, before the end

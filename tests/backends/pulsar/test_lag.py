@@ -31,7 +31,11 @@ def test_heads_carry_the_subscription_backlog(apache_pulsar: ApachePulsar) -> No
     def backlog_seen() -> dict[str, float]:
         return {cid: h.measures.get("backlog", -1.0) for cid, h in b.heads(positions).items()}
 
-    wait_for(lambda: backlog_seen() == expected, 20, f"backlog {expected} in the heads (last seen {backlog_seen()})")
+    wait_for(
+        lambda: backlog_seen() == expected,
+        20,
+        f"backlog {expected} in the heads (last seen {backlog_seen()})",
+    )
     heads = b.heads(positions)
     assert [heads[c].head for c in channels] == [b.latest(c) for c in channels]
     # partitions read as topics: planning counts lazily, so records behind are unknown, not understated

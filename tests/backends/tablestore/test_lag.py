@@ -12,7 +12,9 @@ from cdc.servers.tablestore import TablestoreProcess
 from tests.backends.tablestore.world import World
 
 
-def test_heads_count_the_backlog_and_the_rpo_follows_the_checkpoint(tablestore_server: TablestoreProcess) -> None:
+def test_heads_count_the_backlog_and_the_rpo_follows_the_checkpoint(
+    tablestore_server: TablestoreProcess,
+) -> None:
     w = World(tablestore_server, tunnel_type="Stream")
     w.create_tunnel()
     before = datetime.now(UTC)
@@ -43,7 +45,9 @@ def test_heads_count_the_backlog_and_the_rpo_follows_the_checkpoint(tablestore_s
     backend.close()
 
 
-def test_starting_timestamp_skips_the_changes_committed_before_it(tablestore_server: TablestoreProcess) -> None:
+def test_starting_timestamp_skips_the_changes_committed_before_it(
+    tablestore_server: TablestoreProcess,
+) -> None:
     w = World(tablestore_server, tunnel_type="Stream")
     w.create_tunnel()
     w.put_many([(i, "early") for i in range(12)])
@@ -57,8 +61,13 @@ def test_starting_timestamp_skips_the_changes_committed_before_it(tablestore_ser
     (channel,) = start["channels"]
     assert start["channels"][channel]["pos"]["n"] == 12
     end = planner.next(start, None)
-    rows = [r for t in backend.reader().read(channel, start["channels"][channel]["pos"],
-                                             end["channels"][channel]["pos"]) for r in t.to_pylist()]
+    rows = [
+        r
+        for t in backend.reader().read(
+            channel, start["channels"][channel]["pos"], end["channels"][channel]["pos"]
+        )
+        for r in t.to_pylist()
+    ]
     assert sorted(r["id"] for r in rows) == list(range(12, 20)) and {r["v"] for r in rows} == {"late"}
     # before every change: the channel's beginning; after every change: its head
     assert backend.position_at(channel, cut - timedelta(hours=1))["n"] == 0
