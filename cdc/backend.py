@@ -37,6 +37,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -71,6 +72,22 @@ class PlannedRange:
     """Records in the range: exact when planned with a budget, else possibly a lower bound (see rule 2)."""
     finished: bool = False
     """``end`` is the channel's final end: the channel is exhausted for good."""
+
+
+@dataclass(frozen=True)
+class ChannelHead:
+    """A channel's head seen from a query's position (:meth:`Backend.heads`)."""
+
+    head: Position
+    """The position after the last record that exists now."""
+    behind: int | None
+    """Records from the query's position to the head (``None``: the backend cannot count them)."""
+    head_time: datetime | None = None
+    """Commit time of the last record before the head (``None``: empty, or no commit times)."""
+    position_time: datetime | None = None
+    """Commit time of the last record before the query's position: the last change it delivered."""
+    measures: Mapping[str, float] = field(default_factory=dict)
+    """The system's own lag measures, camelCase names: Tablestore ``rpoMs``, Pulsar ``backlog``."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +152,15 @@ class Backend(ABC):
         """Validate a user-given position (from ``startingOffsets`` JSON); backends override."""
         return value
 
+    def position_at(self, channel: str, when: datetime) -> Position:
+        """The position before the channel's first record committed at or after ``when`` (the head if none is):
+        ``startingTimestamp`` and ``endingTimestamp``. Backends that keep commit times override."""
+        raise OptionError(
+            f"option 'startingTimestamp'/'endingTimestamp': backend {self.name!r} cannot find positions by time; "
+            "use startingOffsets/endingOffsets",
+            "startingTimestamp",
+        )
+
     def snapshot(self) -> SnapshotInfo:
         """Take a snapshot for the full-plus-incremental hand-off; backends that can, override."""
         raise OptionError(
@@ -149,6 +175,18 @@ class Backend(ABC):
         ``maxBytesPerTrigger`` divides by it to turn a byte budget into a record budget: an estimate, so
         the limit is soft (as in other Spark sources). ``0.0`` means no record has been seen yet."""
         return None
+
+    def heads(self, positions: Mapping[str, Position]) -> dict[str, ChannelHead]:
+        """Every named channel's head, and how far ``positions`` (a query's) are behind it.
+
+        Backends override to add commit times and their own measures; this default only knows the head and
+        the record count that planning up to it gives (a lower bound where planning counts lazily, rule 2).
+        """
+        out = {}
+        for cid, pos in positions.items():
+            head = self.latest(cid)
+            out[cid] = ChannelHead(head, self.plan(cid, pos, None, head).records)
+        return out
 
     def acknowledge(self, positions: Mapping[str, Position]) -> None:  # noqa: B027 - optional hook
         """Best effort: tell the backend the query has durably processed up to these positions."""

@@ -9,15 +9,22 @@ batch's end offset into a ``startingOffsets`` value.
 
 Spark's offset file format (``OffsetSeqLog``, version 1): the line ``v1``, a line of batch metadata JSON,
 then one line per source of the query in the order of the query plan (``-`` for a source without offset).
+
+A checkpoint is a local path or a URI that :mod:`pyarrow.fs` opens (``s3://bucket/ck``, ``gs://...``,
+``hdfs://...``; for an S3-compatible store ``s3://bucket/ck?endpoint_override=host:port&scheme=http``),
+with the store's credentials from the environment (``AWS_ACCESS_KEY_ID``...), never from the command line.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pyarrow import fs
 
 from cdc.errors import OffsetError, TerminalError
 from cdc.offsets import Offset, Position
@@ -51,39 +58,68 @@ class BatchOffsets:
             raise CheckpointError(f"source #{index} of batch {self.batch_id}: {exc}") from exc
 
 
-def _batch_ids(directory: Path) -> list[int]:
-    if not directory.is_dir():
-        return []
-    return sorted(int(p.name) for p in directory.iterdir() if _BATCH_FILE.match(p.name))
+@dataclass(frozen=True)
+class _Location:
+    filesystem: fs.FileSystem
+    root: str
+    name: str
+
+    def batch_ids(self, log: str) -> list[int]:
+        selector = fs.FileSelector(f"{self.root}/{log}", allow_not_found=True)
+        return sorted(int(i.base_name) for i in self.filesystem.get_file_info(selector) if _BATCH_FILE.match(i.base_name))
+
+    def is_file(self, relative: str) -> bool:
+        return bool(self.filesystem.get_file_info(f"{self.root}/{relative}").type == fs.FileType.File)
+
+    def read_text(self, relative: str) -> str:
+        with self.filesystem.open_input_stream(f"{self.root}/{relative}") as stream:
+            return bytes(stream.read()).decode("utf-8")
+
+
+def _locate(checkpoint: str | Path) -> _Location:
+    text = str(checkpoint)
+    try:
+        if "://" in text:
+            filesystem, root = fs.FileSystem.from_uri(text)
+            name = text.split("?", 1)[0]
+        else:
+            filesystem, root, name = fs.LocalFileSystem(), os.path.abspath(text), text
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError... for a URI it cannot open
+        raise CheckpointError(f"{text}: cannot open the checkpoint: {exc}") from exc
+    return _Location(filesystem, root.rstrip("/"), name)
 
 
 def read_batch(checkpoint: str | Path, batch_id: int | None = None) -> BatchOffsets:
     """The offsets of ``batch_id`` (default: the last batch in the offset log, committed or not)."""
-    root = Path(checkpoint)
-    ids = _batch_ids(root / "offsets")
+    where = _locate(checkpoint)
+    ids = where.batch_ids("offsets")
     if not ids:
-        raise CheckpointError(f"{root}: no offset log (is this a streaming query's checkpointLocation?)")
+        raise CheckpointError(f"{where.name}: no offset log (is this a streaming query's checkpointLocation?)")
     bid = ids[-1] if batch_id is None else batch_id
-    path = root / "offsets" / str(bid)
-    if not path.is_file():
-        raise CheckpointError(f"{root}: batch {bid} is not in the offset log (it holds {ids[0]}..{ids[-1]})")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    if not where.is_file(f"offsets/{bid}"):
+        raise CheckpointError(
+            f"{where.name}: batch {bid} is not in the offset log (it holds {ids[0]}..{ids[-1]})"
+        )
+    lines = where.read_text(f"offsets/{bid}").splitlines()
     if not lines or lines[0].strip() != "v1":
-        raise CheckpointError(f"{path}: unknown offset log version {lines[0] if lines else '(empty)'!r}")
+        raise CheckpointError(
+            f"{where.name}/offsets/{bid}: unknown offset log version {lines[0] if lines else '(empty)'!r}"
+        )
     metadata = json.loads(lines[1]) if len(lines) > 1 else {}
     sources = tuple(None if line.strip() == "-" else json.loads(line) for line in lines[2:])
-    committed = (root / "commits" / str(bid)).is_file()
-    return BatchOffsets(bid, committed, metadata, sources)
+    return BatchOffsets(bid, where.is_file(f"commits/{bid}"), metadata, sources)
 
 
 def last_committed(checkpoint: str | Path) -> BatchOffsets:
     """The last batch whose offsets are logged and whose commit is logged too."""
-    root = Path(checkpoint)
-    committed = set(_batch_ids(root / "commits"))
-    for bid in reversed(_batch_ids(root / "offsets")):
+    where = _locate(checkpoint)
+    committed = set(where.batch_ids("commits"))
+    for bid in reversed(where.batch_ids("offsets")):
         if bid in committed:
-            return read_batch(root, bid)
-    raise CheckpointError(f"{root}: no committed batch yet; a new query should start where the old one was told to")
+            return read_batch(checkpoint, bid)
+    raise CheckpointError(
+        f"{where.name}: no committed batch yet; a new query should start where the old one was told to"
+    )
 
 
 def starting_offsets(offset: Offset) -> dict[str, Position]:

@@ -15,10 +15,21 @@ from ``.option(...)``: a driver logging py4j at DEBUG logs every option value it
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SecretBytes, SecretStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SecretBytes,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic.fields import FieldInfo
 
 from cdc.errors import OptionError
@@ -92,6 +103,96 @@ class SourceOptions(_Model):
         alias="failOnDataLoss",
         description="Fail the query when a needed position is no longer held; when false, log and skip ahead.",
     )
+    min_records_per_trigger: PositiveInt | None = Field(
+        None,
+        alias="minRecordsPerTrigger",
+        description="Fewest records a micro-batch waits for (all channels), until maxTriggerDelay has passed since "
+        "the last batch (Kafka's minOffsetsPerTrigger). Trigger.AvailableNow ignores it.",
+    )
+    max_trigger_delay: str = Field(
+        "15m",
+        alias="maxTriggerDelay",
+        description="With minRecordsPerTrigger: the longest a batch waits for the minimum (`500ms`, `30s`, `15m`, "
+        "`1h`, `1d`).",
+    )
+    starting_timestamp: str | None = Field(
+        None,
+        alias="startingTimestamp",
+        description="Start every channel at its first record committed at or after this time (epoch milliseconds "
+        "or ISO-8601 with zone); not with startingOffsets. Backends local and tablestore (base-data channels, "
+        "which carry no commit time, start at their beginning).",
+    )
+    ending_timestamp: str | None = Field(
+        None,
+        alias="endingTimestamp",
+        description="Batch reads only: end every channel before its first record committed at or after this time; "
+        "not with endingOffsets.",
+    )
+
+    @field_validator("max_trigger_delay")
+    @classmethod
+    def _check_delay(cls, v: str) -> str:
+        parse_duration_s(v)
+        return v
+
+    @field_validator("starting_timestamp", "ending_timestamp")
+    @classmethod
+    def _check_time(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_time(v)
+        return v
+
+    @property
+    def max_trigger_delay_s(self) -> float:
+        return parse_duration_s(self.max_trigger_delay)
+
+    @property
+    def starting_time(self) -> datetime | None:
+        return None if self.starting_timestamp is None else parse_time(self.starting_timestamp)
+
+    @property
+    def ending_time(self) -> datetime | None:
+        return None if self.ending_timestamp is None else parse_time(self.ending_timestamp)
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration_s(value: str) -> float:
+    """``500ms``, ``30s``, ``15m``, ``1h``, ``1d`` (Spark's time strings) in seconds."""
+    m = _DURATION.match(value.strip().lower())
+    if m is None:
+        raise ValueError(f"expected a duration such as 500ms, 30s, 15m, 1h or 1d, got {value!r}")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def parse_time(value: str) -> datetime:
+    """Epoch milliseconds or an ISO-8601 time with a zone, as an aware UTC datetime."""
+    text = value.strip()
+    if text.lstrip("-").isdigit():
+        return datetime.fromtimestamp(int(text) / 1000, UTC)
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"expected epoch milliseconds or an ISO-8601 time with a zone, got {value!r}") from None
+    if t.tzinfo is None:
+        raise ValueError(f"time {value!r} has no zone; add one (e.g. 2026-01-01T00:00:00Z)")
+    return t.astimezone(UTC)
+
+
+def _check_exclusive(source: SourceOptions) -> None:
+    """Options that say the same thing twice are refused, naming both."""
+    for time_field, offsets_field in (("starting_timestamp", "starting_offsets"), ("ending_timestamp", "ending_offsets")):
+        if getattr(source, time_field) is not None and offsets_field in source.model_fields_set:
+            a, b = _alias(SourceOptions, time_field), _alias(SourceOptions, offsets_field)
+            raise OptionError(f"options {a!r} and {b!r} cannot be given together; accepted: one of them", a)
+    low, high = source.min_records_per_trigger, source.max_records_per_trigger
+    if low is not None and high is not None and low > high:
+        raise OptionError(
+            f"option 'minRecordsPerTrigger' ({low}) is above 'maxRecordsPerTrigger' ({high}); accepted: at most it",
+            "minRecordsPerTrigger",
+        )
 
 
 def _unknown(key: str, what: str, accepted: list[str]) -> OptionError:
@@ -189,8 +290,7 @@ def split_and_parse(
                 _alias(backend_model, f) for f in backend_names.values()
             ]
             raise _unknown(key, f"backend {backend_name!r}", accepted)
-    return (
-        parse(SourceOptions, core_raw, what="the cdc source"),
-        parse(backend_model, backend_raw, what=f"backend {backend_name!r}"),
-    )
+    source = parse(SourceOptions, core_raw, what="the cdc source")
+    _check_exclusive(source)
+    return source, parse(backend_model, backend_raw, what=f"backend {backend_name!r}")
 

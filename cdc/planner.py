@@ -34,6 +34,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from cdc.backend import Backend, ChannelInfo, Position
@@ -225,11 +226,17 @@ class Planner:
         self.backend = backend
         self.fail_on_data_loss = fail_on_data_loss
         self.max_records_per_channel = max_records_per_channel
+        self.last_records = 0
+        """Records the last :meth:`next` planned (a lower bound where the backend counts lazily, rule 2)."""
 
     # ------------------------------------------------------------------ start positions
-    def initial(self, spec: str) -> OffsetJson:
-        """The offset a new query starts from: ``earliest``, ``latest``, ``snapshot`` or JSON per channel."""
+    def initial(self, spec: str, at: datetime | None = None) -> OffsetJson:
+        """The offset a new query starts from: ``earliest``, ``latest``, ``snapshot`` or JSON per channel; or,
+        given ``at`` (``startingTimestamp``), each channel's first record committed at or after it."""
         channels = self.backend.list_channels()
+        if at is not None:
+            return Offset({ch.id: ChannelOffset(self.backend.position_at(ch.id, at)) for ch in channels},
+                          initial=True).to_json()
         text = spec.strip()
         per_channel: dict[str, Any] = {}
         default = text.lower()
@@ -278,8 +285,11 @@ class Planner:
         """Per-channel upper bounds from ``endingOffsets`` (batch) or a frozen AvailableNow target."""
         return self._bounds(spec)[0]
 
-    def _bounds(self, spec: str) -> tuple[dict[str, Position], set[str]]:
-        """The bounds of :meth:`until`, and the channels whose bound was given as a position."""
+    def _bounds(self, spec: str, at: datetime | None = None) -> tuple[dict[str, Position], set[str]]:
+        """The bounds of :meth:`until` (or, given ``at``, by time), and the channels whose bound was given."""
+        if at is not None:
+            bounds = {c.id: self.backend.position_at(c.id, at) for c in self.backend.list_channels()}
+            return bounds, set(bounds)
         text = spec.strip()
         if text.lower() == "latest":
             return {c.id: self.backend.latest(c.id) for c in self.backend.list_channels()}, set()
@@ -302,7 +312,7 @@ class Planner:
             raise OptionError(f"option 'endingOffsets': unknown channels {unknown}", "endingOffsets")
         return out, {ch for ch in known if given.get(ch, "latest") != "latest"}
 
-    def batch_end(self, start: OffsetJson, ending: str) -> OffsetJson:
+    def batch_end(self, start: OffsetJson, ending: str, at: datetime | None = None) -> OffsetJson:
         """The end offset of a batch read from ``start`` to ``ending`` (``endingOffsets``), every channel at once.
 
         An ending position before the start is refused, naming both. Positions are the backend's own, so the
@@ -310,9 +320,10 @@ class Planner:
         holds a record, or is no longer held. Only a channel whose range came out empty can have such a
         bound, and only a given position can be one (``latest`` is never before a start the backend accepted).
         """
-        bounds, given = self._bounds(ending)
+        bounds, given = self._bounds(ending, at)
         end = self.next(start, None, bounds, respect_lineage=False)
         begin, stop = Offset.from_json(start), Offset.from_json(end)
+        option = "endingOffsets" if at is None else "endingTimestamp"
         backwards = []
         for cid in sorted(given, key=_channel_sort_key):
             entry, last = begin.channels.get(cid), stop.channels.get(cid)
@@ -324,13 +335,11 @@ class Planner:
                 behind = True
             if behind:
                 backwards.append(
-                    f"channel {cid!r}: endingOffsets position {bounds[cid]!r} is before its startingOffsets "
-                    f"position {entry.pos!r}"
+                    f"channel {cid!r}: {option} position {bounds[cid]!r} is before its startingOffsets position {entry.pos!r}"
                 )
         if backwards:
             raise OptionError(
-                f"a batch read cannot end before it starts (option 'endingOffsets'): {'; '.join(backwards)}",
-                "endingOffsets",
+                f"a batch read cannot end before it starts (option {option!r}): {'; '.join(backwards)}", option
             )
         return end
 
@@ -375,7 +384,8 @@ class Planner:
             plans[cid] = replace(p, end=planned.end, finished=planned.finished)
             return Taken(planned.records, planned.finished)
 
-        share_budget(order, max_records, self.max_records_per_channel, begin.turn or 0, take)
+        taken = share_budget(order, max_records, self.max_records_per_channel, begin.turn or 0, take)
+        self.last_records = sum(taken.values())
         end = end_offset(begin, new, plans, limited=max_records is not None)
         return start if end is None else end.to_json()
 

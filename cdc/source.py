@@ -8,9 +8,11 @@ partition through the backend's picklable :class:`~cdc.backend.RangeReader`, yie
 from __future__ import annotations
 
 import logging
+import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +34,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from cdc.backend import Backend, Position, RangeReader, backend_class
-from cdc.errors import OptionError
+from cdc.errors import CdcError, OptionError
+from cdc.lag import measure, to_report
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
 from cdc.options import BackendOptions, SourceOptions, split_and_parse
 from cdc.planner import Planner, describe
@@ -129,9 +132,13 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
     def __init__(self, config: _Config, schema: StructType) -> None:
         super().__init__(config, schema)
         self._target: dict[str, Position] | None = None
+        self._planned: OffsetJson | None = None
+        self._clock: Callable[[], float] = time.monotonic
+        self._last_trigger: float | None = None
 
     def initialOffset(self) -> OffsetJson:
-        offset = self.planner.initial(self._config.source.starting_offsets)
+        source = self._config.source
+        offset = self.planner.initial(source.starting_offsets, source.starting_time)
         log.info("starting from %s", Offset.from_json(offset).positions())
         return offset
 
@@ -146,7 +153,26 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
             by_size = self._rows_for_bytes(max_bytes)
             if by_size is not None:
                 max_rows = by_size if max_rows is None else min(max_rows, by_size)
-        return self.planner.next(start, max_rows, self._target)
+        end = self.planner.next(start, max_rows, self._target)
+        if end != start and self._delayed(self.planner.last_records):
+            return start
+        self._planned = end
+        return end
+
+    def _delayed(self, available: int) -> bool:
+        """``minRecordsPerTrigger`` with ``maxTriggerDelay``, as Kafka's source does it: skip this trigger while
+        fewer records than the minimum are there and the last batch ran less than the delay ago. The first
+        batch of a run and every batch under Trigger.AvailableNow run at once."""
+        source = self._config.source
+        now = self._clock()
+        minimum = source.min_records_per_trigger
+        if minimum is not None and self._target is None and self._last_trigger is not None:
+            waited = now - self._last_trigger
+            if available < minimum and waited < source.max_trigger_delay_s:
+                log.debug("%d records < minRecordsPerTrigger=%d after %.1f s: waiting", available, minimum, waited)
+                return True
+        self._last_trigger = now
+        return False
 
     def _rows_for_bytes(self, max_bytes: int) -> int | None:
         """``maxBytesPerTrigger`` as a record count, from the backend's average record size (at least one
@@ -170,8 +196,20 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
         log.info("Trigger.AvailableNow target: %s", self._target)
 
     def reportLatestOffset(self) -> OffsetJson | None:
+        """Each channel's head and the lag of the batch just planned (see :mod:`cdc.lag`): the only figures a
+        Python source can put into query progress, where Spark shows them as the source's ``latestOffset``."""
         backend = self.backend
-        return Offset({c.id: ChannelOffset(backend.latest(c.id)) for c in backend.list_channels()}).to_json()
+        if self._planned is None:  # nothing planned yet in this run: the heads alone
+            return Offset({c.id: ChannelOffset(backend.latest(c.id)) for c in backend.list_channels()}).to_json()
+        planned = Offset.from_json(self._planned)
+        positions = {cid: e.pos for cid, e in planned.channels.items() if not e.snapshot}
+        now = datetime.now(UTC)
+        try:
+            lags = measure(backend, positions, now)
+        except CdcError as exc:  # a report is no reason to fail the query
+            log.warning("measuring the lag per channel failed: %s", exc)
+            return None
+        return to_report(lags, now)
 
     def partitions(self, start: OffsetJson, end: OffsetJson) -> Sequence[InputPartition]:
         return self._partitions(start, end)
@@ -199,8 +237,8 @@ class CdcBatchReader(_ReaderBase, DataSourceReader):
                 "option 'startingOffsets': 'latest' is not allowed for batch reads; accepted values: earliest, JSON",
                 "startingOffsets",
             )
-        start = self.planner.initial(source.starting_offsets)
-        return self._partitions(start, self.planner.batch_end(start, source.ending_offsets))
+        start = self.planner.initial(source.starting_offsets, source.starting_time)
+        return self._partitions(start, self.planner.batch_end(start, source.ending_offsets, source.ending_time))
 
 
 class CdcDataSource(DataSource):

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
 
-from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader, SnapshotInfo
+from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader, SnapshotInfo
 from cdc.backends.local.log import LocalLog
 from cdc.backends.local.options import LocalOptions
 from cdc.backends.local.reader import LocalRangeReader
 from cdc.errors import DataLossError, PositionError
+from cdc.model import COMMIT_TS
 
 
 class LocalBackend(Backend):
@@ -22,6 +25,8 @@ class LocalBackend(Backend):
     def __init__(self, options: LocalOptions) -> None:
         super().__init__(options)
         self.log = LocalLog(options.path)
+        # Records never change once published, so a record's commit time can be remembered for good.
+        self._commit_time = lru_cache(maxsize=4096)(self._read_commit_time)
 
     def schema(self) -> pa.Schema:
         return self.log.arrow_schema
@@ -70,3 +75,36 @@ class LocalBackend(Backend):
 
     def average_record_bytes(self) -> float | None:
         return self.log.average_record_bytes()
+
+    def heads(self, positions: Mapping[str, Position]) -> dict[str, ChannelHead]:
+        out = {}
+        for cid, pos in positions.items():
+            st = self.log.channel(cid)
+            at = min(int(pos), st.head)
+            out[cid] = ChannelHead(
+                st.head, st.head - at, self._commit_time(cid, st.head - 1), self._commit_time(cid, at - 1)
+            )
+        return out
+
+    def position_at(self, channel: str, when: datetime) -> Position:
+        st = self.log.channel(channel)
+        # Commit times rise along a channel (appends stamp them), so a binary search over the records is exact.
+        lo, hi = st.earliest, st.head
+        while lo < hi:
+            mid = (lo + hi) // 2
+            t = self._commit_time(channel, mid)
+            if t is not None and t >= when:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _read_commit_time(self, channel: str, index: int) -> datetime | None:
+        if index < 0:
+            return None
+        try:
+            batches = list(self.log.read(channel, index, index + 1))
+        except DataLossError:  # truncated away: its time is gone with it
+            return None
+        value: datetime = batches[0].column(COMMIT_TS)[0].as_py()
+        return value

@@ -39,7 +39,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader, SnapshotInfo
+from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader, SnapshotInfo
 from cdc.backends.postgres import slot as slots
 from cdc.backends.postgres.catalog import describe
 from cdc.backends.postgres.options import PostgresOptions
@@ -100,6 +100,19 @@ class PostgresBackend(Backend):
             return self._chunk_rows(channel)
         slots.ensure_slot(self.conn, self.slot)
         return pack(slots.flush_lsn(self.conn))
+
+    def heads(self, positions: Mapping[str, Position]) -> dict[str, ChannelHead]:
+        """The WAL flushed so far is the head; how far behind is in WAL bytes (``walBytesBehind``): counting the
+        changes would decode the WAL a second time each trigger. Snapshot chunks count their rows."""
+        out: dict[str, ChannelHead] = {}
+        for cid, pos in positions.items():
+            head = self.latest(cid)
+            if cid.startswith(CHUNK_PREFIX):
+                out[cid] = ChannelHead(head, max(0, int(head) - int(pos)))
+            else:
+                wal = float(max(0, lsn_of(head) - lsn_of(pos)))
+                out[cid] = ChannelHead(head, None, measures={"walBytesBehind": wal})
+        return out
 
     def _chunk_rows(self, channel: str) -> int:
         if channel not in self._chunks:

@@ -35,11 +35,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
+from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader
 from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import match_topics, registry_schema
 from cdc.backends.pulsar.client import Channel, admin_client, connect, partitions_of
@@ -50,7 +51,7 @@ from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import START, before, count_between, to_key
 from cdc.backends.pulsar.reader import PulsarRangeReader
-from cdc.errors import OptionError
+from cdc.errors import CdcError, OptionError
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
@@ -302,6 +303,25 @@ class PulsarBackend(Backend):
         for topic in self.topics():
             out.update(self._admin.backlog(topic, self._subscription.name))
         return out
+
+    def heads(self, positions: Mapping[str, Position]) -> dict[str, ChannelHead]:
+        """The heads, and with ``admin.url`` the durable subscription's backlog per channel (``backlog``).
+        Reading partitions as topics, planning counts lazily (a lower bound, contract rule 2): records behind
+        are then left unknown rather than understated, and the backlog is the count to watch."""
+        out = super().heads(positions)
+        if self.partition_mode:
+            out = {cid: replace(h, behind=None) for cid, h in out.items()}
+        if self._admin is None:
+            return out
+        try:
+            backlog = self.backlog()
+        except CdcError as exc:  # lag is a report: a failed admin call never fails the caller
+            log.warning("reading the subscription backlog failed: %s", exc)
+            return out
+        return {
+            cid: replace(h, measures={**h.measures, "backlog": float(backlog[cid])}) if cid in backlog else h
+            for cid, h in out.items()
+        }
 
     # ------------------------------------------------------------------ writes
     @classmethod

@@ -94,11 +94,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
 
-from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader
+from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader
 from cdc.backends.tablestore import handover
 from cdc.backends.tablestore.client import RetrySettings, TunnelClient
 from cdc.backends.tablestore.errors import (
@@ -564,6 +565,42 @@ class TablestoreBackend(Backend):
                 if attempt:
                     raise
 
+    def heads(self, positions: Mapping[str, Position]) -> dict[str, ChannelHead]:
+        """Heads walked from the query's positions (the walk counts the records; the response summaries
+        it shares with planning keep it short), and the tunnel's RPO: ``channel_rpo`` is the consumption
+        point in nanoseconds, which the SDKs show as ``now - point``."""
+        channels = self._describe()
+        now_ns = time.time_ns()
+        out = {}
+        for cid, value in positions.items():
+            info = channels.get(cid)
+            base = info is None or self._is_base(info)
+            behind: int | None
+            try:
+                planned = self._plan(cid, value, None, None, open_waiting=False)
+                head, behind = planned.end, planned.records
+            except TrimmedDataError:
+                head, behind = self.latest(cid), None
+            if info is not None and info.channel_status == "WAIT":
+                head, behind = self.latest(cid), None  # a WAIT channel cannot be read: its count is unknown
+            point = int(getattr(info, "channel_rpo", 0) or 0)
+            measures = {"rpoMs": float(max(0, now_ns - point) // 1_000_000)} if point and not base else {}
+            out[cid] = ChannelHead(
+                head, behind, _commit_time(head, cid, base), _commit_time(value, cid, base), measures
+            )
+        return out
+
+    def position_at(self, channel: str, when: datetime) -> Position:
+        """Walk from the earliest position up to a time bound just before ``when``: stream records are in
+        commit-time order within a channel. Base-data records carry no commit time: their channel starts at its
+        beginning."""
+        start = self.earliest(channel)
+        if self._is_base(self._info(channel)):
+            return start
+        micros = int(when.timestamp() * 1_000_000) - 1
+        bound = Pos(Pos.parse(channel, start).token, 0, 0, (TIME_BOUND, micros)).to_json()
+        return self._plan(channel, start, None, bound, open_waiting=False).end
+
     def acknowledge(self, positions: Mapping[str, Position]) -> None:
         self._describe()
         for channel, value in positions.items():
@@ -584,3 +621,11 @@ class TablestoreBackend(Backend):
             except TablestoreError as exc:
                 log.debug("tunnel client shutdown failed: %s", exc)
         self.client.close()
+
+
+def _commit_time(position: Position, channel: str, base: bool) -> datetime | None:
+    """The commit time of the record before ``position``, from its ordering key (stream records only)."""
+    last = Pos.parse(channel, position).last
+    if base or last is None or last[0] == TIME_BOUND or len(last) != 3:
+        return None
+    return datetime.fromtimestamp(last[1] / 1_000_000, UTC)

@@ -201,7 +201,11 @@ class EmbeddedBroker(ServerProcess):
 def main(port: int, data_dir: str | None, partitions: int, max_message_size: int) -> None:
     broker = EmbeddedBroker(data_dir, port=port or None, partitions=partitions, max_message_size=max_message_size)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the broker on SIGTERM too (finally below)
-    broker.start()
+    from rich.console import Console
+
+    # The start-up wait can take seconds on a busy machine: a spinner on the terminal (nothing when piped).
+    with Console(stderr=True).status("starting pulsar-lite (waiting until it serves)..."):
+        broker.start()
     click.echo(f"pulsar-lite running at {broker.url} (data: {broker.data_dir}); Ctrl-C to stop", err=True)
     try:
         while broker.running:

@@ -370,13 +370,14 @@ def describe_tunnel(store: Store, body: bytes) -> bytes:
     info, channels = store.describe_tunnel(tunnel_id)
     resp = tpb.DescribeTunnelResponse()
     _tunnel_info(resp.tunnel, info, store.instance)
-    resp.tunnel_rpo = 0
+    stream = [c["consume_point_ns"] for c in channels if c["kind"] != "BaseData"]
+    resp.tunnel_rpo = min(stream, default=0)  # the slowest stream channel's point, as the service reports
     for c in channels:
         msg = resp.channels.add(
             channel_id=c["channel_id"], channel_type=c["kind"], channel_status=c["status"]
         )
         msg.client_id = c["owner"] if c["status"] == "OPEN" else ""
-        msg.channel_rpo = 0
+        msg.channel_rpo = c["consume_point_ns"]
         msg.parent_channel_ids.extend(c["parents"])
         msg.start_token = _start_token(c)
         msg.sealed = bool(c["sealed"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from .errors import OTSError, param_invalid
 from .rows import ACTION_PUT
 from .shards import Shards
 from .tables import Tables, now_ms
-from .tokens import FINISHED, make_token
+from .tokens import FINISHED, make_token, parse_token
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +256,10 @@ class Tunnels:
     def describe(self, tunnel_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         with self.db.lock:
             self.clients.expire()
-            return self.info(tunnel_id), self.channels(tunnel_id)
+            channels = self.channels(tunnel_id)
+            for c in channels:
+                c["consume_point_ns"] = self.consume_point_ns(c)
+            return self.info(tunnel_id), channels
 
     def advance_stage(self, db: sqlite3.Connection, tunnel_id: str) -> None:
         """A BaseAndStream tunnel moves to ProcessStream once every base-data channel is finished."""
@@ -358,6 +362,27 @@ class Tunnels:
             "UPDATE channels SET owner=NULL WHERE tunnel_id=? AND channel_id=? AND owner=?",
             (tunnel_id, channel_id, client_id),
         )
+
+    def consume_point_ns(self, channel: dict[str, Any]) -> int:
+        """The channel's consumption point, as the service reports it in ``channel_rpo``: nanoseconds since
+        the epoch before which every change has been checkpointed. SDKs show ``now - point`` as the RPO.
+
+        It is the commit time of the first change after the checkpoint (less one microsecond), or now when
+        nothing is left to consume; base-data channels carry no commit times and report 0, like the service.
+        """
+        now = time.time_ns()
+        if channel["kind"] == "BaseData":
+            return 0
+        if channel["checkpoint"] == FINISHED:
+            return now
+        try:
+            after = parse_token(channel["checkpoint"], channel["channel_id"])
+        except OTSError:
+            after = channel["start_pos"]
+        r = self.db.execute(
+            "SELECT ts FROM log WHERE shard_id=? AND seq>? ORDER BY seq LIMIT 1", (channel["shard_id"], after)
+        ).fetchone()
+        return now if r is None else (int(r[0]) - 1) * 1000
 
     def save_checkpoint(
         self, db: sqlite3.Connection, tunnel_id: str, channel_id: str, token: str, seqno: int, owner: str
