@@ -42,6 +42,7 @@ from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import AdminClient, match_topics, registry_schema
 from cdc.backends.pulsar.client import Channel, connect, partitions_of, token_of
 from cdc.backends.pulsar.codec import Decoder
+from cdc.backends.pulsar.debezium import schema_from_first_message
 from cdc.backends.pulsar.errors import SchemaMismatchError
 from cdc.backends.pulsar.heads import PartitionHeads
 from cdc.backends.pulsar.index import TopicIndex
@@ -67,6 +68,7 @@ class PulsarBackend(Backend):
     def __init__(self, options: PulsarOptions) -> None:
         super().__init__(options)
         self._admin = AdminClient(options.admin_url, token_of(options)) if options.admin_url else None
+        self._client: Any = None
         # Topics whose registry schema was checked against the query's; None: the schema is an option.
         self._registry_checked: set[str] | None = None
         if options.value_format in ("json", "avro") and not options.value_schema:
@@ -77,8 +79,12 @@ class PulsarBackend(Backend):
             text = registry_schema(self._admin, topics, options.value_format)
             options = self.options = options.model_copy(update={"value_schema": text})
             self._registry_checked = set(topics)
+        if options.value_format == "debezium" and not options.value_schema:
+            text = schema_from_first_message(self.client, self.topics(), options.catch_up_ms * 10)
+            log.info("valueSchema read from the first Debezium envelope: %s", text)
+            options = self.options = options.model_copy(update={"value_schema": text})
+            options._schema_from_events = True
         self._decoder = Decoder(options.value_format, options.value_schema, options.change_keys)
-        self._client: Any = None
         self._indexes: dict[str, TopicIndex] = {}
         self._channels: dict[str, Channel] = {}
         self._subscription = Subscription(lambda: self.client, options.subscription())
