@@ -264,11 +264,14 @@ class Decoder:
         value_schema: str | None,
         change_keys: str | None,
         events_schema: bool = False,
+        envelope_avro: str | None = None,
     ) -> None:
         self.value_format = value_format
         # valueSchema read from the topic's first envelope: every later envelope's schema must give it too.
         self.events_schema = json.dumps(json.loads(value_schema), sort_keys=True) if events_schema and value_schema else None
         self._same_schemas: list[Any] = []
+        # The Pulsar IO Debezium sources with Avro converters: envelopes are Avro records of this schema.
+        self._envelope_avro: Any = parse_avro_schema(envelope_avro) if envelope_avro else None
         self.fields: list[_Field] = parse_record_schema(value_schema) if value_schema else []
         self._avro: Any = None
         if value_format == "avro":
@@ -300,16 +303,16 @@ class Decoder:
         if self.value_format == "json":
             return _row(self.fields, _decode_object(payload), "")
         if self.value_format == "avro":
-            record = self._decode_avro(payload)
+            record = self._decode_avro(payload, self._avro)
             return [record.get(f.name) for f in self.fields]
         return [payload]
 
-    def _decode_avro(self, payload: bytes) -> dict[str, Any]:
+    def _decode_avro(self, payload: bytes, schema: Any) -> dict[str, Any]:
         import fastavro
 
         buffer = io.BytesIO(payload)
         try:
-            record = fastavro.schemaless_reader(buffer, self._avro, None)
+            record = fastavro.schemaless_reader(buffer, schema, None)
         except Exception as exc:  # noqa: BLE001 - fastavro raises EOFError, IndexError, ValueError, ...
             raise Malformed(f"not an Avro record of the schema: {type(exc).__name__} {exc}".rstrip()) from None
         if buffer.tell() != len(payload):
@@ -326,7 +329,7 @@ class Decoder:
         value = debezium.value_of(payload)
         if not value:
             return None
-        env = _decode_object(value)
+        env = self._decode_avro(value, self._envelope_avro) if self._envelope_avro else _decode_object(value)
         if "op" not in env and isinstance(env.get("payload"), dict):
             if self.events_schema is not None:
                 self._check_events_schema(env.get("schema"))

@@ -185,3 +185,67 @@ def _first_schema(reader: Any, topic: str, timeout_ms: int) -> str:
                 "valueSchema",
             ) from None
 
+
+
+# ------------------------------------------------------------------ Avro: the Pulsar IO Debezium sources
+def registry_envelope_avro(admin: Any, topics: list[str]) -> str | None:
+    """The Avro schema (JSON text) of the Debezium envelope when the schema registry says the topics' values
+    are Avro: a ``KEY_VALUE`` schema whose value is ``AVRO`` (what the Pulsar IO Debezium sources register
+    with Avro converters), or a plain ``AVRO`` one. ``None`` when the values are JSON or have no schema."""
+    found: set[str] = set()
+    for topic in topics:
+        answer = admin.topic_schema(topic)
+        if answer is None:
+            continue
+        kind, data, props = answer.get("type"), answer.get("data"), answer.get("properties") or {}
+        if kind == "KEY_VALUE" and props.get("value.schema.type") == "AVRO" and isinstance(data, str):
+            found.add(json.dumps(json.loads(data)["value"], sort_keys=True))
+        elif kind == "AVRO" and isinstance(data, str):
+            found.add(json.dumps(json.loads(data), sort_keys=True))
+    if len(found) > 1:
+        raise OptionError(
+            f"option 'valueSchema': the topics' Debezium envelopes have different Avro schemas in the schema "
+            f"registry ({', '.join(topics)}); read them in separate queries",
+            "valueSchema",
+        )
+    return next(iter(found), None)
+
+
+def record_schema_of_avro(envelope: Any) -> str:
+    """The row's record schema (as option ``valueSchema`` takes it) from a Debezium envelope's Avro schema:
+    its ``after`` field (a union of null and the row record); Debezium's ``connect.name`` time types become
+    logical types."""
+    fields = envelope.get("fields") if isinstance(envelope, dict) else None
+    images = {f.get("name"): f.get("type") for f in fields or [] if isinstance(f, dict)}
+    # Avro defines a named type once: "after" usually refers by name to the record "before" defines.
+    named = {_full_name(t): t for image in images.values() for t in (image if isinstance(image, list) else [image])
+             if isinstance(t, dict) and t.get("type") == "record"}
+    row = images.get("after")
+    for t in row if isinstance(row, list) else [row]:
+        row = named.get(t) if isinstance(t, str) else t
+        if isinstance(row, dict):
+            break
+    if not isinstance(row, dict) or not isinstance(row.get("fields"), list):
+        raise OptionError("option 'valueSchema': the registry's Avro envelope has no 'after' record", "valueSchema")
+    out = []
+    for col in row["fields"]:
+        t = col.get("type")
+        options = t if isinstance(t, list) else [t]
+        typed = [_avro_type(x) for x in options]
+        out.append({"name": col.get("name"), "type": typed if isinstance(t, list) else typed[0]})
+    return json.dumps({"type": "record", "name": str(row.get("name") or "Row"), "fields": out}, sort_keys=True)
+
+
+def _full_name(record: dict[str, Any]) -> str:
+    name = str(record.get("name"))
+    return name if "." in name or not record.get("namespace") else f"{record['namespace']}.{name}"
+
+
+def _avro_type(t: Any) -> Any:
+    if isinstance(t, dict):
+        logical = _CONNECT_LOGICAL.get(str(t.get("connect.name")))
+        if logical is not None:
+            return logical
+        if "logicalType" not in t and isinstance(t.get("type"), str):
+            return t["type"]
+    return t

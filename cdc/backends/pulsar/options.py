@@ -62,7 +62,9 @@ class PulsarOptions(BackendOptions):
         "once per query from the schema registry (GET /admin/v2/schemas/<tenant>/<namespace>/<topic>/schema; "
         "every topic of the query must have the same schema, of type JSON for json and AVRO for avro). For "
         "debezium it may be left out when the envelopes carry their schema (schemas.enable=true): it is then "
-        "read from the first message when the query is defined.",
+        "read from the first message when the query is defined; or, with admin.url, when the registry holds the "
+        "envelopes' Avro schema (Pulsar IO Debezium sources with Avro converters: KEY_VALUE with an AVRO value), "
+        "from its 'after' record.",
     )
     change_keys: str | None = Field(
         None, alias="changeKeys", description="valueFormat=debezium: comma-separated primary-key columns."
@@ -124,10 +126,17 @@ class PulsarOptions(BackendOptions):
     # Set by the backend when valueFormat=debezium read valueSchema from the topic's first envelope: the
     # executors then check every envelope's schema against it. Not an option.
     _schema_from_events: bool = PrivateAttr(False)
+    # Set by the backend when the schema registry says the Debezium envelopes are Avro (their schema). Not
+    # an option.
+    _envelope_avro: str | None = PrivateAttr(None)
 
     @property
     def schema_from_events(self) -> bool:
         return self._schema_from_events
+
+    @property
+    def envelope_avro(self) -> str | None:
+        return self._envelope_avro
 
     @field_validator("starting_time")
     @classmethod

@@ -174,7 +174,11 @@ class _Columns:
     def __init__(self, client: Any, options: PulsarOptions, ch: Channel) -> None:
         self.client, self.options, self.ch = client, options, ch
         self.decoder = Decoder(
-            options.value_format, options.value_schema, options.change_keys, options.schema_from_events
+            options.value_format,
+            options.value_schema,
+            options.change_keys,
+            options.schema_from_events,
+            options.envelope_avro,
         )
         self.tombstones = 0  # Debezium's empty values after deletes: skipped, counted in the range's log line
         self.kept = 0
