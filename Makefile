@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast lint bench install check-java pulsar-standalone clean
+.PHONY: demo test test-fast lint bench install check-java pulsar-standalone delta-spark clean
 
 # Apache Pulsar standalone for the Pulsar tests: the jars of the pinned pom, resolved once from Maven Central
 # into a cache outside the repo. The stamp's name is keyed on the pom's content, so later runs skip Maven
@@ -16,6 +16,17 @@ CDC_PULSAR_HOME ?= $(HOME)/.cache/cdc-tunnel/pulsar-$(PULSAR_VERSION)
 CDC_MAVEN_REPO ?= $(HOME)/.cache/cdc-tunnel/m2
 PULSAR_STAMP := $(CDC_PULSAR_HOME)/resolved-$(PULSAR_POM_KEY)
 
+# The io.delta jars of the delta-spark engine, the same way: a pinned pom, resolved once into a cache keyed on
+# the pom's content; sinks.delta.session finds them there (or under $CDC_DELTA_HOME) for spark.jars.
+DELTA_POM := sinks/delta/delta-spark/pom.xml
+DELTA_VERSION := $(shell sed -n 's:.*<delta.version>\(.*\)</delta.version>.*:\1:p' $(DELTA_POM))
+DELTA_POM_KEY := $(shell (sha256sum $(DELTA_POM) 2>/dev/null || shasum -a 256 $(DELTA_POM)) | cut -c1-16)
+CDC_DELTA_HOME ?= $(HOME)/.cache/cdc-tunnel/delta-$(DELTA_VERSION)
+DELTA_STAMP := $(CDC_DELTA_HOME)/resolved-$(DELTA_POM_KEY)
+# delta-spark's Python package (PyPI) declares pyspark<=4.2.0 while we run pyspark 4.2.1 (the jars support
+# 4.2): it is installed without its dependency check, pinned to the jars' version.
+DELTA_PY_STAMP := $(VENV)/.delta-spark-$(DELTA_VERSION)-stamp
+
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
 	  echo "error: Java 17 is required (Spark runs on the JVM) and 'java' is not on PATH."; \
@@ -23,14 +34,25 @@ check-java:
 	  echo "       macOS: brew install openjdk@17; or set JAVA_HOME to a JDK 17."; \
 	  exit 1; }
 
-$(STAMP): pyproject.toml
+# The tablestore SDK declares protobuf<6 while Spark Connect's client needs protobuf 6 (pinned in pyproject,
+# with the SDK's real dependencies): pip cannot resolve both, so the SDK goes in without its declared ones.
+# It was measured to work on protobuf 6.33 (tests/connect imports both and round-trips a table call);
+# `pip check` reports this one conflict on purpose.
+TABLESTORE_SDK := tablestore==6.4.8
+
+$(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps '$(TABLESTORE_SDK)'
 	@touch $(STAMP)
 
-install: check-java $(STAMP)
+$(DELTA_PY_STAMP): $(STAMP) $(DELTA_POM)
+	$(PY) -m pip install --quiet --no-deps 'delta-spark==$(DELTA_VERSION)'
+	@touch $@
+
+install: check-java $(STAMP) $(DELTA_PY_STAMP) delta-spark
 
 pulsar-standalone: check-java $(PULSAR_STAMP)
 
@@ -43,6 +65,19 @@ $(PULSAR_STAMP):
 	mkdir -p '$(CDC_PULSAR_HOME)'
 	cp $(PULSAR_POM) '$(CDC_PULSAR_HOME)/pom.xml'
 	mvn -B --no-transfer-progress -f '$(CDC_PULSAR_HOME)/pom.xml' -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package
+	@touch '$@'
+
+delta-spark: check-java $(DELTA_STAMP)
+
+$(DELTA_STAMP):
+	@command -v mvn >/dev/null 2>&1 || { \
+	  echo "error: Maven ('mvn') is required to fetch the io.delta jars (engine='delta-spark'), and it is not on PATH."; \
+	  echo "       Debian/Ubuntu: sudo apt-get install -y maven; macOS: brew install maven."; \
+	  exit 1; }
+	rm -rf '$(CDC_DELTA_HOME)/lib' '$(CDC_DELTA_HOME)'/resolved-*
+	mkdir -p '$(CDC_DELTA_HOME)'
+	cp $(DELTA_POM) '$(CDC_DELTA_HOME)/pom.xml'
+	mvn -B --no-transfer-progress -f '$(CDC_DELTA_HOME)/pom.xml' -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package
 	@touch '$@'
 
 demo: install
@@ -109,7 +144,20 @@ $(JAVA_SDK_STAMP):
 test: java-sdk
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info cdc/backends/tablestore/_plainbuffer*.so
+
+# The compiled PlainBuffer reader (native/plainbuffer.c). The install builds it; this rebuilds it after an
+# edit of the C source (or of its build), with the virtualenv's setuptools. The stamp skips an up-to-date one.
+NATIVE_STAMP := $(VENV)/.native-plainbuffer-stamp
+
+.PHONY: native
+native: $(NATIVE_STAMP)
+
+$(NATIVE_STAMP): native/plainbuffer.c native/build.py setup.py | $(STAMP)
+	$(PY) native/build.py
+	@touch $@
+
+test test-fast demo bench: native
 
 # Debezium's embedded engine with its PostgreSQL connector, for tests/debezium (real Debezium events): built
 # in tests/debezium/engine/target, jars resolved into the Pulsar target's Maven repository. The stamp's name

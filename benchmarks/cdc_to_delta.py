@@ -11,7 +11,15 @@ A 1M-row table receives batches of 100k changes (50% updates, 40% inserts, 10% d
   copy of the same 1M-row table with a plain upsert MERGE (no Spark, no sequence guard, no tombstones); run
   before and after the pipeline, and the mean is the reference (the machine's load drifts).
 
-Prints changes/s for both, peak memory, and last ``ratio <pipeline/standalone>``.
+With ``--engine delta-spark`` the same run also streams the same batches through
+
+* **our pipeline on delta-spark**: ``DeltaUpsertSink(engine="delta-spark")``, the batch prepared and merged
+  inside Spark (io.delta jars of ``make delta-spark``), into a copy of the same sink-layout table;
+* **hand-written delta-spark MERGE**: the ``foreachBatch`` upsert of Delta's docs (``DeltaTable.forPath(...)
+  .merge(...).whenMatchedDelete/Update/whenNotMatchedInsert``) into a plain 1M-row table.
+
+Prints changes/s for each, the ratios, peak memory, and last ``ratio <our pipeline/standalone>`` (the
+pipeline of ``--engine``).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -102,42 +111,76 @@ def standalone(path: str, initial: pa.Table, warmup: pa.Table, batches: list[pa.
     return time.perf_counter() - start
 
 
-def pipeline(
-    work: Path, initial: pa.Table, warmup: pa.Table, batches: list[pa.Table], batch: int, verbose: bool, pipelined: bool
-) -> tuple[float, float, int]:
+def spark_session() -> object:
+    """One local session (Delta configured, as in the tests) for every streaming variant of the run."""
     import cdc
-    from cdc.backends.local import LocalLog
-    from sinks.delta import DeltaUpsertSink
     from tests.conftest import spark_builder
 
-    log = LocalLog.create(work / "log", SCHEMA, ["id"])
-    table = str(work / "pipeline")
-    sink = DeltaUpsertSink(table, keys=["id"], compact_every=None, pipelined=pipelined)
-    # The initial 1M rows: loaded through the sink's core directly (not timed; not part of the stream).
-    init = initial.append_column("_seq", pa.array(np.zeros(initial.num_rows, dtype=np.int64)))
-    init = init.append_column("_op", pa.array(["snapshot"] * initial.num_rows, pa.string()))
-    sink.write(init, 0, app_id="initial-load")
-    # Warm-up: the first batch pays the query's start cost (Spark session, Python workers, JIT).
-    log.append(warmup)
-    spark = spark_builder("cdc-to-delta-bench").config("spark.sql.streaming.noDataMicroBatches.enabled", "false").getOrCreate()
+    builder = spark_builder("cdc-to-delta-bench").config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     cdc.register(spark)
-    jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+    return spark
+
+
+def initial_table(path: str, initial: pa.Table, sink_layout: bool) -> None:
+    """The 1M-row starting table: through the sink's core (sequence, tombstone columns) or as a plain table."""
+    if not sink_layout:
+        from deltalake import write_deltalake
+
+        write_deltalake(path, initial)
+        return
+    from sinks.delta import DeltaUpsertSink
+
+    init = initial.append_column("_seq", pa.array(np.zeros(initial.num_rows, dtype=np.int64)))
+    init = init.append_column("_op", pa.array(["snapshot"] * initial.num_rows, pa.string()))
+    DeltaUpsertSink(path, keys=["id"], compact_every=None).write(init, 0, app_id="initial-load")
+
+
+def hand_written(path: str) -> Callable[[object, int], None]:
+    """The foreachBatch upsert users write by hand from Delta's docs ("Upsert from streaming queries using
+    foreachBatch"): a MERGE of the micro-batch, no sequence guard, no tombstones, no exactly-once."""
+    from delta.tables import DeltaTable
+
+    names = [n for n, _ in SCHEMA]
+    assignments = {n: f"s.{n}" for n in names}
+
+    def upsert(batch_df: object, batch_id: int) -> None:
+        target = DeltaTable.forPath(batch_df.sparkSession, path)  # type: ignore[attr-defined]
+        (target.alias("t").merge(batch_df.alias("s"), "s.id = t.id")  # type: ignore[attr-defined]
+         .whenMatchedDelete(condition="s._op = 'delete'")
+         .whenMatchedUpdate(set=assignments)
+         .whenNotMatchedInsert(condition="s._op != 'delete'", values=assignments)
+         .execute())
+
+    return upsert
+
+
+def stream(
+    spark: object, work: Path, name: str, apply: Callable[[object, int], None], warmup: pa.Table, batches: list[pa.Table],
+    batch: int, verbose: bool, flush: Callable[[], None] = lambda: None,
+) -> tuple[float, float, list[int]]:
+    """A streaming query from a fresh local change log into ``apply``: (seconds for ``batches`` after the
+    warm-up batch, seconds of the query's start and warm-up batch, the micro-batches' sizes after it)."""
+    from cdc.backends.local import LocalLog
+
+    log = LocalLog.create(work / f"log-{name}", SCHEMA, ["id"])
+    log.append(warmup)
     ends: list[float] = []
 
     def timed(df: object, batch_id: int) -> None:
         t = time.perf_counter()
-        sink(df, batch_id)
+        apply(df, batch_id)
         ends.append(time.perf_counter())
         if verbose:
-            print(f"  batch {batch_id}: in foreachBatch {ends[-1] - t:.2f} s, since previous {ends[-1] - (ends[-2] if len(ends) > 1 else t0):.2f} s")
+            print(f"  {name} batch {batch_id}: in foreachBatch {ends[-1] - t:.2f} s, since previous {ends[-1] - (ends[-2] if len(ends) > 1 else t0):.2f} s")
 
     source = (
-        spark.readStream.format("cdc").option("backend", "local").option("path", str(work / "log"))
+        spark.readStream.format("cdc").option("backend", "local").option("path", str(work / f"log-{name}"))  # type: ignore[attr-defined]
         .option("maxRecordsPerTrigger", str(batch)).load()
     )
     t0 = time.perf_counter()
-    q = source.writeStream.foreachBatch(timed).option("checkpointLocation", str(work / "ck")).start()
+    q = source.writeStream.foreachBatch(timed).option("checkpointLocation", str(work / f"ck-{name}")).start()
     while not ends:
         if q.exception():
             raise RuntimeError(f"the query failed: {q.exception()}")
@@ -151,50 +194,78 @@ def pipeline(
         if q.exception():
             raise RuntimeError(f"the query failed: {q.exception()}")
         time.sleep(0.05)
-    sink.flush()  # pipelined mode: the last batch's merge
+    flush()  # pipelined mode: the last batch's merge
     elapsed = time.perf_counter() - appended
+    # Printed because they decide how comparable the rates are: one run was seen taking a 300k batch.
+    sizes = [int(p["numInputRows"]) for p in q.recentProgress if p["numInputRows"]][1:]
     q.stop()
-    jvm_peak = peak_rss_mb(jvm_pid)
-    spark.stop()
-    return elapsed, startup, int(jvm_peak)
+    return elapsed, startup, sizes
 
 
 @click.command()
+@click.option("--engine", type=click.Choice(["delta-rs", "delta-spark"]), default="delta-rs", show_default=True,
+              help="delta-spark: also our pipeline on delta-spark and a hand-written delta-spark foreachBatch MERGE.")
 @click.option("--quick", is_flag=True, help="2 batches instead of 10 (runs in under a minute).")
 @click.option("--verbose", is_flag=True, help="Print each micro-batch's timing.")
-@click.option("--sync", is_flag=True, help="The sink's default mode (merge inside foreachBatch) instead of pipelined=True.")
+@click.option("--sync", is_flag=True, help="delta-rs: merge inside foreachBatch (the sink's default) instead of pipelined=True.")
 @click.option("--batches", type=int, default=None, help="Number of 100k-change batches (default 10).")
 @click.option("--table-rows", type=int, default=1_000_000, show_default=True)
 @click.option("--batch", type=int, default=100_000, show_default=True)
-def main(quick: bool, verbose: bool, sync: bool, batches: int | None, table_rows: int, batch: int) -> None:
+def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | None, table_rows: int, batch: int) -> None:
+    from sinks.delta import DeltaUpsertSink
+
     n = batches or (2 if quick else 10)
     rng = np.random.default_rng(7)
     initial = pa.table(rows(np.arange(table_rows, dtype=np.int64), rng))
     warmup, *changes = make_batches(table_rows, batch, n + 1, seed=11)
     total = n * batch
     work = Path(tempfile.mkdtemp(prefix="cdc-to-delta-"))
+    timings: dict[str, tuple[float, float, list[int]]] = {}
     try:
-        # Standalone before and after the pipeline (the mean is the reference): the machine's load drifts.
+        # Standalone before and after the pipelines (the mean is the reference): the machine's load drifts.
         reset_peak_rss()
         t_before = standalone(str(work / "standalone-1"), initial, warmup, changes)
         alone_peak = peak_rss_mb()
         reset_peak_rss()
-        t_pipe, startup, jvm_peak = pipeline(work, initial, warmup, changes, batch, verbose, not sync)
+        spark = spark_session()
+        jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[attr-defined]
+        rs_table = str(work / "pipeline-rs")
+        initial_table(rs_table, initial, sink_layout=True)
+        rs_sink = DeltaUpsertSink(rs_table, keys=["id"], compact_every=None, pipelined=not sync)
+        timings["rs"] = stream(spark, work, "rs", rs_sink, warmup, changes, batch, verbose, rs_sink.flush)
+        if engine == "delta-spark":
+            ds_table = str(work / "pipeline-spark")
+            initial_table(ds_table, initial, sink_layout=True)
+            ds_sink = DeltaUpsertSink(ds_table, keys=["id"], compact_every=None, engine="delta-spark")
+            timings["spark"] = stream(spark, work, "spark", ds_sink, warmup, changes, batch, verbose)
+            hand_table = str(work / "hand-written")
+            initial_table(hand_table, initial, sink_layout=False)
+            timings["hand"] = stream(spark, work, "hand", hand_written(hand_table), warmup, changes, batch, verbose)
+        jvm_peak = peak_rss_mb(jvm_pid)
+        spark.stop()  # type: ignore[attr-defined]
         driver_peak = peak_rss_mb()
         t_after = standalone(str(work / "standalone-2"), initial, warmup, changes)
         t_alone = (t_before + t_after) / 2
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    alone_rate, pipe_rate = total / t_alone, total / t_pipe
+    alone_rate = total / t_alone
     print(f"table {table_rows} rows, {n} batches x {batch} changes (50% update, 40% insert, 10% delete)")
-    print(f"standalone delta-rs merge: {t_alone:.2f} s (runs before/after the pipeline: {t_before:.2f} s, {t_after:.2f} s), "
-          f"{alone_rate:,.0f} changes/s, peak RSS {alone_peak:.0f} MB")
-    mode = "pipelined=False" if sync else "pipelined=True"
-    print(f"pipeline cdc source -> DeltaUpsertSink({mode}): {t_pipe:.2f} s, {pipe_rate:,.0f} changes/s "
-          f"(query start + warm-up batch: {startup:.1f} s, not included)")
-    print(f"pipeline peak RSS: driver (Python, incl. delta-rs) {driver_peak:.0f} MB, JVM {jvm_peak} MB")
+    print(f"delta-rs alone (standalone merge): {t_alone:.2f} s (runs before/after the pipelines: {t_before:.2f} s, "
+          f"{t_after:.2f} s), {alone_rate:,.0f} changes/s, peak RSS {alone_peak:.0f} MB")
+    labels = {
+        "rs": f"our pipeline on delta-rs: cdc source -> DeltaUpsertSink(pipelined={not sync})",
+        "spark": "our pipeline on delta-spark: cdc source -> DeltaUpsertSink(engine='delta-spark')",
+        "hand": "hand-written delta-spark foreachBatch MERGE (Delta docs' upsert pattern)",
+    }
+    for key, (t, startup, sizes) in timings.items():
+        print(f"{labels[key]}: {t:.2f} s, {total / t:,.0f} changes/s, ratio to delta-rs alone {t_alone / t:.3f} "
+              f"(micro-batches {sizes}; query start + warm-up batch: {startup:.1f} s, not included)")
+    if "spark" in timings:
+        print(f"our delta-spark pipeline / hand-written delta-spark MERGE: {timings['hand'][0] / timings['spark'][0]:.3f}")
+    print(f"peak RSS: driver (Python, incl. delta-rs) {driver_peak:.0f} MB, JVM {jvm_peak:.0f} MB")
     print(f"at {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    print(f"ratio {pipe_rate / alone_rate:.3f}")
+    ours = timings["spark" if engine == "delta-spark" else "rs"][0]
+    print(f"ratio {t_alone / ours:.3f}")
 
 
 if __name__ == "__main__":

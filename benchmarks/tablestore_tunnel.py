@@ -8,6 +8,8 @@ tunnel over the table (``--shards`` shards, so as many channels), then, alternat
 * **client**: the tunnel client reads every channel and turns the records into Arrow batches with the
   backend's own record layout (PlainBuffer decoding included): the best a Python consumer of this
   tunnel does without Spark;
+* **client (python reader)**: the same with the pure-Python PlainBuffer reader (the fallback when the
+  compiled one, ``native/plainbuffer.c``, is not built): what the compiled reader gains;
 * **spark batch**: ``spark.read.format("cdc").option("backend", "tablestore")`` into the ``noop`` sink
   (planning on the driver, reading on executors);
 * **spark stream**: the same through ``spark.readStream`` with ``Trigger.AvailableNow``; this includes
@@ -32,7 +34,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 import tablestore as ots  # noqa: E402
 
-from cdc.backends.tablestore import TablestoreBackend, TunnelClient  # noqa: E402
+from cdc.backends.tablestore import TablestoreBackend, TunnelClient, plainbuffer  # noqa: E402
 from cdc.backends.tablestore.options import TablestoreOptions  # noqa: E402
 from cdc.options import parse  # noqa: E402
 from cdc.servers.tablestore import TablestoreProcess  # noqa: E402
@@ -179,7 +181,9 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         cdc.register(spark)
         read_with_spark_batch(spark, options)  # warm-up: JVM, Python workers, imports
-        best = {"server": 0.0, "client": 0.0, "spark batch": 0.0}
+        if not plainbuffer.COMPILED:
+            print("warning: the compiled PlainBuffer reader is not built (make native): both clients run Python")
+        best = {"server": 0.0, "client": 0.0, "client (python reader)": 0.0, "spark batch": 0.0}
         if not args.quick:
             read_with_spark(spark, options, tmp / "ck-warmup")
             best["spark stream"] = 0.0
@@ -193,14 +197,20 @@ def main() -> None:
                     read_with_spark_batch(spark, options)
                     n = args.rows
                 else:
-                    n = read_with_client(options, decode=name == "client")
+                    compiled = plainbuffer.COMPILED
+                    plainbuffer.COMPILED = compiled and name != "client (python reader)"
+                    try:
+                        n = read_with_client(options, decode=name != "server")
+                    finally:
+                        plainbuffer.COMPILED = compiled
                     assert n == args.rows, (name, n)
                 rate = n / (time.perf_counter() - t0)
                 best[name] = max(best[name], rate)
-                print(f"run {i}: {name:12s} {rate:12,.0f} records/s")
+                print(f"run {i}: {name:22s} {rate:12,.0f} records/s")
         spark.stop()
         for name, rate in best.items():
-            print(f"best {name:12s} {rate:12,.0f} records/s")
+            print(f"best {name:22s} {rate:12,.0f} records/s")
+        print(f"client / client (python reader): {best['client'] / best['client (python reader)']:.2f}x")
         if "spark stream" in best:
             stream = best["spark stream"] / best["client"]
             print(f"spark stream / client (includes the streaming query's start): {stream:.3f}")

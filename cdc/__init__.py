@@ -76,15 +76,22 @@ def _warn_if_py4j_logs_option_values() -> None:
     )
 
 
-def register(spark: Any) -> None:
-    """Register the ``cdc`` data source (and the change-record UDFs, where installed) with ``spark``."""
+def register(spark: Any, *, functions: bool = True) -> None:
+    """Register the ``cdc`` data source, the ``tablestore`` table scan and (where installed) the change-record SQL
+    functions with ``spark``.
+
+    Works with a classic session, a Spark Connect session and inside a Spark Declarative Pipelines definition
+    file. Pipelines block ``spark.udf.register`` there (``SESSION_MUTATION_IN_DECLARATIVE_PIPELINE``) while
+    data sources may still be registered, so the SQL functions are then skipped with a log line; pass
+    ``functions=False`` to skip them anywhere.
+    """
     _warn_if_py4j_logs_option_values()
     from cdc.source import CdcDataSource
 
     spark.dataSource.register(CdcDataSource)
-    from udfs import register as register_udfs
+    from cdc.backends.tablestore.scan_source import TablestoreTableSource
 
-    register_udfs(spark)
+    spark.dataSource.register(TablestoreTableSource)  # "tablestore": a table's current rows, batch only
     # "cdc-pulsar", the sink-only format name, where pulsar-client is installed (asked without loading its
     # C++ core, which is slow to load and not needed by reads of other backends).
     import importlib.util
@@ -93,3 +100,21 @@ def register(spark: Any) -> None:
         from cdc.backends.pulsar.writer import register as register_pulsar_sink
 
         register_pulsar_sink(spark)
+    if functions:
+        _register_functions(spark)
+
+
+def _register_functions(spark: Any) -> None:
+    from pyspark.errors import PySparkException
+
+    from udfs import register as register_udfs
+
+    try:
+        register_udfs(spark)
+    except PySparkException as e:
+        if not (e.getCondition() or "").startswith("SESSION_MUTATION_IN_DECLARATIVE_PIPELINE"):
+            raise
+        logging.getLogger(__name__).info(
+            "inside a declarative pipeline definition: the cdc SQL functions (cdc_plainbuffer_json) are not "
+            "registered there; the cdc data source is"
+        )

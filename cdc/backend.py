@@ -179,6 +179,7 @@ BACKENDS: dict[str, str] = {
     "local": "cdc.backends.local:LocalBackend",
     "pulsar": "cdc.backends.pulsar:PulsarBackend",
     "tablestore": "cdc.backends.tablestore:TablestoreBackend",
+    "postgres": "cdc.backends.postgres:PostgresBackend",
 }
 
 

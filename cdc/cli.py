@@ -5,6 +5,7 @@
     cdc local show|split|merge     the local change log            (cdc.backends.local.cli)
     cdc pulsar drop-subscription   Pulsar backend tools             (cdc.backends.pulsar.cli)
     cdc server tablestore|pulsar   stand-in servers for development (cdc.servers)
+    cdc server spark-cluster|spark-connect  Spark's own servers on loopback (cdc.servers.spark)
 """
 
 from __future__ import annotations
@@ -50,9 +51,11 @@ _ALIASES = {"log": "'cdc local'", "tablestore": "'cdc server tablestore'"}
 
 class _Main(_LazyGroup):
     lazy = {
-        "server": ("cdc.cli", "server_group", "Stand-in servers for development: tablestore, pulsar.", False),
+        "server": ("cdc.cli", "server_group", "Stand-in servers for development: tablestore, pulsar, spark-cluster, spark-connect.", False),
         "local": ("cdc.backends.local.cli", "cli", "The local change log: show, split, merge.", False),
         "pulsar": ("cdc.backends.pulsar.cli", "cli", "Pulsar backend tools: drop a query's subscription.", False),
+        "postgres": ("cdc.backends.postgres.cli", "cli", "PostgreSQL backend tools: list and drop replication slots.",
+                     False),
         "log": ("cdc.backends.local.cli", "cli", "Deprecated: 'cdc local'.", True),
         "tablestore": ("cdc.servers.tablestore.cli", "main", "Deprecated: 'cdc server tablestore'.", True),
     }
@@ -63,6 +66,9 @@ class _Servers(_LazyGroup):
         "tablestore": ("cdc.servers.tablestore.cli", "main", "The local Tablestore server; split/merge partitions.",
                        False),
         "pulsar": ("cdc.servers.pulsar.broker", "main", "An embedded Pulsar broker (pulsar-lite) on loopback.", False),
+        "spark-cluster": ("cdc.servers.spark.cli", "cluster_main", "A Spark standalone master and workers on loopback.",
+                          False),
+        "spark-connect": ("cdc.servers.spark.cli", "connect_main", "A Spark Connect server on loopback.", False),
     }
 
 

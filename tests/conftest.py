@@ -28,9 +28,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def spark_builder(app: str = "cdc-tunnel-tests") -> Any:
+    """The tests' local session, with Delta Lake configured (the io.delta jars of ``make delta-spark``) so the
+    delta-spark engine and ``format("delta")`` run in the suite; without the jars it fails, naming the command."""
     from pyspark.sql import SparkSession
 
-    return (
+    from sinks.delta.session import configure_delta
+
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
@@ -41,6 +45,7 @@ def spark_builder(app: str = "cdc-tunnel-tests") -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
     )
+    return configure_delta(builder)
 
 
 @pytest.fixture(scope="session")
@@ -87,3 +92,44 @@ def apache_pulsar() -> Iterator[ApachePulsar]:
     partitioned ones with ``create_partitioned_topic``. A test may kill and restart it (same ports, data)."""
     with ApachePulsar() as p:
         yield p
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """One real PostgreSQL (:class:`cdc.servers.postgres.PostgresServer`) for the session, on loopback with
+    ``wal_level=logical``; tests take a database of their own through ``postgres_dsn``. A test may kill and
+    restart it (same port and data)."""
+    from cdc.servers.postgres import PostgresServer
+
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: Any, request: pytest.FixtureRequest) -> str:
+    """The DSN of a fresh database for this test on the session's PostgreSQL."""
+    import hashlib
+
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
+    return str(postgres_server.create_database(f"t_{digest}"))
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The Spark Connect server of pyspark 4.2 on a free loopback port, shared by the session (~15-40 s to
+    start); clients run in child processes (``tests/drivers/connect_client.py``): a Connect session in this
+    process would switch pyspark's functions to Connect mode for every later test."""
+    from cdc.servers.spark.connect import ConnectServer
+
+    with ConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark standalone master and two workers (1 core, 1 GB each) on loopback, shared by the session.
+    Drivers run in child processes (``tests/drivers/cluster_orders.py``) so that a test can ``kill -9`` them."""
+    from cdc.servers.spark.cluster import SparkCluster
+
+    with SparkCluster(2, cores=1, memory="1g", data_dir=tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster

@@ -10,7 +10,9 @@ Modules: :mod:`~sinks.delta.sink` (the foreachBatch sink) runs, per batch, the e
 :mod:`~sinks.delta.scd1` or :mod:`~sinks.delta.scd2` (stage the MERGE source) and :mod:`~sinks.delta.merge`
 (the MERGE statement), configured by :mod:`~sinks.delta.spec` (options, rules) over the table described in
 :mod:`~sinks.delta.layout`; an engine runs the statements: :mod:`~sinks.delta.rs` (delta-rs, the default) or
-:mod:`~sinks.delta.spark` (delta-spark). :mod:`~sinks.delta.staging` keeps pipelined mode's staged batches;
+:mod:`~sinks.delta.spark` (delta-spark, which from ``foreachBatch`` prepares and stages the batch inside Spark
+with :mod:`~sinks.delta.frame`; :mod:`~sinks.delta.session` finds its jars and configures a session).
+:mod:`~sinks.delta.staging` keeps pipelined mode's staged batches;
 :mod:`~sinks.delta.reader` reads a table into Spark.
 """
 

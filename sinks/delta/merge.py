@@ -15,14 +15,13 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc.model import COMMIT_TS
 from sinks.delta.layout import (
     ACTION,
     DELETED_AT,
     FROM,
     IS_CURRENT,
-    MATCHED_ACTIONS,
-    NOW,
+    IS_DELETE,
+    MAIN_MATCHED_ACTIONS,
     SET_PREFIX,
     SOURCE_ALIAS,
     TARGET_ALIAS,
@@ -57,9 +56,10 @@ def sql_literal(value: Any) -> str | None:
 
 @dataclass(frozen=True)
 class Clause:
-    """One WHEN clause of a MERGE: ``kind`` is ``update`` (WHEN MATCHED) or ``insert`` (WHEN NOT MATCHED)."""
+    """One WHEN clause of a MERGE: ``kind`` is ``update`` or ``delete`` (WHEN MATCHED; a delete has no
+    assignments) or ``insert`` (WHEN NOT MATCHED). Clauses apply in order: the first whose condition holds."""
 
-    kind: Literal["update", "insert"]
+    kind: Literal["update", "delete", "insert"]
     condition: str | None
     assignments: Mapping[str, str]  # quoted target column -> SQL expression over s / t
 
@@ -91,84 +91,70 @@ def _key_match(spec: SinkSpec) -> str:
 
 
 def merge_plan(spec: SinkSpec, source: pa.Table, table: pa.Schema) -> MergePlan:
-    """The MERGE that applies a prepared (SCD1) or staged (SCD2) batch to a table with schema ``table``."""
+    """The MERGE that applies a staged batch (:func:`sinks.delta.scd1.stage_scd1` or
+    :func:`sinks.delta.scd2.main_source`) to the main table, whose schema is ``table``.
+
+    The source holds only changes newer than their key's head in the state table (the sequence guard ran in
+    Arrow), so no clause compares sequences, and the main table needs no bookkeeping column to be correct.
+    """
     s, t = SOURCE_ALIAS, TARGET_ALIAS
     present = set(source.column_names)
-    seq = spec.sequence_by
-    newer = f"{col(s, seq)} > {col(t, seq)}"
-    hidden = {DELETED_AT, VALID_FROM, VALID_TO, IS_CURRENT}
-    data = [f.name for f in table if f.name not in hidden]
-    values = [c for c in data if c not in spec.keys]
+    validity = {VALID_FROM, VALID_TO, IS_CURRENT}
+    values = [f.name for f in table if f.name not in validity and f.name not in spec.keys]
 
     def from_source(c: str) -> str:
         return col(s, c) if c in present else "NULL"
 
     def overlay(c: str) -> str:
-        # A partial change (see batch.fold_partial) keeps the target's value unless the batch set the column
-        # after the target row's last change.
+        # A partial change (see batch.fold_partial) keeps the target's value unless a change of the batch
+        # newer than the key's head set the column (staging nulled the older setters).
         if SET_PREFIX + c not in present:
             return from_source(c)
-        return f"CASE WHEN {col(s, SET_PREFIX + c)} > {col(t, seq)} THEN {col(s, c)} ELSE {col(t, c)} END"
+        return f"CASE WHEN {col(s, SET_PREFIX + c)} IS NOT NULL THEN {col(s, c)} ELSE {col(t, c)} END"
 
-    def row(
-        extra: Mapping[str, str], *, nulls: bool = False, keys: bool = True, over_target: bool = False
-    ) -> dict[str, str]:
+    def row(extra: Mapping[str, str], *, keys: bool = True, over_target: bool = False) -> dict[str, str]:
         out = {quote(k): col(s, k) for k in spec.keys} if keys else {}
         for c in values:
-            keep = c == seq or c == COMMIT_TS
-            if keep or not nulls:
-                out[quote(c)] = overlay(c) if over_target and not keep else from_source(c)
-            else:
-                out[quote(c)] = "NULL"
-        out.update({quote(k): v for k, v in extra.items()})
+            out[quote(c)] = overlay(c) if over_target else from_source(c)
+        out.update({quote(k): v for k, v in extra.items() if k in table.names})
         return out
 
     predicate = _key_match(spec)
     clauses: tuple[Clause, ...]
     if spec.scd_type == 1:
-        # The source is staged (scd1.stage_scd1): deletes already carry null values and their tombstone time,
-        # so two plain clauses do (measured: cheaper than one clause per case).
-        deleted_at = {DELETED_AT: col(s, DELETED_AT)}
+        is_delete = col(s, IS_DELETE)
         clauses = (
-            Clause("update", newer, row(deleted_at, keys=False, over_target=True)),
-            Clause("insert", None, row(deleted_at)),
+            Clause("delete", is_delete, {}),
+            Clause("update", None, row({}, keys=False, over_target=True)),
+            Clause("insert", f"NOT {is_delete}", row({})),
         )
     else:
         action = col(s, ACTION)
-        matched = ", ".join(f"'{a}'" for a in MATCHED_ACTIONS)
-        predicate += (
-            f" AND {action} IN ({matched})"
-            f" AND ({col(t, IS_CURRENT)} OR {col(t, DELETED_AT)} IS NOT NULL)"
-        )
-        from_seq, valid_from, valid_to = col(s, seq), col(s, FROM), col(s, TO)
+        matched = ", ".join(f"'{a}'" for a in MAIN_MATCHED_ACTIONS)
+        predicate += f" AND {action} IN ({matched}) AND {col(t, VALID_TO)} IS NULL"
+        valid_from, valid_to = col(s, FROM), col(s, TO)
         closed = {VALID_TO: valid_to, IS_CURRENT: "false"}
         clauses = (
-            Clause("update", f"{action} = 'close' AND {newer}", {quote(k): v for k, v in closed.items()}),
-            Clause("update", f"{action} = 'closeupd' AND {newer}", row(closed, keys=False)),
-            Clause("update", f"{action} = 'inplace' AND {newer}", row({}, keys=False)),
-            Clause(
-                "update",
-                f"{action} = 'retomb' AND {newer}",
-                row({VALID_FROM: from_seq, VALID_TO: from_seq, DELETED_AT: col(s, NOW)}, nulls=True, keys=False),
-            ),
-            Clause(
-                "update",
-                f"{action} = 'revive' AND {newer}",
-                row({VALID_FROM: valid_from, VALID_TO: "NULL", IS_CURRENT: "true", DELETED_AT: "NULL"}, keys=False),
-            ),
+            Clause("update", f"{action} = 'close'", {quote(k): v for k, v in closed.items() if k in table.names}),
+            Clause("update", f"{action} = 'closeupd'", row(closed, keys=False)),
+            Clause("update", f"{action} = 'inplace'", row({}, keys=False)),
             Clause(
                 "insert",
                 f"{action} = 'open'",
-                row({VALID_FROM: valid_from, VALID_TO: valid_to, IS_CURRENT: f"{valid_to} IS NULL", DELETED_AT: "NULL"}),
-            ),
-            Clause(
-                "insert",
-                f"{action} = 'tombstone'",
-                row(
-                    {VALID_FROM: from_seq, VALID_TO: from_seq, IS_CURRENT: "false", DELETED_AT: col(s, NOW)},
-                    nulls=True,
-                ),
+                row({VALID_FROM: valid_from, VALID_TO: valid_to, IS_CURRENT: f"{valid_to} IS NULL"}),
             ),
         )
     return MergePlan(predicate + key_range(spec, source), clauses)
 
+
+def state_plan(spec: SinkSpec, source: pa.Table) -> MergePlan:
+    """The MERGE that records a batch's new key heads (:func:`sinks.delta.state.state_source`) in the state
+    table. Guarded by sequence, so merging the same batch twice changes nothing."""
+    s, t = SOURCE_ALIAS, TARGET_ALIAS
+    seq = spec.sequence_by
+    head = {quote(seq): col(s, seq), quote(DELETED_AT): col(s, DELETED_AT)}
+    clauses = (
+        Clause("update", f"{col(s, seq)} > {col(t, seq)}", head),
+        Clause("insert", None, {**{quote(k): col(s, k) for k in spec.keys}, **head}),
+    )
+    return MergePlan(_key_match(spec) + key_range(spec, source), clauses)

@@ -1,4 +1,9 @@
-"""Read a sink-managed Delta table into Spark without the io.delta jars."""
+"""Read a sink-managed Delta table into Spark: with Delta's own reader when the io.delta jars are on the
+session's classpath, else from exactly the table's current data files (listed by delta-rs).
+
+The table is a plain Delta table of live rows (see :mod:`sinks.delta.layout`), so either is a plain read; the
+filter on ``__cdc_deleted_at`` is kept only for tables of the previous layout.
+"""
 
 from __future__ import annotations
 
@@ -15,15 +20,17 @@ _UNSUPPORTED = {"deletionVectors", "columnMapping"}
 
 
 def read(spark: Any, path: str, *, current_only: bool = False, storage_options: dict[str, str] | None = None) -> Any:
-    """The table at ``path`` as a Spark DataFrame: the live rows (tombstones and internal columns hidden).
+    """The table at ``path`` as a Spark DataFrame (its rows are the live rows).
 
-    Reads exactly the table's current data files (``DeltaTable.file_uris()``), never the folder, so files
-    that merges replaced are not read. For an SCD type 2 table every version is returned unless
+    With the io.delta jars (``make delta-spark``) it is ``spark.read.format("delta")``; without them it reads
+    exactly the table's current data files (``DeltaTable.file_uris()``), never the folder, so files that
+    merges replaced are not read. For an SCD type 2 table every version is returned unless
     ``current_only``.
     """
-    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    if _delta_reader(spark):
+        return _visible(spark.read.format("delta").load(path), current_only)
     dt = DeltaTable(path, storage_options=storage_options)
     features = set(dt.protocol().reader_features or ())
     if features & _UNSUPPORTED:
@@ -35,11 +42,28 @@ def read(spark: Any, path: str, *, current_only: bool = False, storage_options: 
     spark_schema = from_arrow_schema(schema)
     uris = dt.file_uris()
     df = spark.read.schema(spark_schema).parquet(*uris) if uris else spark.createDataFrame([], spark_schema)
-    if DELETED_AT in schema.names:
+    return _visible(df, current_only)
+
+
+def _delta_reader(spark: Any) -> bool:
+    from sinks.delta.spark import delta_jars_available
+
+    try:
+        return delta_jars_available(spark)
+    except Exception:  # a session without a JVM gateway to ask: the delta-rs file listing still works
+        return False
+
+
+def _visible(df: Any, current_only: bool) -> Any:
+    """The live rows: tombstones and the sink's hidden columns dropped (SCD2: current versions if asked)."""
+    from pyspark.sql import functions as F
+
+    names = df.columns
+    if DELETED_AT in names:
         df = df.where(F.col(DELETED_AT).isNull())
-    if current_only and IS_CURRENT in schema.names:
+    if current_only and IS_CURRENT in names:
         df = df.where(F.col(IS_CURRENT))
-    return df.drop(*[n for n in schema.names if n.startswith(HIDDEN_PREFIX)])
+    return df.drop(*[n for n in names if n.startswith(HIDDEN_PREFIX)])
 
 
 def _plain(t: pa.DataType) -> pa.DataType:

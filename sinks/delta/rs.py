@@ -74,6 +74,8 @@ class DeltaRsEngine:
             updates = dict(clause.assignments)
             if clause.kind == "update":
                 merger = merger.when_matched_update(updates, clause.condition)
+            elif clause.kind == "delete":
+                merger = merger.when_matched_delete(clause.condition)
             else:
                 merger = merger.when_not_matched_insert(updates, clause.condition)
         metrics = dict(merger.execute())

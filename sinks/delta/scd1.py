@@ -1,8 +1,9 @@
-"""SCD type 1: the MERGE source (a delete becomes its key's tombstone) and the purge of old tombstones.
+"""SCD type 1: the MERGE source of the main table and the purge of old tombstones from the state table.
 
-A delete does not remove the key's row: it nulls the value columns and stamps ``__cdc_deleted_at``, so an
-older change arriving later loses on sequence (see :mod:`sinks.delta.layout`). The tombstones are purged once
-older than ``tombstone_retention``; SCD type 2 keeps its tombstones with the history.
+A delete removes the key's row from the main table and leaves a tombstone in the state table (the key, the
+delete's sequence, ``__cdc_deleted_at``), so an older change arriving later loses on sequence (see
+:mod:`sinks.delta.layout`). The tombstones are purged once older than ``tombstone_retention``; SCD type 2
+keeps its tombstones with the history.
 """
 
 from __future__ import annotations
@@ -10,30 +11,22 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from cdc.model import COMMIT_TS
-from sinks.delta.layout import DELETED_AT, IS_DELETE, NOW, SET_PREFIX, TIMESTAMP
+from sinks.delta.layout import DELETED_AT
 from sinks.delta.merge import quote
 from sinks.delta.spec import SinkSpec
+from sinks.delta.state import guard
 
 
-def stage_scd1(spec: SinkSpec, prepared: pa.Table) -> pa.Table:
-    """The SCD type 1 MERGE source: deletes get null values and ``__cdc_deleted_at`` (the tombstone's
-    time); other rows a null ``__cdc_deleted_at``."""
-    is_delete = prepared.column(IS_DELETE)
-    keep = {*spec.keys, spec.sequence_by, COMMIT_TS, IS_DELETE, NOW}
-    out = prepared
-    if pc.any(is_delete).as_py():
-        for i, f in enumerate(prepared.schema):
-            if f.name not in keep and not f.name.startswith(SET_PREFIX):
-                out = out.set_column(i, f, pc.if_else(is_delete, pa.nulls(out.num_rows, f.type), out.column(i)))
-    stamp = pc.if_else(is_delete, prepared.column(NOW), pa.nulls(prepared.num_rows, TIMESTAMP))
-    return out.append_column(pa.field(DELETED_AT, TIMESTAMP), stamp)
+def stage_scd1(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
+    """The SCD type 1 MERGE source of the main table: the batch's latest change per key, only where newer
+    than the key's head in the state table (``heads``); the MERGE deletes, updates or inserts by
+    ``__cdc_is_delete``."""
+    return guard(spec, prepared, heads)
 
 
 def purge_predicate(spec: SinkSpec, now: datetime) -> str | None:
-    """Deletes tombstones older than the retention; None for SCD type 2, whose tombstones are kept with the
+    """Deletes (from the state table) tombstones older than the retention; None for SCD type 2, whose tombstones are kept with the
     history (a purged SCD2 tombstone would let a late, older change open a version overlapping history)."""
     if spec.scd_type == 2:
         return None

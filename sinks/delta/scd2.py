@@ -3,8 +3,9 @@
 Every change of a batch (replays dropped) newer than the key's head becomes a version, or updates the
 version before it in place when it changes no tracked column; a change older than the key's current
 version or tombstone is ignored (history is not back-filled). :func:`stage_scd2` turns a prepared batch
-and the key heads into one MERGE source row per action; :func:`sinks.delta.merge.merge_plan` turns the
-actions into WHEN clauses.
+and the key heads (:func:`key_heads`: the state table's rows with the current versions' values) into one
+row per action; :func:`main_source` keeps those that touch the main table, and
+:func:`sinks.delta.merge.merge_plan` turns them into WHEN clauses.
 """
 
 from __future__ import annotations
@@ -17,26 +18,52 @@ import pyarrow.compute as pc
 
 from cdc.model import COMMIT_TS
 from sinks.delta.batch import key_starts
-from sinks.delta.layout import ACTION, DELETED_AT, FROM, IS_CURRENT, IS_DELETE, NOW, SET_PREFIX, TO
-from sinks.delta.merge import quote, sql_literal
+from sinks.delta.layout import (
+    ACTION,
+    DELETED_AT,
+    FROM,
+    IS_CURRENT,
+    IS_DELETE,
+    NOW,
+    SET_PREFIX,
+    TO,
+    VALID_FROM,
+    VALID_TO,
+)
+from sinks.delta.merge import quote
 from sinks.delta.spec import SinkSpec
+from sinks.delta.state import key_range_condition
 
 
-def heads_condition(spec: SinkSpec, prepared: pa.Table) -> tuple[str, Any]:
-    """Which target rows are key heads (current version or tombstone) that ``prepared`` may touch: as SQL
-    (for engines that read with SQL) and as a pyarrow dataset expression (for engines that read Arrow)."""
+def current_condition(spec: SinkSpec, prepared: pa.Table) -> tuple[str, Any]:
+    """The main table's current versions in the batch's key range (SQL and pyarrow expression)."""
     import pyarrow.dataset as ds
 
-    sql = f"({quote(IS_CURRENT)} OR {quote(DELETED_AT)} IS NOT NULL)"
-    expr = ds.field(IS_CURRENT) | ~ds.field(DELETED_AT).is_null()
-    if prepared.num_rows:
-        k = spec.keys[0]
-        mm = pc.min_max(prepared.column(k)).as_py()
-        lo, hi = sql_literal(mm["min"]), sql_literal(mm["max"])
-        if lo is not None and hi is not None:
-            sql += f" AND {quote(k)} >= {lo} AND {quote(k)} <= {hi}"
-            expr = expr & (ds.field(k) >= mm["min"]) & (ds.field(k) <= mm["max"])
-    return sql, expr
+    return key_range_condition(spec, prepared, (f"{quote(VALID_TO)} IS NULL", ds.field(VALID_TO).is_null()))
+
+
+def key_heads(spec: SinkSpec, state: pa.Table, current: pa.Table) -> pa.Table:
+    """The key heads :func:`stage_scd2` works from: the state table's rows (sequence, tombstone time) with
+    the values of the key's current version in the main table (none for a tombstone)."""
+    value_cols = [
+        c for c in current.column_names
+        if c not in spec.keys and c not in (spec.sequence_by, COMMIT_TS, VALID_FROM, VALID_TO, IS_CURRENT)
+    ]
+    heads = state.select([*spec.keys, spec.sequence_by, DELETED_AT])
+    heads = heads.append_column(IS_CURRENT, pc.is_null(heads.column(DELETED_AT)))
+    if not value_cols:
+        return heads
+    return heads.join(current.select([*spec.keys, *value_cols]), list(spec.keys), join_type="left outer",
+                      use_threads=False)
+
+
+def main_source(staged: pa.Table) -> pa.Table:
+    """The actions of :func:`stage_scd2` that touch the main table: tombstones live in the state table only,
+    and a revived tombstone opens a version (the key has no row in the main table to revive)."""
+    action = staged.column(ACTION)
+    out = staged.filter(pc.invert(pc.is_in(action, pa.array(["retomb", "tombstone"]))))
+    opened = pc.if_else(pc.equal(out.column(ACTION), "revive"), "open", out.column(ACTION))
+    return out.set_column(out.column_names.index(ACTION), ACTION, opened)
 
 
 def stage_scd2(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:

@@ -51,19 +51,30 @@ def data_columns(spec: SinkSpec, prepared: pa.Schema) -> list[pa.Field]:
     for name in spec.keys:
         out.append(pa.field(name, prepared.field(name).type, nullable=False))
     for f in prepared:
-        if f.name in spec.keys or f.name in (IS_DELETE, NOW, ACTION) or f.name.startswith(SET_PREFIX):
+        if f.name in spec.keys or f.name in (IS_DELETE, NOW, ACTION, DELETED_AT) or f.name.startswith(SET_PREFIX):
+            continue
+        if f.name in spec.hidden:
             continue
         out.append(pa.field(f.name, f.type, nullable=True))
     return out
 
 
 def table_schema(spec: SinkSpec, prepared: pa.Schema) -> pa.Schema:
-    """The schema of a new table for the first batch."""
+    """The schema of a new main table for the first batch (no tombstone column: see :mod:`sinks.delta.layout`)."""
     fields = data_columns(spec, prepared)
     if spec.scd_type == 2:
         st = prepared.field(spec.sequence_by).type
-        fields += [pa.field(VALID_FROM, st), pa.field(VALID_TO, st), pa.field(IS_CURRENT, pa.bool_())]
-    return pa.schema([*fields, pa.field(DELETED_AT, TIMESTAMP, nullable=True)])
+        fields += [pa.field(VALID_FROM, st), pa.field(VALID_TO, st)]
+        if IS_CURRENT not in spec.hidden:
+            fields.append(pa.field(IS_CURRENT, pa.bool_()))
+    return pa.schema(fields)
+
+
+def state_schema(spec: SinkSpec, prepared: pa.Schema) -> pa.Schema:
+    """The schema of the state table: key, last applied sequence, tombstone time."""
+    keys = [pa.field(k, prepared.field(k).type, nullable=False) for k in spec.keys]
+    seq = pa.field(spec.sequence_by, prepared.field(spec.sequence_by).type, nullable=False)
+    return pa.schema([*keys, seq, pa.field(DELETED_AT, TIMESTAMP, nullable=True)])
 
 
 def new_columns(spec: SinkSpec, table: pa.Schema, prepared: pa.Schema) -> list[pa.Field]:
@@ -74,9 +85,9 @@ def new_columns(spec: SinkSpec, table: pa.Schema, prepared: pa.Schema) -> list[p
     for f in data_columns(spec, prepared):
         have = existing.get(f.name)
         if have is None:
-            if f.name in spec.keys or f.name == spec.sequence_by:
+            if f.name in spec.keys:
                 raise SchemaEvolutionError(
-                    f"column {f.name!r} is a key or sequence column of the changes but not of the table "
+                    f"column {f.name!r} is a key column of the changes but not of the table "
                     f"({table.names}); keys cannot change"
                 )
             added.append(pa.field(f.name, f.type, nullable=True))

@@ -16,17 +16,19 @@ from cdc.errors import OptionError
 from cdc.model import CHANNEL, POSITION
 from sinks.delta.batch import prepare
 from sinks.delta.engine import Engine
-from sinks.delta.layout import DEFAULT_DELETE_CONDITION, IS_DELETE
-from sinks.delta.merge import merge_plan
+from sinks.delta.layout import DEFAULT_DELETE_CONDITION, DELETED_AT, IS_DELETE, LegacyLayoutError, state_path
+from sinks.delta.merge import merge_plan, state_plan
+from sinks.delta.migration import migrate_layout
 from sinks.delta.scd1 import purge_predicate, stage_scd1
-from sinks.delta.scd2 import heads_condition, stage_scd2
-from sinks.delta.schema import new_columns, table_schema
+from sinks.delta.scd2 import current_condition, key_heads, main_source, stage_scd2
+from sinks.delta.schema import new_columns, state_schema, table_schema
 from sinks.delta.spec import SinkSpec
 from sinks.delta.staging import StagingLog
+from sinks.delta.state import guard, key_range_condition, state_source
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("delta-rs", "delta-spark")
+ENGINES = ("auto", "delta-rs", "delta-spark")
 
 
 class DeltaUpsertSink:
@@ -40,7 +42,8 @@ class DeltaUpsertSink:
 
     Parameters
     ----------
-    path : the Delta table (created on the first batch).
+    path : the Delta table (created on the first batch): a plain Delta table of live rows; the sink's own
+        state (sequences, tombstones, SCD2 key heads) is the Delta table ``<path>/_cdc_state``.
     keys : the key column(s).
     sequence_by : the column that orders a key's changes (``_seq``: the change model's sequence).
     apply_as_deletes : SQL condition over a change record marking it a delete (default ``_op = 'delete'``).
@@ -53,7 +56,13 @@ class DeltaUpsertSink:
         None disables both.
     app_id : the Delta application-transaction id; default ``cdc-tunnel-<streaming query id>``, which stays
         the same across restarts of the query from its checkpoint.
-    engine : ``delta-rs`` (default) or ``delta-spark``.
+    bookkeeping_columns : which bookkeeping columns the table shows, any of ``sequence`` (``sequence_by``),
+        ``commit_ts`` (``_commit_ts``) and, SCD type 2, ``is_current`` (``_is_current``); default all. A
+        hidden column is not stored in the table (the state table keeps what the sink needs); it applies
+        when the table is created.
+    engine : ``auto`` (default), ``delta-rs`` or ``delta-spark``. ``auto`` picks by where the query runs (see
+        :func:`sinks.delta.session.default_engine`): delta-rs under ``local[...]``, delta-spark on a cluster
+        when the io.delta jars are on the session (and not ``pipelined``).
     storage_options : passed to delta-rs (object store credentials).
     pipelined : return from ``foreachBatch`` once the batch is durably staged (``staging_dir``), and merge it
         in the background while Spark prepares the next batch (at most one merge in flight). Exactly-once is
@@ -76,8 +85,9 @@ class DeltaUpsertSink:
         tombstone_retention: timedelta = timedelta(days=2),
         compact_every: int | None = 10,
         prune_by_key_range: bool = True,
+        bookkeeping_columns: Sequence[str] | None = None,
         app_id: str | None = None,
-        engine: str = "delta-rs",
+        engine: str = "auto",
         storage_options: dict[str, str] | None = None,
         pipelined: bool = False,
         staging_dir: str | None = None,
@@ -93,6 +103,7 @@ class DeltaUpsertSink:
             except_columns=tuple(except_columns),
             tombstone_retention=tombstone_retention,
             prune_by_key_range=prune_by_key_range,
+            bookkeeping_columns=None if bookkeeping_columns is None else tuple(bookkeeping_columns),
         )
         if compact_every is not None and compact_every < 1:
             raise OptionError("option 'compact_every' must be a positive number of batches, or None", "compact_every")
@@ -104,10 +115,16 @@ class DeltaUpsertSink:
         self.storage_options = storage_options
         self.clock = clock or (lambda: datetime.now(UTC))
         self._engine: Engine | None = None
+        self._state_engine: Engine | None = None
         self.pipelined = pipelined
         if pipelined and staging_dir is None and "://" in self.path:
             raise OptionError(
                 "option 'staging_dir' is required with pipelined=True when the table is not on a local path", "staging_dir"
+            )
+        if pipelined and engine == "delta-spark":
+            raise OptionError(
+                "option 'pipelined' applies to engine='delta-rs' (delta-spark merges the batch inside Spark, "
+                "with nothing to overlap on the driver); accepted with delta-spark: pipelined=False", "pipelined"
             )
         self.staging_dir = staging_dir or os.path.join(self.path, "_cdc_staging")
         self._executor: ThreadPoolExecutor | None = None
@@ -120,32 +137,51 @@ class DeltaUpsertSink:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_engine=None, _executor=None, _inflight=None)
+        state.update(_engine=None, _state_engine=None, _executor=None, _inflight=None)
         return state
 
     # ------------------------------------------------------------------ engines
     def engine(self, spark: Any = None) -> Engine:
+        """The engine on the main table."""
         if self._engine is None:
-            if self.engine_name == "delta-rs":
-                from sinks.delta.rs import DeltaRsEngine
-
-                self._engine = DeltaRsEngine(self.path, self.storage_options)
-            else:
-                from sinks.delta.spark import DeltaSparkEngine
-
-                if spark is None:
-                    from pyspark.sql import SparkSession
-
-                    spark = SparkSession.getActiveSession()
-                self._engine = DeltaSparkEngine(spark, self.path)
+            self._engine = self._new_engine(self.path, spark)
         return self._engine
+
+    def state_engine(self, spark: Any = None) -> Engine:
+        """The engine on the state table (see :mod:`sinks.delta.layout`)."""
+        if self._state_engine is None:
+            self._state_engine = self._new_engine(state_path(self.path), spark)
+        return self._state_engine
+
+    def _new_engine(self, path: str, spark: Any) -> Engine:
+        if self.engine_name == "auto":
+            from sinks.delta.session import default_engine
+
+            self.engine_name = default_engine(spark, pipelined=self.pipelined)
+        if self.engine_name == "delta-rs":
+            from sinks.delta.rs import DeltaRsEngine
+
+            return DeltaRsEngine(path, self.storage_options)
+        from sinks.delta.spark import DeltaSparkEngine
+
+        if spark is None:
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.getActiveSession()
+        return DeltaSparkEngine(spark, path)
+
+    def _committed(self, app_id: str) -> int | None:
+        """The last batch committed to both tables under ``app_id`` (None: none, or unknown)."""
+        main, state = self.engine().committed_version(app_id), self.state_engine().committed_version(app_id)
+        return None if main is None or state is None else min(main, state)
 
     # ------------------------------------------------------------------ foreachBatch
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         """The ``foreachBatch`` entry point: evaluate the delete condition, collect the batch as Arrow, apply."""
         spark = batch_df.sparkSession
         app_id = self.app_id or self._query_app_id(spark)
-        engine = self.engine(spark)
+        self.engine(spark)
+        self.state_engine(spark)
         if self.pipelined:
             self._recover(app_id)
             if batch_id <= self._submitted:
@@ -153,7 +189,7 @@ class DeltaUpsertSink:
                 return
         # (With a merge in flight the table is not read here: Spark replays batches only after a restart,
         # and a restart starts with nothing in flight.)
-        done = None if self._inflight is not None else engine.committed_version(app_id)
+        done = None if self._inflight is not None else self._committed(app_id)
         if done is not None and done >= batch_id:
             log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app_id, done)
             return
@@ -165,6 +201,9 @@ class DeltaUpsertSink:
         unused = [c for c in batch_df.columns if c in (CHANNEL, POSITION) or c in self.spec.except_columns]
         if unused:
             batch_df = batch_df.drop(*unused)
+        if self.engine_name == "delta-spark":
+            self.write_frame(batch_df, batch_id, app_id)
+            return
         started = time.perf_counter()
         changes = _collect(batch_df)
         collected = time.perf_counter()
@@ -222,7 +261,8 @@ class DeltaUpsertSink:
 
     @staticmethod
     def _query_app_id(spark: Any) -> str:
-        qid = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+        qid = _connect_query_id(spark) if is_connect(spark) else spark.sparkContext.getLocalProperty(
+            "sql.streaming.queryId")
         if not qid:
             raise OptionError(
                 "option 'app_id' is required outside a streaming query (no streaming query id to derive it from)",
@@ -242,10 +282,10 @@ class DeltaUpsertSink:
             raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
         if batch_id < 0:
             raise ValueError(f"batch id must be >= 0, got {batch_id}")
-        engine = self.engine()
-        done = engine.committed_version(app)
-        if done is not None and done >= batch_id:
-            log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app, done)
+        main, state = self.engine(), self.state_engine()
+        main_done, state_done = main.committed_version(app), state.committed_version(app)
+        if main_done is not None and main_done >= batch_id and state_done is not None and state_done >= batch_id:
+            log.info("batch %d already committed to %s by %s; skipping the replay", batch_id, self.path, app)
             return False
         now = self.clock()
         spec = self.spec
@@ -253,37 +293,103 @@ class DeltaUpsertSink:
         if prepared.num_rows == 0:
             log.debug("batch %d has no changes", batch_id)
             return False
-        schema = engine.schema()
+        schema = main.schema()
         if schema is None:
-            engine.create(table_schema(spec, prepared.schema))
-            schema = engine.schema()
+            main.create(table_schema(spec, prepared.schema))
+            schema = main.schema()
             assert schema is not None
-        added = new_columns(spec, schema, prepared.schema)
-        if added:
-            log.info("adding columns %s to %s", [f.name for f in added], self.path)
-            engine.add_columns(added)
-            schema = pa.schema([*schema, *added])
-        if spec.scd_type == 1:
-            source = stage_scd1(spec, prepared)
-        else:
-            heads = engine.read(*heads_condition(spec, prepared))
-            source = stage_scd2(spec, prepared, heads)
-        plan = merge_plan(spec, source, schema)
-        metrics = engine.merge(source, plan, app, batch_id)
-        log.info("batch %d: merged %d changes into %s: %s", batch_id, prepared.num_rows, self.path, metrics)
+        elif DELETED_AT in schema.names:
+            raise LegacyLayoutError(
+                f"{self.path} was written by the previous layout of DeltaUpsertSink (tombstones in the table, "
+                f"column {DELETED_AT}); nothing was written. Run sink.migrate() once with this sink's options (it "
+                "moves the tombstones and sequences to the state table and rewrites the table without them, one "
+                "commit each), then restart the query"
+            )
+        if state.schema() is None:
+            state.create(state_schema(spec, prepared.schema))
+        heads = state.read(*key_range_condition(spec, prepared))
+        if main_done is None or main_done < batch_id:
+            # The main table first, computed from the state before the batch: a crash before the state's
+            # commit leaves that state as it was, so the replay recomputes the state's commit alone.
+            added = new_columns(spec, schema, prepared.schema)
+            if added:
+                log.info("adding columns %s to %s", [f.name for f in added], self.path)
+                main.add_columns(added)
+                schema = pa.schema([*schema, *added])
+            if spec.scd_type == 1:
+                source = stage_scd1(spec, prepared, heads)
+            else:
+                current = main.read(*current_condition(spec, prepared))
+                source = main_source(stage_scd2(spec, prepared, key_heads(spec, heads, current)))
+            metrics = main.merge(source, merge_plan(spec, source, schema), app, batch_id)
+            log.info("batch %d: merged %d changes into %s: %s", batch_id, source.num_rows, self.path, metrics)
+        if state_done is None or state_done < batch_id:
+            heads_after = state_source(spec, guard(spec, prepared, heads))
+            state.merge(heads_after, state_plan(spec, heads_after), app, batch_id)
+        if self.compact_every and (batch_id + 1) % self.compact_every == 0:
+            self.maintain(now)
+        return True
+
+    def migrate(self) -> bool:
+        """Convert a table written by the previous layout (tombstones in the table) to the current one; see
+        :func:`sinks.delta.migration.migrate_layout`. Returns False when there was nothing to migrate."""
+        return migrate_layout(self.path, self.spec, self.storage_options)
+
+    def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None) -> bool:
+        """:meth:`write` for a DataFrame with ``engine='delta-spark'``: prepared, staged and merged inside Spark
+        (:mod:`sinks.delta.frame`), never collected to the driver."""
+        from sinks.delta.frame import write_frame
+        from sinks.delta.spark import DeltaSparkEngine
+
+        app = app_id or self.app_id
+        if not app:
+            raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
+        engine = self.engine(batch_df.sparkSession)
+        assert isinstance(engine, DeltaSparkEngine)
+        done = engine.committed_version(app)
+        if done is not None and done >= batch_id:
+            log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app, done)
+            return False
+        now = self.clock()
+        if not write_frame(self.spec, engine, batch_df, batch_id, app, now):
+            return False
         if self.compact_every and (batch_id + 1) % self.compact_every == 0:
             self.maintain(now)
         return True
 
     def maintain(self, now: datetime | None = None) -> None:
         """Purge expired tombstones and compact small files (each one commit; readers are never blocked)."""
-        engine = self.engine()
-        if engine.schema() is None:
-            return
-        purge = purge_predicate(self.spec, now or self.clock())
-        if purge is not None:
-            engine.delete(purge)
-        engine.compact()
+        main, state = self.engine(), self.state_engine()
+        if state.schema() is not None:
+            purge = purge_predicate(self.spec, now or self.clock())
+            if purge is not None:
+                state.delete(purge)
+            state.compact()
+        if main.schema() is not None:
+            main.compact()
+
+
+def is_connect(spark: Any) -> bool:
+    """True for a Spark Connect session (no ``sparkContext``, no ``_jvm``); checked by class, so that a
+    classic session never imports the Connect client (grpc)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _connect_query_id(spark: Any) -> str | None:
+    """The streaming query id under Spark Connect, where the batch's local properties are not visible.
+
+    ``foreachBatch`` runs in a worker attached to the client's session, so the session's active queries are
+    the user's: with exactly one, it is this batch's query (its id is kept in the checkpoint, so it stays the
+    same across restarts). With several, the batch cannot tell which is its own.
+    """
+    active = spark.streams.active
+    if len(active) > 1:
+        raise OptionError(
+            f"option 'app_id' is required under Spark Connect when the session runs several streaming queries "
+            f"({len(active)} active): give each query's sink its own app_id",
+            "app_id",
+        )
+    return str(active[0].id) if active else None
 
 
 ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"

@@ -1,10 +1,12 @@
-"""The delta-spark engine: ``DeltaTable.forPath(...).merge`` inside the JVM, for clusters where the
-``io.delta`` jars are on the classpath (the project's set-up does not resolve them yet).
+"""The delta-spark engine: ``DeltaTable.forPath(...).merge`` inside Spark, with the io.delta jars that
+``make delta-spark`` resolves (see :mod:`sinks.delta.session`).
 
 It runs exactly the statements :mod:`sinks.delta.merge` generates for delta-rs (same predicate, same
-WHEN clauses, same staging), so the surface that cannot be tested here is this thin adapter. Exactly-once
-uses Delta's idempotent writes: the session confs ``spark.databricks.delta.write.txnAppId`` /
-``txnVersion`` make Delta skip a commit already made under that application transaction.
+WHEN clauses, same staging). From ``foreachBatch`` the batch stays a DataFrame (:meth:`merge_frame`, fed by
+:mod:`sinks.delta.frame`); :meth:`merge` takes an Arrow batch (the sink's ``write``). Exactly-once uses
+Delta's idempotent writes: the session confs ``spark.databricks.delta.write.txnAppId`` / ``txnVersion``
+make Delta skip a commit already made under that application transaction, and the sink reads the last
+committed version from the table's log first, so a replay costs no Spark job.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ log = logging.getLogger(__name__)
 DELTA_CLASS = "io.delta.tables.DeltaTable"
 UNAVAILABLE = (
     "the delta-spark engine needs the io.delta Spark jars on the classpath (class io.delta.tables.DeltaTable); "
-    "they are not on this JVM. Add them (e.g. spark.jars.packages=io.delta:delta-spark_2.13:4.0.0 where Maven "
-    "is reachable) and `pip install delta-spark`, or use engine='delta-rs'"
+    "they are not on this JVM. Run `make delta-spark` and build the session with "
+    "sinks.delta.session.configure_delta(SparkSession.builder...) (or spark-submit --packages "
+    "io.delta:delta-spark_4.2_2.13:4.4.0), or use engine='delta-rs'"
 )
 
 
@@ -50,7 +53,11 @@ class DeltaSparkEngine:
     enforces_transactions = True
 
     def __init__(self, spark: Any, path: str) -> None:
-        if not delta_jars_available(spark):
+        from sinks.delta.sink import is_connect
+
+        # Under Spark Connect the server's classpath cannot be asked (no ``_jvm``): delta-spark's Python
+        # DeltaTable sends its calls through Delta's Connect plugin, which the server must load.
+        if not is_connect(spark) and not delta_jars_available(spark):
             raise TerminalError(UNAVAILABLE)
         try:
             from delta.tables import DeltaTable  # type: ignore[import-not-found,unused-ignore]
@@ -66,10 +73,23 @@ class DeltaSparkEngine:
 
         if not self._DeltaTable.isDeltaTable(self.spark, self.path):
             return None
-        return to_arrow_schema(self._forpath().toDF().schema)
+        return to_arrow_schema(self._forpath().toDF().schema, timezone="UTC")
 
     def committed_version(self, app_id: str) -> int | None:
-        return None  # Delta itself skips the commit (enforces_transactions)
+        # The log's txn actions, read by delta-rs on the driver: no Spark job, and the same answer Delta's
+        # own check gives (which still guards the commit itself: enforces_transactions).
+        from deltalake import DeltaTable as LogReader
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            version = LogReader(self.path).transaction_version(app_id)
+        except TableNotFoundError:
+            return None
+        return None if version is None else int(version)
+
+    def frame(self) -> Any:
+        """The table as a DataFrame (Delta's reader)."""
+        return self._forpath().toDF()
 
     def create(self, schema: pa.Schema) -> None:
         from pyspark.sql.pandas.types import from_arrow_schema
@@ -87,12 +107,17 @@ class DeltaSparkEngine:
         return self._forpath().toDF().where(sql).toArrow()
 
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
+        return self.merge_frame(self.spark.createDataFrame(source), plan, app_id, version)
+
+    def merge_frame(self, source_df: Any, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
+        """Run ``plan`` with the DataFrame ``source_df`` as one commit carrying ``(app_id, version)``."""
         conf = self.spark.conf
-        source_df = self.spark.createDataFrame(source)
         merger = self._forpath().alias(plan.target_alias).merge(source_df.alias(plan.source_alias), plan.predicate)
         for clause in plan.clauses:
             if clause.kind == "update":
                 merger = merger.whenMatchedUpdate(condition=clause.condition, set=dict(clause.assignments))
+            elif clause.kind == "delete":
+                merger = merger.whenMatchedDelete(condition=clause.condition)
             else:
                 merger = merger.whenNotMatchedInsert(condition=clause.condition, values=dict(clause.assignments))
         conf.set("spark.databricks.delta.write.txnAppId", app_id)

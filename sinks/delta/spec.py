@@ -19,7 +19,8 @@ Rules
   no newer change of the batch set. A partial update on a missing key or a tombstone creates the row with the
   unchanged columns null; SCD type 2 takes them from the current version. ``_unchanged`` is never stored.
 * Across batches a change applies only if its sequence is greater than the key's last applied sequence
-  (live row, tombstone or current SCD2 version).
+  as kept in the state table (live key or tombstone; see :mod:`sinks.delta.layout`), checked in Arrow
+  before the MERGE of the main table.
 * A change is a delete when ``apply_as_deletes`` (a SQL expression over the change record, default
   ``_op = 'delete'``) holds. The condition is evaluated once per record (by Spark in the ``foreachBatch``
   wrapper, or natively for the default) into the column ``__cdc_is_delete``.
@@ -36,6 +37,7 @@ from datetime import timedelta
 from cdc.errors import OptionError
 from sinks.delta.layout import (
     ACTION,
+    BOOKKEEPING,
     DEFAULT_DELETE_CONDITION,
     DELETED_AT,
     IS_CURRENT,
@@ -43,6 +45,7 @@ from sinks.delta.layout import (
     NOW,
     VALID_FROM,
     VALID_TO,
+    hidden_columns,
 )
 
 
@@ -58,6 +61,9 @@ class SinkSpec:
     except_columns: tuple[str, ...] = ()
     tombstone_retention: timedelta = timedelta(days=2)
     prune_by_key_range: bool = True
+    #: Which bookkeeping columns the main table shows (see :mod:`sinks.delta.layout`); None: all.
+    bookkeeping_columns: tuple[str, ...] | None = None
+    hidden: frozenset[str] = field(default=frozenset(), init=False)
     reserved: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
@@ -91,6 +97,21 @@ class SinkSpec:
                 )
         if self.tombstone_retention < timedelta(0):
             raise OptionError("option 'tombstone_retention' must not be negative", "tombstone_retention")
+        accepted = BOOKKEEPING if self.scd_type == 2 else BOOKKEEPING[:2]
+        if self.bookkeeping_columns is None:
+            visible = frozenset(accepted)
+        else:
+            if isinstance(self.bookkeeping_columns, str):
+                object.__setattr__(self, "bookkeeping_columns", (self.bookkeeping_columns,))
+            bad = [c for c in self.bookkeeping_columns if c not in accepted]
+            if bad:
+                raise OptionError(
+                    f"option 'bookkeeping_columns': {bad} not accepted for scd_type={self.scd_type}; accepted: "
+                    f"any of {', '.join(accepted)} (SCD type 2's _valid_from/_valid_to are always shown)",
+                    "bookkeeping_columns",
+                )
+            visible = frozenset(self.bookkeeping_columns)
+        object.__setattr__(self, "hidden", hidden_columns(visible, self.sequence_by, self.scd_type))
         reserved = [DELETED_AT, IS_DELETE, NOW, ACTION]
         if self.scd_type == 2:
             reserved += [VALID_FROM, VALID_TO, IS_CURRENT]

@@ -74,7 +74,7 @@ def test_unknown_option_names_it_and_lists_accepted() -> None:
         ({"path": "/x", "maxBytesPerTrigger": "0"}, "'maxBytesPerTrigger'"),
         ({"path": "/x", "maxBytesPerTrigger": "1MB"}, "'maxBytesPerTrigger'"),
         ({"path": "/x", "failOnDataLoss": "maybe"}, "accepted values: true, false"),
-        ({"backend": "kafka"}, "accepted values: local, pulsar, tablestore"),
+        ({"backend": "kafka"}, "accepted values: local, postgres, pulsar, tablestore"),
         ({}, "option 'path' is required"),
     ],
 )

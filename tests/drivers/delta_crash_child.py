@@ -2,7 +2,8 @@
 test kills with SIGKILL (see test_crash.py). Not a test module.
 
 Usage: python delta_crash_child.py LOG TABLE CHECKPOINT MARKERS [--hold-after-commit N | --hold-before-commit N |
-       --hold-in-background-merge N]
+       --hold-between-commits N | --hold-in-background-merge N]
+Environment: CRASH_CHILD_ENGINE (the sink's engine, default delta-rs), CRASH_CHILD_PIPELINED (1: pipelined).
 """
 
 from __future__ import annotations
@@ -38,10 +39,20 @@ def main() -> None:
             if hold == "--hold-in-background-merge" and batch_id == hold_batch:
                 (Path(markers) / "holding").write_text(str(batch_id))
                 time.sleep(600)
+            if hold == "--hold-between-commits" and batch_id == hold_batch:
+                state = self.state_engine()
+
+                def held(*args: Any, **kwargs: Any) -> Any:
+                    # killed here: the main table's commit is made, the state table's is not
+                    (Path(markers) / "holding").write_text(str(batch_id))
+                    time.sleep(600)
+
+                state.merge = held  # type: ignore[method-assign]
             return super().write(changes, batch_id, app_id)
 
     pipelined = hold == "--hold-in-background-merge" or os.environ.get("CRASH_CHILD_PIPELINED") == "1"
-    sink = SlowMergeSink(table, keys=["id"], compact_every=3, pipelined=pipelined)
+    engine = os.environ.get("CRASH_CHILD_ENGINE", "delta-rs")
+    sink = SlowMergeSink(table, keys=["id"], compact_every=3, pipelined=pipelined, engine=engine)
 
     def batch(df: object, batch_id: int) -> None:
         with calls.open("a") as f:

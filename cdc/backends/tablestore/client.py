@@ -172,7 +172,10 @@ class TunnelClient:
         return bytes(res_body)
 
     def _call(self, name: str, request: Any, response_type: Any) -> Any:
-        uri = pb.URIS[name]
+        return self.call(pb.URIS[name], request, response_type)
+
+    def call(self, uri: str, request: Any, response_type: Any) -> Any:
+        """One signed call of any API (``/GetRange``, ``/tunnel/readrecords``...), retried when transient."""
         body = request.SerializeToString()
 
         def once() -> Any:

@@ -161,22 +161,23 @@ class TablestoreOptions(BackendOptions):
 
     def credentials(self) -> tuple[str, str, str | None]:
         """``(access key id, secret, sts token or None)``: options first, then the environment."""
-        key_id = (
-            self.access_key_id.get_secret_value() if self.access_key_id else os.environ.get(ENV_ACCESS_KEY_ID)
-        )
-        secret = (
-            self.access_key_secret.get_secret_value()
-            if self.access_key_secret
-            else os.environ.get(ENV_ACCESS_KEY_SECRET)
-        )
-        token = self.sts_token.get_secret_value() if self.sts_token else os.environ.get(ENV_SECURITY_TOKEN)
-        if not key_id or not secret:
-            raise OptionError(
-                "Tablestore credentials are missing: set the options 'access.key.id' and 'access.key.secret' or "
-                f"the environment variables {ENV_ACCESS_KEY_ID} and {ENV_ACCESS_KEY_SECRET}",
-                "access.key.id",
-            )
-        return key_id, secret, token or None
+        return resolve_credentials(self.access_key_id, self.access_key_secret, self.sts_token)
 
     def value_columns(self) -> list[tuple[str, pa.DataType]]:
         return parse_catalog(self.catalog) if self.catalog else []
+
+
+def resolve_credentials(
+    key_id_option: SecretStr | None, secret_option: SecretStr | None, token_option: SecretStr | None
+) -> tuple[str, str, str | None]:
+    """``(access key id, secret, sts token or None)``: the options first, then the environment."""
+    key_id = key_id_option.get_secret_value() if key_id_option else os.environ.get(ENV_ACCESS_KEY_ID)
+    secret = secret_option.get_secret_value() if secret_option else os.environ.get(ENV_ACCESS_KEY_SECRET)
+    token = token_option.get_secret_value() if token_option else os.environ.get(ENV_SECURITY_TOKEN)
+    if not key_id or not secret:
+        raise OptionError(
+            "Tablestore credentials are missing: set the options 'access.key.id' and 'access.key.secret' or "
+            f"the environment variables {ENV_ACCESS_KEY_ID} and {ENV_ACCESS_KEY_SECRET}",
+            "access.key.id",
+        )
+    return key_id, secret, token or None

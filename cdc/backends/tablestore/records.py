@@ -46,6 +46,7 @@ RECORD_TYPE_COLUMN = "__ots_record_type__"
 RECORD_TIMESTAMP_COLUMN = "__ots_record_timestamp__"
 COLUMN_TYPE_PREFIX = "__ots_column_type_"
 _OPS = {pb.PUT_ROW: Op.INSERT, pb.UPDATE_ROW: Op.UPDATE, pb.DELETE_ROW: Op.DELETE}
+_OP_NAMES = {action: op.value for action, op in _OPS.items()}
 _RECORD_TYPES = {pb.PUT_ROW: "PUT", pb.UPDATE_ROW: "UPDATE", pb.DELETE_ROW: "DELETE"}
 _CELL_TYPES = {DELETE_ONE_VERSION: "DELETE_ONE_VERSION", DELETE_ALL_VERSION: "DELETE_ALL_VERSION"}
 
@@ -128,63 +129,68 @@ class RecordLayout:
                 out[f.name] = (bytes,)
         return out
 
+    @cached_property
+    def _plan(self) -> tuple[dict[str, tuple[type, ...]], tuple[str, ...], frozenset[str], bool]:
+        """What :meth:`_row` looks up per record, looked up once (it runs for every record read)."""
+        return self._accepts, self.schema.keys, frozenset(self.value_columns), self.schema.partial
+
     def _row(self, channel: str, base: bool, n: int, action: int, row: Row) -> list[Any]:
-        accepts = self._accepts
+        accepts, keys, value_set, partial = self._plan
+        value_columns = self.value_columns
         values: dict[str, Any] = {}
         kinds: dict[str, str] = {}
-        for cell in row.cells:
-            if cell.name not in accepts:
+        for name, value, cell_type, _ in row.cells:
+            if name not in accepts:
                 continue  # not in the catalog: not read (a projection, as in the EMR connector)
-            if cell.cell_type is None:
-                values[cell.name] = cell.value
-                kinds[cell.name] = "PUT"
+            if cell_type is None:
+                values[name] = value
+                kinds[name] = "PUT"
             else:
-                values[cell.name] = None
-                kinds[cell.name] = _CELL_TYPES.get(cell.cell_type, f"UNKNOWN({cell.cell_type})")
+                values[name] = None
+                kinds[name] = _CELL_TYPES.get(cell_type, f"UNKNOWN({cell_type})")
         if base:
             op, seq = "snapshot", n
             stamps = [c.timestamp for c in row.cells if c.timestamp is not None]
             commit_us = max(stamps) * 1000 if stamps else 0
             record_type, record_ts = "PUT", None
         else:
-            if action not in _OPS:
+            op_name = _OP_NAMES.get(action)
+            if op_name is None:
                 raise MalformedRecordError(f"unknown action type {action}")
             info = row.sequence_info
             if info is None:
                 raise MalformedRecordError("a stream record has no sequence info")
             if not 0 <= info.row_index < 1024:
                 raise MalformedRecordError(f"sequence row_index {info.row_index} is outside [0, 1024)")
-            op, seq = _OPS[action].value, info.timestamp * 1024 + info.row_index
+            op, seq = op_name, info.timestamp * 1024 + info.row_index
             commit_us, record_type, record_ts = info.timestamp, _RECORD_TYPES[action], info.timestamp
             if action == pb.DELETE_ROW:
                 values, kinds = {}, {}
-        # Only an UPDATE_ROW is partial: the columns it does not mention keep their values. PUT_ROW
-        # replaces the whole row (absent columns are gone), DELETE_ROW and base-data rows are whole.
-        unchanged = None
-        if not base and action == pb.UPDATE_ROW:
-            unchanged = [name for name in self.value_columns if name not in kinds] or None
         out: list[Any] = [op, seq, commit_us, channel, n]
-        if self.schema.partial:
+        if partial:
+            # Only an UPDATE_ROW is partial: the columns it does not mention keep their values. PUT_ROW
+            # replaces the whole row (absent columns are gone), DELETE_ROW and base-data rows are whole.
+            unchanged = None
+            if not base and action == pb.UPDATE_ROW:
+                unchanged = [name for name in value_columns if name not in kinds] or None
             out.append(unchanged)
         pk = dict(row.primary_key)
-        for key in self.schema.keys:
+        for key in keys:
             if key not in pk:
                 raise MalformedRecordError(f"primary-key column {key!r} is missing")
             key_value = pk[key]
             if type(key_value) not in accepts[key]:
                 raise _mismatch(key, key_value, self.schema.table)
             out.append(key_value)
-        for name in self.value_columns:
-            value = values.get(name)
-            if value is not None and type(value) not in accepts[name]:
+        for name, value in values.items():  # the mentioned columns only: the others are null
+            if value is not None and type(value) not in accepts[name] and name in value_set:
                 raise _mismatch(name, value, self.schema.table)
-            out.append(value)
+        out.extend(map(values.get, value_columns))
         if self.ots_columns:
             out.append(record_type)
             out.append(record_ts)
-            out.extend(kinds.get(name) for name in self.value_columns)
+            out.extend(map(kinds.get, value_columns))
         return out
-
 
 def _safe_name(channel: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in channel)

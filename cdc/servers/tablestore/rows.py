@@ -89,6 +89,25 @@ class Rows:
         ).fetchone()
         return bytes(r[0])
 
+    def split_points(self, table: str, split_bytes: int) -> list[Row]:
+        """Keys that cut the table into consecutive ranges of about ``split_bytes`` (stored row sizes).
+
+        Each point is the first key of a range after the first; a range ends at the row that makes it
+        reach ``split_bytes``, so a table smaller than that has no point (one range).
+        """
+        with self.db.lock:
+            self.tables.get(table)
+            cursor = self.db.execute("SELECT row, length(row) FROM rows WHERE tbl=? ORDER BY k", (table,))
+            points: list[Row] = []
+            size, cut = 0, False
+            for row, length in cursor:
+                if cut:
+                    points.append(Row(decode_row(row).primary_key))
+                    size, cut = 0, False
+                size += int(length)
+                cut = size >= split_bytes
+        return points
+
     def _get(self, table: str, key: bytes) -> Row | None:
         r = self.db.execute("SELECT row FROM rows WHERE tbl=? AND k=?", (table, key)).fetchone()
         return None if r is None else decode_row(r[0])

@@ -282,6 +282,30 @@ def get_range(store: Store, body: bytes) -> bytes:
     return resp.SerializeToString()  # type: ignore[no-any-return]
 
 
+_SPLIT_UNIT_BYTES = 100 * 1024 * 1024  # the request's split_size is in 100 MB unless it names a unit
+
+
+def compute_split_points_by_size(store: Store, body: bytes) -> bytes:
+    """Split points every ``split_size`` (estimated) bytes: PlainBuffer primary keys, in increasing order,
+    each as long as the table's key (the service may omit trailing INF_MIN columns; none are here), and
+    one location hint for every range (this server has one: an empty location, as the service sends
+    when a location is not suitable to be seen)."""
+    req = _parse(pb.ComputeSplitPointsBySizeRequest, body)
+    unit = req.split_size_unit_in_byte if req.HasField("split_size_unit_in_byte") else _SPLIT_UNIT_BYTES
+    if req.split_size <= 0 or unit <= 0:
+        raise param_invalid(f"split size must be greater than 0, got {req.split_size} x {unit} bytes")
+    info = store.table(req.table_name)
+    points = store.split_points(req.table_name, req.split_size * unit)
+    resp = pb.ComputeSplitPointsBySizeResponse()
+    _consumed(resp.consumed, read=1 + len(points))
+    type_ids = {v: k for k, v in PK_TYPES.items()}
+    for name, ptype in info.pk:
+        resp.schema.add(name=name, type=type_ids[ptype])
+    resp.split_points.extend(encode_row(point) for point in points)
+    resp.locations.add(location="", repeat=len(points) + 1)
+    return resp.SerializeToString()  # type: ignore[no-any-return]
+
+
 TABLE_API: dict[str, Handler] = {
     "/CreateTable": create_table,
     "/ListTable": list_table,
@@ -293,6 +317,7 @@ TABLE_API: dict[str, Handler] = {
     "/BatchWriteRow": batch_write_row,
     "/GetRow": get_row,
     "/GetRange": get_range,
+    "/ComputeSplitPointsBySize": compute_split_points_by_size,
 }
 
 

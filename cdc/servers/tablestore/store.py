@@ -84,6 +84,9 @@ class Store:
     ) -> tuple[list[Row], bytes | None]:
         return self.rows.get_range(table, start, end, forward, limit)
 
+    def split_points(self, table: str, split_bytes: int) -> list[Row]:
+        return self.rows.split_points(table, split_bytes)
+
     def write(self, table: str, ops: Sequence[WriteOp]) -> list[WriteResult]:
         return self.rows.write(table, ops)
 

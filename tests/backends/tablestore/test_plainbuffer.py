@@ -16,6 +16,7 @@ from tablestore.plainbuffer.plain_buffer_builder import PlainBufferBuilder
 from tablestore.plainbuffer.plain_buffer_coded_stream import PlainBufferCodedInputStream
 from tablestore.plainbuffer.plain_buffer_stream import PlainBufferInputStream
 
+from cdc.backends.tablestore import plainbuffer
 from cdc.backends.tablestore.plainbuffer import (
     DELETE_ALL_VERSION,
     DELETE_ONE_VERSION,
@@ -32,6 +33,16 @@ from cdc.backends.tablestore.plainbuffer import (
     encode_row,
     encode_rows,
 )
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs against both readers: the compiled one (native/plainbuffer.c) and the
+    pure-Python fallback. The compiled one must have been built (``make native`` or the install)."""
+    if request.param == "compiled":
+        assert plainbuffer.COMPILED, "the compiled PlainBuffer reader is not built: run `make native`"
+    monkeypatch.setattr(plainbuffer, "COMPILED", request.param == "compiled")
+    return str(request.param)
 
 int64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
 int32 = st.integers(min_value=-(1 << 31), max_value=(1 << 31) - 1)

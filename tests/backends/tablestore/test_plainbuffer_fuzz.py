@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cdc.backends.tablestore import plainbuffer
 from cdc.backends.tablestore.plainbuffer import (
     DELETE_ALL_VERSION,
     DELETE_ONE_VERSION,
@@ -22,6 +24,16 @@ from cdc.backends.tablestore.plainbuffer import (
     encode_row,
     encode_rows,
 )
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs against both readers: the compiled one (native/plainbuffer.c) and the
+    pure-Python fallback. The compiled one must have been built (``make native`` or the install)."""
+    if request.param == "compiled":
+        assert plainbuffer.COMPILED, "the compiled PlainBuffer reader is not built: run `make native`"
+    monkeypatch.setattr(plainbuffer, "COMPILED", request.param == "compiled")
+    return str(request.param)
 
 _HEADER = struct.pack("<i", 0x75)
 _int64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -103,3 +115,4 @@ def _mutated(draw: st.DrawFn) -> bytes:
 @given(_mutated())
 def test_mutated_valid_rows_decode_or_raise_plainbuffer_error(payload: bytes) -> None:
     _decodes_or_fails_cleanly(payload)
+

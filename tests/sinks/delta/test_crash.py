@@ -3,9 +3,10 @@
 The child process (tests/drivers/delta_crash_child.py) runs ``readStream.format("cdc")`` from a local change log into
 ``DeltaUpsertSink``. It is killed either after the sink's Delta commit but before Spark records the batch
 (so Spark replays the batch on restart and the sink must skip it), or before the sink commits (so the
-replay must apply it), or, in pipelined mode, after Spark recorded the batch as done but before its
+replay must apply it), or between the main table's commit and the state table's (so the replay must commit
+the state alone), or, in pipelined mode, after Spark recorded the batch as done but before its
 background MERGE committed (so the staged copy must be merged on restart). Either way the table must equal the source table and every batch id must be
-committed exactly once (the Delta log's application-transaction actions).
+committed exactly once on each of the two tables (their Delta logs' application-transaction actions).
 """
 
 from __future__ import annotations
@@ -92,17 +93,17 @@ def run_child(args: list[str], wait_for: Path | None, then: Path | None = None, 
 def check_table(table: Path, source: dict[int, tuple[str, int]], calls: list[tuple[str, ...]]) -> None:
     """Each batch id committed exactly once, under one application id that survived the restarts, and the
     table equals the source table."""
-    txns = txn_versions(table)
-    apps = {a for a, _ in txns}
-    assert len(apps) == 1 and next(iter(apps)).startswith("cdc-tunnel-")
-    versions = [v for _, v in txns]
-    assert versions == sorted(set(versions)), f"a batch was committed twice: {versions}"
-    assert versions[-1] == max(int(b) for _, b in calls)
+    for log_of in (table, table / "_cdc_state"):
+        txns = txn_versions(log_of)
+        apps = {a for a, _ in txns}
+        assert len(apps) == 1 and next(iter(apps)).startswith("cdc-tunnel-")
+        versions = [v for _, v in txns]
+        assert versions == sorted(set(versions)), f"a batch was committed twice to {log_of}: {versions}"
+        assert versions[-1] == max(int(b) for _, b in calls)
     from deltalake import DeltaTable
 
     rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
-    live = {r["id"]: (r["name"], r["qty"]) for r in rows if r["__cdc_deleted_at"] is None}
-    assert live == source
+    assert {r["id"]: (r["name"], r["qty"]) for r in rows} == source, "the table (live rows only) equals the source"
 
 
 def read_calls(markers: Path) -> list[tuple[str, ...]]:
@@ -111,8 +112,9 @@ def read_calls(markers: Path) -> list[tuple[str, ...]]:
 
 @pytest.mark.slow
 def test_kill_9_mid_batch_then_restart(tmp_path: Path) -> None:
-    """Run 1 is killed after batch 2's Delta commit (before Spark's), run 2 before batch 3's Delta commit,
-    run 3 finishes. Spark replays both batches; the first replay must be skipped, the second applied."""
+    """Run 1 is killed after batch 2's Delta commits (before Spark's), run 2 before batch 3's Delta commits,
+    run 3 between batch 4's main and state commits, run 4 finishes. Spark replays the three batches: the
+    first replay must be skipped, the second applied, the third applied to the state table only."""
     log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
     source = write_history(log)
     table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
@@ -121,11 +123,18 @@ def test_kill_9_mid_batch_then_restart(tmp_path: Path) -> None:
     run_child([*args, "--hold-after-commit", "2"], markers / "holding")
     (markers / "holding").unlink()
     run_child([*args, "--hold-before-commit", "3"], markers / "holding")
+    (markers / "holding").unlink()
+    run_child([*args, "--hold-between-commits", "4"], markers / "holding")
+    from deltalake import DeltaTable
+
+    main_txn = DeltaTable(str(table)).transaction_version(txn_versions(table)[0][0])
+    state_txn = DeltaTable(str(table / "_cdc_state")).transaction_version(txn_versions(table)[0][0])
+    assert (main_txn, state_txn) == (4, 3), "killed between the two commits of batch 4"
     run_child(args, None)
     calls = read_calls(markers)
-    assert len({pid for pid, _ in calls}) == 3
+    assert len({pid for pid, _ in calls}) == 4
     batches = [b for _, b in calls]
-    assert batches.count("2") == 2 and batches.count("3") == 2, batches  # Spark really replayed them
+    assert [batches.count(b) for b in "234"] == [2, 2, 2], batches  # Spark really replayed them
     check_table(table, source, calls)
 
 

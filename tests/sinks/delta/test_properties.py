@@ -3,12 +3,17 @@
 Random histories of inserts, updates and deletes on a few keys are delivered to the sink's core
 (:meth:`DeltaUpsertSink.write`, Arrow in, a real delta-rs commit out) in batches that reorder changes
 within a bounded window, re-deliver old changes (duplicates), replay whole batches (same batch id) and
-crash (a new sink object, then Spark's replay of the last batch). Columns appear mid-history (schema
+crash (a new sink object, then Spark's replay of the last batch), also between the main table's commit and the state
+table's. Columns appear mid-history (schema
 evolution), the table is compacted periodically, and the clock jumps past the tombstone retention (tombstones
 purged). The model is computed independently: per key, the delivered change with the largest sequence
 decides the row (a delete: no row); after a purge, a purged key's sequence is forgotten. Partial updates
 (Tablestore's UpdateRow: some columns set, the others listed in ``_unchanged`` and carrying junk) are folded by
 the model change by change: per key, the changes newer than the last applied one, in sequence order.
+
+Every check reads the main table with ``deltalake`` directly (as any Delta reader would, not through
+:func:`sinks.delta.read`): its rows must be exactly the model's live rows (SCD2: versions), with no tombstone;
+tombstones and sequences are checked in the state table.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sinks.delta import DeltaUpsertSink
-from sinks.delta.layout import DELETED_AT, IS_CURRENT, VALID_FROM, VALID_TO
+from sinks.delta.layout import DELETED_AT, IS_CURRENT, VALID_FROM, VALID_TO, state_path
 
 TS = pa.timestamp("us", tz="UTC")
 KEYS = st.tuples(st.integers(0, 5), st.sampled_from(["x", "y"]))  # a two-column key
@@ -98,11 +103,15 @@ class SinkMachine(RuleBasedStateMachine):
             app_id="prop-test", compact_every=4, tombstone_retention=timedelta(hours=1), clock=lambda: self.now,
         )
 
-    def _version(self) -> int:
-        try:
-            return DeltaTable(self.path).version()
-        except Exception:
-            return -1
+    def _version(self) -> tuple[int, int]:
+        """The versions of the main and the state table (-1: no table yet)."""
+        out = []
+        for table in (self.path, state_path(self.path)):
+            try:
+                out.append(DeltaTable(table).version())
+            except Exception:
+                out.append(-1)
+        return out[0], out[1]
 
     def _model_version(self, key: tuple[Any, ...], seq: int, row: tuple[Any, ...] | None) -> None:
         """SCD type 2 model: every applied change is a version, unless it changes no tracked column (then it
@@ -156,8 +165,9 @@ class SinkMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ deliveries
     @precondition(lambda self: self.pending or self.delivered)
-    @rule(data=st.data(), n=st.integers(1, 8), window=st.integers(0, 3), dups=st.integers(0, 3))
-    def deliver(self, data: st.DataObject, n: int, window: int, dups: int) -> None:
+    @rule(data=st.data(), n=st.integers(1, 8), window=st.integers(0, 3), dups=st.integers(0, 3),
+          crash_between=st.booleans())
+    def deliver(self, data: st.DataObject, n: int, window: int, dups: int, crash_between: bool) -> None:
         reachable = self.pending[: n + window]
         chosen = data.draw(st.lists(st.sampled_from(range(len(reachable))), unique=True, max_size=n), "picks") if reachable else []
         batch = [reachable[i] for i in chosen]
@@ -190,7 +200,23 @@ class SinkMachine(RuleBasedStateMachine):
                 self.applied[key] = (fresh[-1]["_seq"], row)
                 self.state_at[(key, fresh[-1]["_seq"])] = row
         table = batch_table(batch)
-        assert self.sink.write(table, self.batch_id)
+        if crash_between:
+            # The process dies after the main table's commit, before the state table's: the restarted sink
+            # gets the batch again and must commit the state alone, from the state as it was.
+            self.sink.state_engine().merge = _crash  # type: ignore[method-assign]
+            try:
+                self.sink.write(table, self.batch_id)
+                raise AssertionError("the state commit did not run")
+            except _Crash:
+                pass
+            main_after = self._version()[0]
+            assert DeltaTable(self.path).transaction_version("prop-test") == self.batch_id
+            self.sink = self._new_sink()
+            assert self.sink.write(table, self.batch_id)
+            later = [h["operation"] for h in DeltaTable(self.path).history() if h["version"] > main_after]
+            assert "MERGE" not in later, "the replay merged into the main table again"
+        else:
+            assert self.sink.write(table, self.batch_id)
         self.last = table
         self.batch_id += 1
 
@@ -237,30 +263,47 @@ class SinkMachine(RuleBasedStateMachine):
         return live, {k: seq for k, (seq, _) in self.applied.items()}
 
     def rows(self) -> list[dict[str, Any]]:
-        if self._version() < 0:
+        """The main table's rows, read by deltalake as any Delta reader would."""
+        if self._version()[0] < 0:
             return []
         rows: list[dict[str, Any]] = DeltaTable(self.path).to_pyarrow_table().to_pylist()
+        assert all(DELETED_AT not in r for r in rows), "the main table has no tombstone column"
         return rows
 
-    def check_current(self, current: list[dict[str, Any]], tombstones: list[dict[str, Any]]) -> None:
+    def state_rows(self) -> list[dict[str, Any]]:
+        if self._version()[1] < 0:
+            return []
+        rows: list[dict[str, Any]] = DeltaTable(state_path(self.path)).to_pyarrow_table().to_pylist()
+        return rows
+
+    def check_current(self, current: list[dict[str, Any]]) -> None:
         live, last_seq = self.expected()
         got = {(r["k1"], r["k2"]): (r["a"], r["b"], r.get("c")) for r in current}
         assert len(got) == len(current), "one row per key"
         assert got == live
-        seqs = {(r["k1"], r["k2"]): r["_seq"] for r in [*current, *tombstones]}
-        assert seqs == last_seq, "each key keeps its last applied sequence (row or tombstone)"
+        heads = self.state_rows()
+        seqs = {(r["k1"], r["k2"]): r["_seq"] for r in heads}
+        assert len(seqs) == len(heads), "one state row per key"
+        assert seqs == last_seq, "the state keeps each key's last applied sequence (live key or tombstone)"
+        deleted = {(r["k1"], r["k2"]) for r in heads if r[DELETED_AT] is not None}
+        assert deleted == set(last_seq) - set(live), "the state's tombstones are the deleted keys"
+        assert {(r["k1"], r["k2"]): r["_seq"] for r in current} == {k: q for k, q in seqs.items() if k in live}
         if not self.pending and not self.purged and not self.lossy:
             assert got == self.source, "everything delivered: the table equals the source table"
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    raise _Crash("killed between the main table's commit and the state table's")
 
 
 class SCD1Machine(SinkMachine):
     @invariant()
     def table_equals_model(self) -> None:
-        rows = self.rows()
-        current = [r for r in rows if r[DELETED_AT] is None]
-        tombstones = [r for r in rows if r[DELETED_AT] is not None]
-        assert all(r["a"] is None and r["b"] is None for r in tombstones), "tombstones keep no values"
-        self.check_current(current, tombstones)
+        self.check_current(self.rows())
 
 
 class SCD2Machine(SinkMachine):
@@ -269,13 +312,9 @@ class SCD2Machine(SinkMachine):
 
     @invariant()
     def history_is_consistent(self) -> None:
-        rows = self.rows()
-        versions = [r for r in rows if r[DELETED_AT] is None]
-        tombstones = [r for r in rows if r[DELETED_AT] is not None]
+        versions = self.rows()
         current = [r for r in versions if r[IS_CURRENT]]
-        heads = {(r["k1"], r["k2"]) for r in current}
-        assert not heads & {(r["k1"], r["k2"]) for r in tombstones}, "a key has a current row or a tombstone"
-        self.check_current(current, tombstones)
+        self.check_current(current)
         by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         for r in versions:
             by_key.setdefault((r["k1"], r["k2"]), []).append(r)

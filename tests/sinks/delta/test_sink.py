@@ -1,4 +1,7 @@
-"""The sink's core on real delta-rs tables: options, schema evolution, tombstones, compaction, pruning."""
+"""The sink's core on real delta-rs tables: options, schema evolution, tombstones, compaction, pruning.
+
+The main table is read with ``deltalake`` directly (a plain Delta table of live rows); tombstones and
+sequences are checked in the state table ``<path>/_cdc_state``."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from deltalake import DeltaTable
 
 from cdc.errors import MalformedRecordError, OptionError, TerminalError
 from sinks.delta import DeltaUpsertSink, SchemaEvolutionError
-from sinks.delta.layout import DELETED_AT
+from sinks.delta.layout import DELETED_AT, LegacyLayoutError, state_path
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -36,7 +39,14 @@ def changes(rows: list[tuple[Any, ...]], extra: dict[str, pa.Array] | None = Non
 
 def live(path: Path) -> dict[int, dict[str, Any]]:
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
-    return {r["id"]: r for r in rows if r[DELETED_AT] is None}
+    assert all(DELETED_AT not in r for r in rows), "no tombstone column in the main table"
+    return {r["id"]: r for r in rows}
+
+
+def state(path: Path) -> dict[Any, tuple[int, bool]]:
+    """The state table: per key, (last applied sequence, is a tombstone)."""
+    rows = DeltaTable(state_path(str(path))).to_pyarrow_table().to_pylist()
+    return {r["id"]: (r["_seq"], r[DELETED_AT] is not None) for r in rows}
 
 
 def sink(path: Path, **kw: Any) -> DeltaUpsertSink:
@@ -58,6 +68,8 @@ def sink(path: Path, **kw: Any) -> DeltaUpsertSink:
         ({"compact_every": 0}, "compact_every"),
         ({"sequence_by": "id"}, "sequence_by"),
         ({"tombstone_retention": timedelta(days=-1)}, "tombstone_retention"),
+        ({"bookkeeping_columns": ["_seq"]}, "bookkeeping_columns"),  # tokens, not column names
+        ({"bookkeeping_columns": ["is_current"]}, "bookkeeping_columns"),  # SCD type 2 only
     ],
 )
 def test_bad_options_name_the_option(tmp_path: Path, kwargs: dict[str, Any], option: str) -> None:
@@ -94,12 +106,10 @@ def test_upserts_deletes_tombstones_and_stale_changes(tmp_path: Path) -> None:
     assert s.write(changes([("insert", 2, 2, "b", 2), ("update", 2, 1, "old", 0)]), 2)
     assert set(live(tmp_path / "t")) == {1}
     assert live(tmp_path / "t")[1]["name"] == "a2"
-    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
-    tomb = [r for r in rows if r[DELETED_AT] is not None]
-    assert [(r["id"], r["_seq"], r["name"], r["qty"]) for r in tomb] == [(2, 4, None, None)]
+    assert state(tmp_path / "t") == {1: (3, False), 2: (4, True)}  # the tombstone lives in the state table
     # Metadata kept: the sequence and commit time; dropped: _op, _channel, _position.
     names = DeltaTable(str(tmp_path / "t")).schema().to_arrow().names
-    assert names == ["id", "_seq", "_commit_ts", "name", "qty", DELETED_AT]
+    assert names == ["id", "_seq", "_commit_ts", "name", "qty"]
     # A newer insert revives the key.
     assert s.write(changes([("insert", 5, 2, "b3", 3)]), 3)
     assert live(tmp_path / "t")[2]["name"] == "b3"
@@ -113,10 +123,12 @@ def test_replayed_batch_is_a_no_op(tmp_path: Path) -> None:
     assert not s.write(batch, 0)
     assert not sink(tmp_path / "t").write(changes([("update", 9, 1, "different", 9)]), 0)
     assert DeltaTable(str(tmp_path / "t")).version() == version
-    assert DeltaTable(str(tmp_path / "t")).transaction_version("test") == 0
+    for table in (str(tmp_path / "t"), state_path(str(tmp_path / "t"))):
+        assert DeltaTable(table).transaction_version("test") == 0
     # A batch whose every change is stale changes no row but is still recorded as committed.
     assert s.write(changes([("insert", 1, 1, "stale", 0)]), 1)
-    assert DeltaTable(str(tmp_path / "t")).transaction_version("test") == 1
+    for table in (str(tmp_path / "t"), state_path(str(tmp_path / "t"))):
+        assert DeltaTable(table).transaction_version("test") == 1
     assert live(tmp_path / "t")[1]["name"] == "a"
 
 
@@ -125,15 +137,14 @@ def test_tombstones_are_purged_after_retention(tmp_path: Path) -> None:
     s = sink(tmp_path / "t", tombstone_retention=timedelta(hours=1), compact_every=2, clock=lambda: now[0])
     s.write(changes([("insert", 1, 1, "a", 1), ("insert", 2, 2, "b", 2)]), 0)
     s.write(changes([("delete", 3, 1, None, None)]), 1)  # batch 1 runs maintenance: tombstone still young
-    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
-    assert any(r[DELETED_AT] is not None for r in rows)
+    assert state(tmp_path / "t")[1] == (3, True)
+    assert set(live(tmp_path / "t")) == {2}
     now[0] += timedelta(hours=2)
     s.write(changes([("update", 4, 2, "b2", 2)]), 2)
     s.write(changes([("update", 5, 2, "b3", 3)]), 3)  # maintenance: purge + compaction
-    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
-    assert [r["id"] for r in rows] == [2]
-    ops = [h["operation"] for h in DeltaTable(str(tmp_path / "t")).history()]
-    assert ops[0] == "DELETE"  # (compaction found a single file: nothing to commit)
+    assert state(tmp_path / "t") == {2: (5, False)}
+    ops = [h["operation"] for h in DeltaTable(state_path(str(tmp_path / "t"))).history()]
+    assert "DELETE" in ops[:2]  # the purge (then compaction, if there was more than one file)
     # After the purge an older insert is applied again (the retention is the window that guards against it).
     s.write(changes([("insert", 2, 1, "late", 1)]), 4)
     assert set(live(tmp_path / "t")) == {1, 2}
@@ -187,7 +198,7 @@ def test_composite_keys_and_timestamp_sequence(tmp_path: Path) -> None:
     s.write(batch([("insert", 5, "eu", 1, "new"), ("insert", 1, "us", 1, "x"), ("insert", 2, "eu", 1, "old")]), 0)
     s.write(batch([("insert", 3, "eu", 1, "older"), ("delete", 4, "us", 1, "")]), 1)
     rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
-    assert {(r["region"], r["id"]): r["v"] for r in rows if r[DELETED_AT] is None} == {("eu", 1): "new"}
+    assert {(r["region"], r["id"]): r["v"] for r in rows} == {("eu", 1): "new"}
 
 
 def test_key_range_prunes_files(tmp_path: Path) -> None:
@@ -212,7 +223,7 @@ def test_scd2_history_and_tracked_columns(tmp_path: Path) -> None:
     s.write(changes([("insert", 6, 1, "c", 6)]), 5)
     rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
     versions = sorted(
-        ((r["name"], r["qty"], r["_valid_from"], r["_valid_to"], r["_is_current"]) for r in rows if r[DELETED_AT] is None),
+        ((r["name"], r["qty"], r["_valid_from"], r["_valid_to"], r["_is_current"]) for r in rows),
         key=lambda v: v[2],
     )
     assert versions == [("a", 2, 1, 3, False), ("b", 3, 3, 4, False), ("c", 6, 6, None, True)]
@@ -232,7 +243,7 @@ def test_scd2_every_change_of_a_batch_is_a_version_and_late_changes_are_ignored(
     rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
     versions = sorted(
         ((r["id"], r["name"], r["qty"], r["_seq"], r["_valid_from"], r["_valid_to"], r["_is_current"])
-         for r in rows if r[DELETED_AT] is None),
+         for r in rows),
         key=lambda v: (v[0], v[4]),
     )
     assert versions == [
@@ -243,15 +254,16 @@ def test_scd2_every_change_of_a_batch_is_a_version_and_late_changes_are_ignored(
         (2, "x", 1, 1, 1, 2, False),
         (2, "late", 0, 2, 2, None, True),
     ]
-    assert not [r for r in rows if r[DELETED_AT] is not None], "no tombstone: each key's last change is live"
+    assert state(tmp_path / "t") == {1: (8, False), 2: (2, False)}, "no tombstone: each key's last change is live"
 
 
-def test_delta_spark_engine_reports_missing_jars(tmp_path: Path, spark: Any) -> None:
-    from sinks.delta.spark import class_loadable, delta_jars_available
+def test_delta_spark_engine_reports_missing_jars(tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sinks.delta.spark as engine_module
 
-    assert class_loadable(spark, "org.apache.spark.sql.SparkSession")  # the probe itself works
-    if delta_jars_available(spark):
-        pytest.skip("the io.delta jars are present: this test covers machines without them")
+    assert engine_module.class_loadable(spark, "org.apache.spark.sql.SparkSession")  # the probe itself works
+    assert not engine_module.class_loadable(spark, "io.delta.NoSuchClass")
+    # The tests' session has the jars (make delta-spark): a session without them answers as this probe does.
+    monkeypatch.setattr(engine_module, "delta_jars_available", lambda _: False)
     s = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], engine="delta-spark", app_id="a")
     with pytest.raises(TerminalError, match="io.delta Spark jars"):
         s.write(changes([("insert", 1, 1, "a", 1)]), 0)
@@ -265,7 +277,7 @@ def partial(rows: list[tuple[Any, ...]]) -> pa.Table:
 
 def current(path: Path) -> dict[int, tuple[str, int]]:
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
-    return {r["id"]: (r["name"], r["qty"]) for r in rows if r[DELETED_AT] is None and r.get("_is_current", True)}
+    return {r["id"]: (r["name"], r["qty"]) for r in rows if r.get("_is_current", True)}
 
 
 @pytest.mark.parametrize("scd_type", [1, 2])
@@ -288,3 +300,54 @@ def test_partial_changes_keep_unchanged_columns(tmp_path: Path, scd_type: int) -
     got = current(tmp_path / "t")
     assert got[1] == ("a2", 11)
     assert "_unchanged" not in DeltaTable(str(tmp_path / "t")).schema().to_arrow().names
+
+
+def test_hidden_bookkeeping_columns_only_hide(tmp_path: Path) -> None:
+    """Hiding the sequence and commit time leaves the guard intact: it lives in the state table."""
+    s = sink(tmp_path / "t", bookkeeping_columns=[])
+    s.write(changes([("insert", 5, 1, "a", 1), ("insert", 6, 2, "b", 2)]), 0)
+    s.write(changes([("update", 4, 1, "stale", 0), ("delete", 7, 2, None, None)]), 1)
+    s.write(changes([("insert", 3, 2, "older", 0)]), 2)
+    assert DeltaTable(str(tmp_path / "t")).schema().to_arrow().names == ["id", "name", "qty"]
+    assert {k: (r["name"], r["qty"]) for k, r in live(tmp_path / "t").items()} == {1: ("a", 1)}
+    assert state(tmp_path / "t") == {1: (5, False), 2: (7, True)}
+
+
+def legacy_table(path: Path) -> None:
+    """A table as the previous layout wrote it: tombstone rows (values null, __cdc_deleted_at set) among the
+    live rows, batches 0-3 committed under the application transaction 'test'."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    when = datetime(2025, 1, 1, tzinfo=UTC)
+    rows = pa.table({
+        "id": pa.array([1, 2, 3], pa.int64()),
+        "_seq": pa.array([3, 4, 5], pa.int64()),
+        "_commit_ts": pa.array([when] * 3, TS),
+        "name": pa.array(["a", None, "c"]),
+        "qty": pa.array([1, None, 3], pa.int64()),
+        DELETED_AT: pa.array([None, when, None], TS),
+    })
+    write_deltalake(str(path), rows, commit_properties=CommitProperties(app_transactions=[Transaction("test", 3)]))
+
+
+def test_previous_layout_is_refused_then_migrated(tmp_path: Path) -> None:
+    legacy_table(tmp_path / "t")
+    s = sink(tmp_path / "t")
+    version = DeltaTable(str(tmp_path / "t")).version()
+    with pytest.raises(LegacyLayoutError, match=r"previous layout.*sink\.migrate\(\)"):
+        s.write(changes([("insert", 9, 4, "d", 4)]), 4)
+    assert DeltaTable(str(tmp_path / "t")).version() == version, "nothing was written"
+    assert s.migrate()
+    assert DeltaTable(str(tmp_path / "t")).version() == version + 1, "the main table is migrated in one commit"
+    assert DeltaTable(str(tmp_path / "t")).schema().to_arrow().names == ["id", "_seq", "_commit_ts", "name", "qty"]
+    assert {k: r["name"] for k, r in live(tmp_path / "t").items()} == {1: "a", 3: "c"}
+    assert state(tmp_path / "t") == {1: (3, False), 2: (4, True), 3: (5, False)}
+    assert not s.migrate(), "a second run has nothing to do"
+    # The main table's application transaction survived: Spark's replay of batch 3 (the same changes, already
+    # applied) does not merge into it again, and changes nothing in the new state table (sequence-guarded).
+    s.write(changes([("update", 5, 3, "c", 3), ("delete", 4, 2, None, None)]), 3)
+    assert [h["operation"] for h in DeltaTable(str(tmp_path / "t")).history(1)] != ["MERGE"]
+    assert state(tmp_path / "t") == {1: (3, False), 2: (4, True), 3: (5, False)}
+    # The tombstone still guards its key; newer changes apply.
+    s.write(changes([("insert", 2, 2, "late", 0), ("update", 9, 3, "c2", 9)]), 4)
+    assert {k: r["name"] for k, r in live(tmp_path / "t").items()} == {1: "a", 3: "c2"}

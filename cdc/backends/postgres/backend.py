@@ -1,0 +1,179 @@
+"""``backend=postgres``: PostgreSQL logical replication (``pgoutput``) as a change log, no Kafka or Debezium.
+
+Design
+======
+**Channels.** A replication slot is one ordered stream (transactions in commit order), so the backend has
+one change channel, ``changes``. With ``startingOffsets=snapshot`` the snapshot's chunks are channels too
+(``snapshot:<slot>:<table>:<n>``; :mod:`.snapshot`), delivered before any change (the planner's snapshot
+gating) and handed off exactly at the slot's consistent point.
+
+**Positions** are longs: ``commit_lsn << 20 | index of the change in its transaction``
+(:mod:`.positions`). ``_seq`` and ``_position`` are the record's position, so ``_seq`` orders every key's
+changes. Batch ends always fall between transactions: a transaction is never split across batches, and
+one larger than the budget (``maxRecordsPerTrigger``) is taken whole (the budget is soft).
+
+**Repeatable reads until commit.** Planning and reading *peek* the slot
+(``pg_logical_slot_peek_binary_changes``) up to the planned end, never consuming it, and decode pgoutput
+themselves (:mod:`.pgoutput`); planning never passes ``pg_current_wal_flush_lsn()``, so every commit below
+a planned end is decodable. The slot moves only in :meth:`acknowledge` (Spark's commit of a batch, which
+Spark never replays), with ``pg_replication_slot_advance``. A needed position the slot no longer holds
+(the slot dropped, invalidated, or advanced by someone else) is :class:`~cdc.errors.DataLossError`, which
+``failOnDataLoss`` governs. A forgotten slot retains WAL forever: drop it with ``cdc postgres drop-slot``.
+
+**Slot and publication.** Named by ``slot.name`` / ``publication.name`` or derived stably from the
+database, tables and publication; both are created when missing (idempotent: Spark asks a restarted
+source for its initial offset again). The publication covers the query's tables.
+
+**Tables.** Each table must have a primary key (else :class:`~.errors.NoPrimaryKeyError` naming it). One
+table: typed columns; several: ``_table``, ``_key``, ``_row`` JSON columns (:mod:`.records`). Unchanged
+TOASTed columns of an update become ``_unchanged`` entries, never nulls; TRUNCATE is logged, not delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+
+from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReader, SnapshotInfo
+from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres.catalog import describe
+from cdc.backends.postgres.options import PostgresOptions
+from cdc.backends.postgres.positions import boundary_after, lsn_of, pack
+from cdc.backends.postgres.reader import CHANGES, PostgresRangeReader
+from cdc.backends.postgres.records import Layout
+from cdc.backends.postgres.snapshot import CHUNK_PREFIX, export_and_materialise, load_manifest
+from cdc.errors import DataLossError, OptionError, PositionError
+
+log = logging.getLogger(__name__)
+
+
+class PostgresBackend(Backend):
+    name = "postgres"
+    options_model = PostgresOptions
+    options: PostgresOptions
+
+    def __init__(self, options: PostgresOptions) -> None:
+        super().__init__(options)
+        self.slot = options.slot
+        self.publication = options.publication
+        self._conn: psycopg.Connection[Any] | None = None
+        conn = self.conn
+        self.layout = Layout(tuple(describe(conn, t) for t in options.table_list))
+        slots.ensure_publication(conn, self.publication, options.table_list)
+        self._chunks: dict[str, int] = {}
+        manifest = self._manifest()
+        if manifest is not None:
+            self._chunks = dict(manifest.chunks)
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = slots.connect(self.options.dsn.get_secret_value())
+        return self._conn
+
+    def _manifest(self) -> Any:
+        path = self.options.snapshot_path
+        return load_manifest(Path(path), self.slot) if path else None
+
+    def schema(self) -> pa.Schema:
+        return self.layout.arrow_schema()
+
+    def list_channels(self) -> Sequence[ChannelInfo]:
+        slots.ensure_slot(self.conn, self.slot)
+        return [ChannelInfo(CHANGES)]
+
+    def earliest(self, channel: str) -> Position:
+        if channel.startswith(CHUNK_PREFIX):
+            return 0
+        slots.ensure_slot(self.conn, self.slot)
+        st = slots.state(self.conn, self.slot)
+        assert st is not None
+        return pack(st.confirmed_lsn)
+
+    def latest(self, channel: str) -> Position:
+        if channel.startswith(CHUNK_PREFIX):
+            return self._chunk_rows(channel)
+        slots.ensure_slot(self.conn, self.slot)
+        return pack(slots.flush_lsn(self.conn))
+
+    def _chunk_rows(self, channel: str) -> int:
+        if channel not in self._chunks:
+            manifest = self._manifest()
+            if manifest is None or channel not in manifest.chunks:
+                raise DataLossError(f"snapshot chunk {channel!r} is not under snapshot.path any more", channel)
+            self._chunks.update(manifest.chunks)
+        return self._chunks[channel]
+
+    def parse_position(self, channel: str, value: Any) -> Position:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PositionError(
+                f"channel {channel!r}: a postgres position is a long (commit LSN << 20 | index) >= 0, got {value!r}"
+            )
+        return value
+
+    def plan(
+        self, channel: str, start: Position, max_records: int | None = None, until: Position | None = None
+    ) -> PlannedRange:
+        begin = int(start)
+        if channel.startswith(CHUNK_PREFIX):
+            rows = self._chunk_rows(channel)
+            end = rows if until is None else min(rows, max(begin, int(until)))
+            if max_records is not None:
+                end = min(end, begin + max_records)
+            return PlannedRange(end, end - begin, end == rows)
+        if channel != CHANGES:
+            raise PositionError(f"backend postgres has no channel {channel!r}; channels: {CHANGES}")
+        conn = self.conn
+        slots.check_held(conn, self.slot, begin)
+        bound = slots.flush_lsn(conn)
+        if until is not None:
+            bound = min(bound, lsn_of(int(until)))
+        end, taken = begin, 0
+        if max_records != 0:
+            for txn in slots.transactions(conn, self.slot, self.publication, begin, bound):
+                n = len(txn.records)
+                if max_records is not None and taken > 0 and taken + n > max_records:
+                    break
+                taken += n
+                end = boundary_after(txn.commit_lsn)
+                if max_records is not None and taken >= max_records:
+                    break
+        return PlannedRange(end, taken, False)
+
+    def snapshot(self) -> SnapshotInfo:
+        if not self.options.snapshot_path:
+            raise OptionError(
+                "option 'snapshot.path' is required with startingOffsets=snapshot: a directory every executor can "
+                "read, where the exported snapshot is materialised so that replayed batches read the same rows",
+                "snapshot.path",
+            )
+        root = Path(self.options.snapshot_path)
+        manifest = self._manifest()
+        if manifest is None or slots.state(self.conn, self.slot) is None:
+            manifest = export_and_materialise(
+                self.options.dsn.get_secret_value(), self.slot, self.publication, self.layout, root,
+                self.options.snapshot_chunk_rows, self.options.snapshot_parallelism,
+            )
+        else:
+            log.info("reusing the materialised snapshot of slot %s", self.slot)
+        self._chunks = dict(manifest.chunks)
+        return SnapshotInfo(self.slot, tuple(manifest.chunks), {CHANGES: pack(manifest.cut_lsn)})
+
+    def reader(self) -> RangeReader:
+        return PostgresRangeReader(
+            self.options.dsn, self.slot, self.publication, self.layout, self.options.snapshot_path
+        )
+
+    def acknowledge(self, positions: Mapping[str, Position]) -> None:
+        if CHANGES in positions:
+            slots.advance(self.conn, self.slot, int(positions[CHANGES]))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

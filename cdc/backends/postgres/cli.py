@@ -1,0 +1,68 @@
+"""``cdc postgres``: tools of the PostgreSQL backend (list and drop a query's replication slot).
+
+A replication slot keeps every WAL segment from its position on until it is advanced or dropped: a query
+that is gone for good must have its slot dropped, else the server's disk fills up.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+def _dsn(dsn: str | None) -> str:
+    if dsn:
+        return dsn
+    raise click.UsageError("give --dsn or set CDC_POSTGRES_DSN (libpq URI; keep the password in PGPASSWORD)")
+
+
+@click.group("postgres")
+def cli() -> None:
+    """PostgreSQL backend tools."""
+
+
+@cli.command("slots")
+@click.option("--dsn", envvar="CDC_POSTGRES_DSN", help="Connection URI of the database.")
+def list_slots(dsn: str | None) -> None:
+    """List the logical replication slots of the database and the WAL each one retains."""
+    import psycopg
+
+    with psycopg.connect(_dsn(dsn), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT slot_name, plugin, active, confirmed_flush_lsn::text, "
+            "pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)) FROM pg_replication_slots "
+            "WHERE slot_type = 'logical' AND database = current_database() ORDER BY slot_name"
+        ).fetchall()
+    for name, plugin, active, confirmed, retained in rows:
+        click.echo(json.dumps({"slot": name, "plugin": plugin, "active": active, "confirmed": confirmed,
+                               "retained_wal": retained}))
+
+
+@cli.command("drop-slot")
+@click.argument("slot")
+@click.option("--dsn", envvar="CDC_POSTGRES_DSN", help="Connection URI of the database.")
+@click.option("--publication/--no-publication", default=False, help="Also drop the publication named like the slot.")
+@click.option("--snapshot-path", type=click.Path(file_okay=False), default=None,
+              help="Also remove the slot's materialised snapshot under this snapshot.path.")
+def drop_slot(slot: str, dsn: str | None, publication: bool, snapshot_path: str | None) -> None:
+    """Drop SLOT (a query's replication slot) so PostgreSQL stops retaining WAL for it."""
+    import shutil
+    from pathlib import Path
+
+    import psycopg
+    from psycopg import sql
+
+    from cdc.backends.postgres import slot as slots
+
+    with psycopg.connect(_dsn(dsn), autocommit=True) as conn:
+        if not slots.drop_slot(conn, slot):
+            click.echo(f"no replication slot {slot!r}", err=True)
+            sys.exit(1)
+        click.echo(f"dropped replication slot {slot}")
+        if publication:
+            conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(slot)))
+            click.echo(f"dropped publication {slot}")
+    if snapshot_path:
+        shutil.rmtree(Path(snapshot_path) / slot, ignore_errors=True)

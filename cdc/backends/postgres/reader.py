@@ -1,0 +1,53 @@
+"""Reading planned ranges on executors: the executor side of ``backend=postgres`` (picklable).
+
+The change channel's range ``[start, end)`` is read by peeking the slot up to ``lsn_of(end)``
+(:func:`.slot.transactions`) and keeping the records whose positions lie in the range; the slot is not
+moved, so a replay reads the same records. The slot having moved past ``start`` (dropped, or consumed by
+someone else) fails the read with :class:`~cdc.errors.DataLossError`, never a silently shorter batch.
+Snapshot chunks are Arrow files materialised while the exported snapshot was held (:mod:`.snapshot`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+
+from cdc.backend import Position, RangeReader
+from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres.positions import lsn_of
+from cdc.backends.postgres.records import Layout
+from cdc.backends.postgres.snapshot import CHUNK_PREFIX, chunk_file
+from cdc.options import SecretStr
+
+CHANGES = "changes"
+
+
+class PostgresRangeReader(RangeReader):
+    def __init__(self, dsn: SecretStr, slot: str, publication: str, layout: Layout, snapshot_dir: str | None) -> None:
+        self.dsn = dsn
+        self.slot = slot
+        self.publication = publication
+        self.layout = layout
+        self.snapshot_dir = snapshot_dir
+
+    def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
+        if channel.startswith(CHUNK_PREFIX):
+            yield from read_chunk(self.snapshot_dir, channel, int(start), int(end))
+            return
+        if int(end) <= int(start):
+            return
+        with slots.connect(self.dsn.get_secret_value()) as conn:
+            slots.check_held(conn, self.slot, int(start))
+            txns = slots.transactions(conn, self.slot, self.publication, int(start), lsn_of(int(end)))
+            records = (r for t in txns for r in t.records if r.position < int(end))
+            yield from self.layout.batches(records, CHANGES)
+
+
+def read_chunk(snapshot_dir: str | None, channel: str, start: int, end: int) -> Iterator[pa.RecordBatch]:
+    if snapshot_dir is None or end <= start:
+        return
+    with pa.memory_map(str(chunk_file(Path(snapshot_dir), channel))) as source:
+        table = pa.ipc.open_file(source).read_all().slice(start, end - start)
+    yield from table.to_batches()

@@ -1,0 +1,160 @@
+"""How decoded changes become change records, in the two layouts of a query.
+
+* **Typed** (one table): the table's own columns, typed (see :mod:`.catalog`); a relation whose columns
+  differ from those the query started with stops the query (:class:`~.errors.SchemaChangedError`).
+* **JSON** (several tables): ``_table`` and ``_key`` (the primary key's values as a JSON object, in key
+  order) are the change schema's keys, ``_row`` the row as a JSON object; a column added to a table simply
+  appears in later rows' JSON.
+
+Every layout is partial: an update's unchanged TOASTed columns (pgoutput sends a marker, not the value)
+are named in ``_unchanged`` and carry null, never a made-up value. An update that changes the primary key
+becomes a delete of the old key and an insert of the new one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+from cdc.backends.postgres.catalog import TableInfo, ValueParser, arrow_type
+from cdc.backends.postgres.errors import SchemaChangedError
+from cdc.backends.postgres.pgoutput import UNCHANGED, Relation, Value
+from cdc.model import ChangeSchema, Op
+
+JSON_TABLE, JSON_KEY, JSON_ROW = "_table", "_key", "_row"
+JSON_SCHEMA = ChangeSchema.of(
+    [(JSON_TABLE, pa.string()), (JSON_KEY, pa.string()), (JSON_ROW, pa.string())], [JSON_TABLE, JSON_KEY],
+    partial=True,
+)
+
+
+@dataclass
+class Record:
+    """One change record before it becomes a row of an Arrow batch."""
+
+    op: Op
+    position: int
+    commit_time: datetime
+    relation: Relation
+    values: tuple[Value, ...]
+    """Text values in the relation's column order (None for a delete's non-key columns)."""
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+@dataclass
+class Layout:
+    """A query's record layout: typed (``tables`` holds one table) or JSON (several)."""
+
+    tables: tuple[TableInfo, ...]
+    _parsers: dict[tuple[int, int], ValueParser] = field(default_factory=dict, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # psycopg's loaders do not pickle; an executor's copy makes its own.
+        return {"tables": self.tables, "_parsers": {}}
+
+    @property
+    def typed(self) -> bool:
+        return len(self.tables) == 1
+
+    def change_schema(self) -> ChangeSchema:
+        if self.typed:
+            t = self.tables[0]
+            return ChangeSchema.of(t.arrow_schema(), t.keys, partial=True)
+        return JSON_SCHEMA
+
+    def arrow_schema(self) -> pa.Schema:
+        return self.change_schema().arrow()
+
+    def _parser(self, type_oid: int, typmod: int) -> ValueParser:
+        key = (type_oid, typmod)
+        if key not in self._parsers:
+            self._parsers[key] = ValueParser(type_oid, arrow_type(type_oid, typmod))
+        return self._parsers[key]
+
+    def check(self, rel: Relation) -> None:
+        """In the typed layout, refuse a relation whose columns are not the ones the query started with."""
+        if not self.typed:
+            return
+        t = self.tables[0]
+        now = tuple((c.name, c.type_oid, c.typmod) for c in rel.columns)
+        if now != t.signature():
+            raise SchemaChangedError(
+                f"table {t.name!r} changed its columns from {[c[0] for c in t.columns]} to "
+                f"{[c[0] for c in now]} (or their types): restart the query to read the new schema",
+                t.name,
+            )
+
+    def batches(self, records: Iterable[Record], channel: str, size: int = 8192) -> Iterator[pa.RecordBatch]:
+        chunk: list[Record] = []
+        for r in records:
+            chunk.append(r)
+            if len(chunk) >= size:
+                yield self.batch(chunk, channel)
+                chunk = []
+        if chunk:
+            yield self.batch(chunk, channel)
+
+    def batch(self, records: Sequence[Record], channel: str, seq: int | None = None) -> pa.RecordBatch:
+        """An Arrow batch of ``records``; ``seq`` replaces each record's position as ``_seq`` (snapshots)."""
+        schema = self.arrow_schema()
+        cols: dict[str, list[Any]] = {
+            "_op": [r.op.value for r in records],
+            "_seq": [r.position if seq is None else seq for r in records],
+            "_commit_ts": [r.commit_time for r in records],
+            "_channel": [channel] * len(records),
+            "_position": [r.position for r in records],
+        }
+        unchanged: list[list[str] | None] = []
+        if self.typed:
+            names = [c[0] for c in self.tables[0].columns]
+            values: list[list[Any]] = [[] for _ in names]
+            for r in records:
+                self.check(r.relation)
+                gone: list[str] = []
+                for i, (col, raw) in enumerate(zip(r.relation.columns, r.values, strict=True)):
+                    if isinstance(raw, bytes):
+                        values[i].append(self._parser(col.type_oid, col.typmod)(raw))
+                    else:
+                        values[i].append(None)
+                        if raw is UNCHANGED:
+                            gone.append(col.name)
+                unchanged.append(gone or None)
+            cols.update(zip(names, values, strict=True))
+        else:
+            tables, keys, rows = [], [], []
+            for r in records:
+                key: dict[str, Any] = {}
+                row: dict[str, Any] = {}
+                gone = []
+                for col, raw in zip(r.relation.columns, r.values, strict=True):
+                    if raw is UNCHANGED:
+                        gone.append(col.name)
+                        continue
+                    value = self._parser(col.type_oid, col.typmod)(raw) if isinstance(raw, bytes) else None
+                    if col.is_key:
+                        key[col.name] = value
+                    if r.op is not Op.DELETE or col.is_key:
+                        row[col.name] = value
+                tables.append(r.relation.qualified)
+                keys.append(json.dumps(key, default=_json_default, separators=(",", ":")))
+                rows.append(None if r.op is Op.DELETE else json.dumps(row, default=_json_default, separators=(",", ":")))
+                unchanged.append(gone or None)
+            cols.update({JSON_TABLE: tables, JSON_KEY: keys, JSON_ROW: rows})
+        cols["_unchanged"] = unchanged
+        arrays = [pa.array(cols[f.name], type=f.type) for f in schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)

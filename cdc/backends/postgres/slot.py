@@ -1,0 +1,175 @@
+"""The replication slot and publication of a query, and reading its changes by peeking.
+
+Reads never consume the slot: :func:`transactions` peeks (``pg_logical_slot_peek_binary_changes``) every
+transaction that commits before an LSN bound, from the slot's confirmed position on, so the same range
+reads the same changes until the slot is advanced, which only :func:`advance` does (from ``acknowledge``,
+i.e. Spark's commit of a batch that ended there).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc.backends.postgres.pgoutput import Begin, Change, Commit, Relation, Truncate, decode
+from cdc.backends.postgres.positions import format_lsn, lsn_of, pack, parse_lsn
+from cdc.backends.postgres.records import Record
+from cdc.errors import DataLossError
+from cdc.model import Op
+
+log = logging.getLogger(__name__)
+
+
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    return psycopg.connect(dsn, autocommit=True, application_name="cdc-tunnel", **kwargs)
+
+
+@dataclass(frozen=True)
+class SlotState:
+    confirmed_lsn: int
+    lost: bool
+
+
+def state(conn: psycopg.Connection[Any], slot: str) -> SlotState | None:
+    row = conn.execute(
+        "SELECT confirmed_flush_lsn::text, coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    return SlotState(parse_lsn(row[0]) if row[0] else 0, row[1] == "lost")
+
+
+def flush_lsn(conn: psycopg.Connection[Any]) -> int:
+    """Every commit record below this LSN is on disk, so decodable: planning never goes past it."""
+    row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(row[0])
+
+
+def ensure_publication(conn: psycopg.Connection[Any], publication: str, tables: tuple[str, ...]) -> None:
+    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
+        return
+    names = sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in tables)
+    try:
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(publication), names))
+        log.info("created publication %s for %s", publication, ", ".join(tables))
+    except psycopg.errors.DuplicateObject:
+        pass  # another process created it meanwhile
+
+
+def ensure_slot(conn: psycopg.Connection[Any], slot: str) -> None:
+    """Create the slot if it does not exist: Spark asks a restarted source again, so creation is idempotent."""
+    if state(conn, slot) is not None:
+        return
+    try:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        log.info("created replication slot %s", slot)
+    except psycopg.errors.DuplicateObject:
+        pass
+
+
+def drop_slot(conn: psycopg.Connection[Any], slot: str) -> bool:
+    if state(conn, slot) is None:
+        return False
+    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    return True
+
+
+def check_held(conn: psycopg.Connection[Any], slot: str, position: int) -> SlotState:
+    """The slot's state, or :class:`DataLossError` when it can no longer deliver from ``position``."""
+    st = state(conn, slot)
+    if st is None:
+        raise DataLossError(f"replication slot {slot!r} does not exist (dropped?): its changes are gone", "changes")
+    if st.lost:
+        raise DataLossError(f"replication slot {slot!r} was invalidated (max_slot_wal_keep_size): its WAL is gone",
+                            "changes")
+    if lsn_of(position) < st.confirmed_lsn:
+        raise DataLossError(
+            f"replication slot {slot!r} is at {format_lsn(st.confirmed_lsn)}, past the needed position "
+            f"{format_lsn(lsn_of(position))}: the changes between were consumed", "changes",
+        )
+    return st
+
+
+def advance(conn: psycopg.Connection[Any], slot: str, position: int) -> None:
+    """Move the slot to ``position`` (never backwards): PostgreSQL may then recycle the WAL before it."""
+    target = lsn_of(position)
+    st = state(conn, slot)
+    if st is None or target <= st.confirmed_lsn:
+        return
+    target = min(target, flush_lsn(conn))
+    conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(target)))
+
+
+@dataclass
+class Transaction:
+    commit_lsn: int
+    records: list[Record]
+
+
+def transactions(
+    conn: psycopg.Connection[Any], slot: str, publication: str, start: int, end_lsn: int
+) -> Iterator[Transaction]:
+    """The transactions committed in ``[lsn_of(start), end_lsn)`` with their change records at positions
+    ``>= start``, in commit order. Transactions without a change of the published tables are left out."""
+    if end_lsn <= lsn_of(start):
+        return
+    cur = conn.cursor()
+    rows = cur.execute(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', '1', "
+        "'publication_names', %s)",
+        (slot, format_lsn(end_lsn), publication),
+    )
+    relations: dict[int, Relation] = {}
+    begin: Begin | None = None
+    records: list[Record] = []
+    for (data,) in rows:
+        msg = decode(bytes(data))
+        if isinstance(msg, Begin):
+            begin, records = msg, []
+        elif isinstance(msg, Relation):
+            relations[msg.oid] = msg
+        elif isinstance(msg, Change) and begin is not None:
+            _append(records, begin, relations[msg.relid], msg)
+        elif isinstance(msg, Truncate):
+            log.warning("TRUNCATE of %s is not a row change and is not delivered",
+                        [relations[r].qualified for r in msg.relids if r in relations])
+        elif isinstance(msg, Commit) and begin is not None:
+            if records and lsn_of(start) <= begin.commit_lsn < end_lsn:
+                kept = [r for r in records if r.position >= start]
+                if kept:
+                    yield Transaction(begin.commit_lsn, kept)
+            begin = None
+
+
+def _append(records: list[Record], begin: Begin, rel: Relation, change: Change) -> None:
+    def add(op: Op, values: tuple[Any, ...]) -> None:
+        records.append(Record(op, pack(begin.commit_lsn, len(records)), begin.commit_time, rel, values))
+
+    keys = [i for i, c in enumerate(rel.columns) if c.is_key]
+    if change.kind == "I" and change.new is not None:
+        add(Op.INSERT, change.new)
+    elif change.kind == "U" and change.new is not None:
+        old = change.old
+        if old is not None and any(old[i] != change.new[i] for i in keys):
+            add(Op.DELETE, _key_only(old, keys))
+            add(Op.INSERT, change.new)
+        else:
+            add(Op.UPDATE, change.new)
+    elif change.kind == "D" and change.old is not None:
+        add(Op.DELETE, _key_only(change.old, keys))
+
+
+def _key_only(values: tuple[Any, ...], keys: list[int]) -> tuple[Any, ...]:
+    return tuple(v if i in keys else None for i, v in enumerate(values))
+
+
+def commit_time_of(records: list[Record]) -> datetime:
+    return records[0].commit_time

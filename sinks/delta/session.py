@@ -1,0 +1,110 @@
+"""The delta-spark engine's set-up: where the pinned io.delta jars are, and a Spark session configured for them.
+
+``make delta-spark`` (run by ``make test`` and ``make demo``) resolves the jars that ``delta-spark/pom.xml``
+beside this module pins into ``~/.cache/cdc-tunnel/delta-<version>/lib`` (``$CDC_DELTA_HOME`` overrides the
+directory) and names a stamp file after the pom's content, so jars of an older pin are never picked up.
+
+    from sinks.delta.session import configure_delta
+    spark = configure_delta(SparkSession.builder.master("local[2]")).getOrCreate()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from cdc.errors import TerminalError
+
+POM = Path(__file__).parent / "delta-spark" / "pom.xml"
+HOME_ENV = "CDC_DELTA_HOME"
+"""Environment variable naming the directory ``make delta-spark`` resolves the jars into (its ``lib/``)."""
+
+EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+#: Delta reads a table's log with this many partitions; its default (50) made a local first MERGE take 57 s
+#: instead of 17 s (measured by the scout on 2 cores). A cluster sets its own.
+LOCAL_SNAPSHOT_PARTITIONS = "2"
+
+
+def delta_version() -> str:
+    """The Delta Lake version pinned by ``delta-spark/pom.xml``."""
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    version = ET.parse(POM).getroot().findtext("m:properties/m:delta.version", namespaces=ns)
+    if not version:  # pragma: no cover - the pom is ours
+        raise TerminalError(f"{POM} sets no delta.version")
+    return version.strip()
+
+
+def delta_home() -> Path:
+    """``$CDC_DELTA_HOME``, else ``~/.cache/cdc-tunnel/delta-<version>`` (the Makefile's default, too)."""
+    given = os.environ.get(HOME_ENV)
+    if given:
+        return Path(given).expanduser()
+    return Path.home() / ".cache" / "cdc-tunnel" / f"delta-{delta_version()}"
+
+
+def delta_jars() -> list[Path]:
+    """The resolved io.delta jars for the current pom; raises, naming the command, when they are missing."""
+    home = delta_home()
+    key = hashlib.sha256(POM.read_bytes()).hexdigest()[:16]
+    jars = sorted((home / "lib").glob("*.jar"))
+    if not (home / f"resolved-{key}").exists() or not any(j.name.startswith("delta-spark_") for j in jars):
+        raise TerminalError(
+            f"the io.delta jars of Delta Lake {delta_version()} are not resolved in {home} for the current "
+            f"{POM.name}: run `make delta-spark` (`make test` and `make demo` run it; it needs Maven), or point "
+            f"${HOME_ENV} at a directory it filled"
+        )
+    return jars
+
+
+def delta_available() -> bool:
+    """True when the jars are resolved and the ``delta-spark`` Python package imports."""
+    try:
+        delta_jars()
+        import delta  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: F401
+    except (TerminalError, ImportError):
+        return False
+    return True
+
+
+def configure_delta(builder: Any, *, local: bool = True) -> Any:
+    """``builder`` (a ``SparkSession.Builder``) with the io.delta jars, Delta's SQL extension and catalog.
+
+    ``local``: also keep Delta's log reads to a few partitions (right for ``local[...]``; a cluster keeps
+    Delta's default). Must run before the session starts: jars cannot join a running JVM.
+    """
+    builder = (
+        builder.config("spark.jars", ",".join(str(j) for j in delta_jars()))
+        .config("spark.sql.extensions", EXTENSION)
+        .config("spark.sql.catalog.spark_catalog", CATALOG)
+    )
+    if local:
+        builder = builder.config("spark.databricks.delta.snapshotPartitions", LOCAL_SNAPSHOT_PARTITIONS)
+    return builder
+
+
+def default_engine(spark: Any, *, pipelined: bool = False) -> str:
+    """The engine ``engine="auto"`` runs: delta-rs under ``local[...]`` (or with no session, or pipelined),
+    delta-spark on a cluster when the session has the io.delta jars.
+
+    Measured with ``benchmarks/cdc_to_delta.py --engine delta-spark`` (see the README): locally delta-rs is the
+    faster engine; on a cluster delta-rs would collect every micro-batch to the driver and rewrite files from
+    one process, while delta-spark reads, prepares and rewrites on the executors.
+    """
+    if spark is None or pipelined:
+        return "delta-rs"
+    try:
+        master = str(spark.conf.get("spark.master", "local"))
+    except Exception:  # a session that does not expose it (Spark Connect): no cluster evidence either way
+        return "delta-rs"
+    if master.startswith("local"):
+        return "delta-rs"
+    from sinks.delta.spark import delta_jars_available
+
+    try:
+        return "delta-spark" if delta_jars_available(spark) else "delta-rs"
+    except Exception:
+        return "delta-rs"

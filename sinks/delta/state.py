@@ -1,0 +1,82 @@
+"""The state table (see :mod:`sinks.delta.layout`): reading a batch's key heads, the sequence guard, and the
+rows a batch writes back.
+
+Per key the state table holds the sequence of the key's last applied change and, for a deleted key, the
+tombstone's time. A batch reads the heads of its key range once (:func:`key_range_condition`), drops every
+change not newer than its key's head (:func:`guard`), and after the main table's commit records each
+touched key's new head (:func:`state_source`, merged by :func:`sinks.delta.merge.state_plan`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sinks.delta.batch import key_starts
+from sinks.delta.layout import DELETED_AT, IS_DELETE, NOW, SET_PREFIX, TIMESTAMP
+from sinks.delta.merge import quote, sql_literal
+from sinks.delta.spec import SinkSpec
+
+HEAD_SEQ = "__cdc_head_seq"
+
+
+def key_range_condition(spec: SinkSpec, prepared: pa.Table, base: tuple[str, Any] | None = None) -> tuple[str, Any]:
+    """Rows of the batch's range of the first key column (plus ``base``): as SQL (for engines that read with
+    SQL) and as a pyarrow dataset expression (for engines that read Arrow)."""
+    import pyarrow.dataset as ds
+
+    sql, expr = base if base is not None else ("TRUE", None)
+    if prepared.num_rows:
+        k = spec.keys[0]
+        mm = pc.min_max(prepared.column(k)).as_py()
+        lo, hi = sql_literal(mm["min"]), sql_literal(mm["max"])
+        if lo is not None and hi is not None:
+            sql += f" AND {quote(k)} >= {lo} AND {quote(k)} <= {hi}"
+            in_range = (ds.field(k) >= mm["min"]) & (ds.field(k) <= mm["max"])
+            expr = in_range if expr is None else expr & in_range
+    return sql, expr
+
+
+def with_head_seq(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
+    """``prepared`` (order kept) with its key's head sequence in ``__cdc_head_seq`` (null: key never seen)."""
+    seq = spec.sequence_by
+    h = heads.select([*spec.keys, seq]).rename_columns([*spec.keys, HEAD_SEQ])
+    tagged = prepared.append_column("__cdc_row", pa.array(np.arange(prepared.num_rows, dtype=np.int64)))
+    joined = tagged.join(h, list(spec.keys), join_type="left outer", use_threads=False)
+    joined = joined.take(pc.sort_indices(joined.column("__cdc_row")))  # the join does not keep the order
+    head_seq = joined.column(HEAD_SEQ).cast(prepared.schema.field(seq).type)
+    return prepared.append_column(HEAD_SEQ, head_seq)
+
+
+def guard(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
+    """The changes of ``prepared`` newer than their key's head. A partial change's per-column setters
+    (``__cdc_set_<c>``) not newer than the head are nulled with their values: such a column keeps the main
+    table's value, or is null when the key has no row (a tombstone's values are null)."""
+    joined = with_head_seq(spec, prepared, heads)
+    h_seq = joined.column(HEAD_SEQ)
+    fresh = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(joined.column(spec.sequence_by), h_seq)), False)
+    out = joined.filter(fresh)
+    h_seq = out.column(HEAD_SEQ)
+    for name in [c for c in out.column_names if c.startswith(SET_PREFIX)]:
+        c = name[len(SET_PREFIX):]
+        setter = out.column(name)
+        newer = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(setter, h_seq)), False)
+        out = out.set_column(out.column_names.index(name), name, pc.if_else(newer, setter, pa.nulls(len(out), setter.type)))
+        values = out.column(c)
+        out = out.set_column(out.column_names.index(c), c, pc.if_else(newer, values, pa.nulls(len(out), values.type)))
+    return out.drop_columns([HEAD_SEQ])
+
+
+def state_source(spec: SinkSpec, fresh: pa.Table) -> pa.Table:
+    """Each key's new head after the batch: the last of its guarded changes (``fresh`` sorted by key and
+    sequence for SCD type 2; one change per key for type 1): key, sequence, tombstone time (null: live)."""
+    if spec.scd_type == 2 and fresh.num_rows:
+        starts = key_starts(fresh, spec.keys)
+        last = np.append(np.flatnonzero(starts)[1:], fresh.num_rows) - 1
+        fresh = fresh.take(pa.array(last))
+    stamp = pc.if_else(fresh.column(IS_DELETE), fresh.column(NOW), pa.nulls(fresh.num_rows, TIMESTAMP))
+    out = fresh.select([*spec.keys, spec.sequence_by])
+    return out.append_column(pa.field(DELETED_AT, TIMESTAMP), stamp)

@@ -1,0 +1,283 @@
+"""backend=postgres against a real PostgreSQL: options, tables, types, TOAST, transactions and budgets,
+data loss, the snapshot hand-off, many tables, a server kill -9."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from cdc.backend import open_backend
+from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres.errors import NoPrimaryKeyError, SchemaChangedError
+from cdc.errors import DataLossError, OptionError
+from cdc.planner import Planner
+from cdc.testing import batches, drain, read_range
+from tests.backends.postgres.fold import fold_json, fold_typed
+from tests.backends.postgres.harness import PostgresHarness
+
+
+def _rows(dsn: str, query: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(query.encode()).fetchall()
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"tables": "t"}, "option 'dsn' is required"),
+        ({"dsn": "postgresql://x/y"}, "option 'tables' is required"),
+        ({"dsn": "postgresql://x/y", "tables": "a.b.c"}, "option 'tables'"),
+        ({"dsn": "postgresql://x/y", "tables": "t", "slot.name": "Bad-Name"}, "option 'slot.name'"),
+        ({"dsn": "postgresql://x/y", "tables": "t", "slotname": "s"}, "did you mean 'slot.name'"),
+    ],
+)
+def test_bad_options_name_the_option(raw: dict[str, str], needle: str) -> None:
+    with pytest.raises(OptionError, match=needle):
+        open_backend("postgres", raw)
+
+
+def test_password_never_in_errors(postgres_dsn: str) -> None:
+    with pytest.raises(OptionError) as info:
+        open_backend("postgres", {"dsn": postgres_dsn.replace("cdc@", "cdc:s3cret@"), "tables": "t", "x": "1"})
+    assert "s3cret" not in str(info.value)
+
+
+def test_table_without_primary_key_is_refused_by_name(postgres_dsn: str) -> None:
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE keyed (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE loose (id int, v text)")
+    with pytest.raises(NoPrimaryKeyError, match="'public.loose' has no primary key") as info:
+        open_backend("postgres", {"dsn": postgres_dsn, "tables": "keyed,loose"})
+    assert info.value.table == "public.loose"
+    with pytest.raises(OptionError, match="'public.missing' does not exist"):
+        open_backend("postgres", {"dsn": postgres_dsn, "tables": "missing"})
+
+
+def test_typed_columns_and_key_changes(postgres_dsn: str) -> None:
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE typed (a int, b text, i2 smallint, i8 bigint, f4 real, f8 float8, ok bool, "
+            "amount numeric(10,2), big numeric, day date, at timestamptz, naive timestamp, raw bytea, "
+            "u uuid, doc jsonb, PRIMARY KEY (b, a))"
+        )
+    h = PostgresHarness(postgres_dsn, tables=("typed",), create=False)
+    try:
+        h.execute(
+            "INSERT INTO typed VALUES (1, 'x', 2, 3, 1.5, 2.25, true, 12.34, 1e40, '2024-02-29', "
+            "'2024-01-02 03:04:05.5+02', '2024-01-02 03:04:05', '\\x0102', "
+            "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"k\": 1}')"
+        )
+        h.execute("UPDATE typed SET a = 2 WHERE a = 1")  # a key change: delete of (x, 1), insert of (x, 2)
+        backend = h.backend()
+        schema = backend.schema()
+        assert [f.name for f in schema][6:9] == ["a", "b", "i2"]
+        assert str(schema.field("amount").type) == "decimal128(10, 2)" and str(schema.field("big").type) == "string"
+        rows = [r for t in drain(backend) for r in t.to_pylist()]
+        assert [(r["_op"], r["a"]) for r in rows] == [("insert", 1), ("delete", 1), ("insert", 2)]
+        first = rows[0]
+        assert first["amount"] == Decimal("12.34") and first["big"].startswith("1000000")
+        assert first["at"] == dt.datetime(2024, 1, 2, 1, 4, 5, 500000, tzinfo=dt.UTC)
+        assert first["naive"] == dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+        assert first["day"] == dt.date(2024, 2, 29) and first["raw"] == b"\x01\x02" and first["ok"] is True
+        assert first["doc"] == '{"k": 1}' and first["f4"] == 1.5 and first["i8"] == 3
+        assert rows[1]["b"] == "x" and rows[1]["i2"] is None  # a delete carries the key only
+        assert [r["_seq"] for r in rows] == sorted(r["_seq"] for r in rows)
+    finally:
+        h.close()
+
+
+def test_unchanged_toasted_column_is_named_not_nulled(postgres_dsn: str) -> None:
+    h = PostgresHarness(postgres_dsn)
+    try:
+        big = "".join(chr(65 + (i * 7919) % 26) for i in range(200_000))  # incompressible enough to be TOASTed
+        h.execute("INSERT INTO items VALUES (1, %s, 0)", (big,))
+        h.execute("UPDATE items SET n = 5 WHERE id = 1")
+        rows = [r for t in drain(h.backend()) for r in t.to_pylist()]
+        assert [r["_op"] for r in rows] == ["insert", "update"]
+        assert rows[1]["_unchanged"] == ["v"] and rows[1]["v"] is None and rows[1]["n"] == 5
+        assert rows[0]["_unchanged"] is None and rows[0]["v"] == big
+        assert fold_typed([t for t in drain(h.backend())], ("id",)) == {(1,): {"id": 1, "v": big, "n": 5}}
+    finally:
+        h.close()
+
+
+def test_a_transaction_is_never_split_and_a_large_one_is_taken_whole(postgres_dsn: str) -> None:
+    h = PostgresHarness(postgres_dsn)
+    try:
+        h.txn_size = 4
+        h.append(12)  # three transactions of four
+        h.txn_size = 30
+        h.append(30)
+        backend = h.backend()
+        sizes = [t.num_rows for t in drain(backend, limit=6)]
+        assert sizes == [4, 4, 4, 30]
+        ends = [end["channels"]["changes"]["pos"] if isinstance(end.get("channels"), dict) else None
+                for end, _ in batches(backend, limit=6)]
+        assert all(e is not None and e & 0xFFFFF == 0 for e in ends)  # every end lies between transactions
+    finally:
+        h.close()
+
+
+def test_schema_change_stops_a_typed_query(postgres_dsn: str) -> None:
+    h = PostgresHarness(postgres_dsn)
+    try:
+        h.append(2)
+        backend = h.backend()
+        h.execute("ALTER TABLE items ADD COLUMN extra int")
+        h.execute("INSERT INTO items VALUES (100, 'x', 1, 7)")
+        start = backend.earliest("changes")
+        end = backend.plan("changes", start).end
+        with pytest.raises(SchemaChangedError, match="restart the query"):
+            read_range(backend, "changes", start, end)
+        assert "extra" in h.backend().schema().names  # a restart reads the new schema
+    finally:
+        h.close()
+
+
+def test_lost_slot_is_data_loss_and_failondataloss_false_skips(postgres_dsn: str) -> None:
+    h = PostgresHarness(postgres_dsn)
+    try:
+        h.append(3)
+        backend = h.backend()
+        start = Planner(backend).initial("earliest")
+        slots.drop_slot(h.conn, backend.slot)  # type: ignore[attr-defined]
+        slots.ensure_slot(h.conn, backend.slot)  # type: ignore[attr-defined]
+        h.append(2)
+        with pytest.raises(DataLossError, match="past the needed position"):
+            Planner(backend).next(start)
+        end = Planner(backend, fail_on_data_loss=False).next(start)
+        rows = sum(read_range(backend, r.channel, r.start, r.end).num_rows for r in Planner.ranges(start, end))
+        assert rows == 2
+    finally:
+        h.close()
+
+
+def test_many_tables_carry_table_key_and_row_as_json(postgres_dsn: str) -> None:
+    h = PostgresHarness(postgres_dsn, tables=("orders", "customers"))
+    try:
+        h.execute("INSERT INTO orders VALUES (1, 'o', 1)")
+        h.execute("INSERT INTO customers VALUES (1, 'c', 2)")
+        h.execute("ALTER TABLE customers ADD COLUMN city text")
+        h.execute("INSERT INTO customers VALUES (2, 'd', 3, 'Oslo')")
+        h.execute("DELETE FROM orders WHERE id = 1")
+        tables = list(drain(h.backend()))
+        rows = [r for t in tables for r in t.to_pylist()]
+        assert [(r["_table"], r["_op"]) for r in rows] == [
+            ("public.orders", "insert"), ("public.customers", "insert"), ("public.customers", "insert"),
+            ("public.orders", "delete")]
+        assert rows[0]["_key"] == '{"id":1}'
+        assert fold_json(tables) == {
+            ("public.customers", '{"id":1}'): {"id": 1, "v": "c", "n": 2},
+            ("public.customers", '{"id":2}'): {"id": 2, "v": "d", "n": 3, "city": "Oslo"},  # the added column
+        }
+    finally:
+        h.close()
+
+
+def test_snapshot_hand_off_is_exact_under_concurrent_writes(postgres_dsn: str, tmp_path: Path) -> None:
+    h = PostgresHarness(postgres_dsn, **{"snapshot.path": str(tmp_path / "snap"), "snapshot.chunkRows": "500",
+                                         "slot.name": "snap_exact"})
+    try:
+        h.execute("INSERT INTO items SELECT g, 'v' || g, 0 FROM generate_series(1, 3000) g")
+        h.execute("ANALYZE items")  # chunks are sized from the catalog's row estimate
+        stop = threading.Event()
+
+        def writer() -> None:
+            with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    conn.execute("UPDATE items SET n = n + 1 WHERE id = %s", (i % 3000 + 1,))
+                    conn.execute("INSERT INTO items VALUES (%s, 'w', 0)", (10_000 + i,))
+                    conn.execute("DELETE FROM items WHERE id = %s", (i * 7 % 3000 + 1,))
+
+        slots.drop_slot(h.conn, "snap_exact")  # the harness made it: a snapshot starts with its own export
+        thread = threading.Thread(target=writer)
+        thread.start()
+        try:
+            backend = h.backend()
+            planner = Planner(backend)
+            start = planner.initial("snapshot")
+            chunks = [c for c in start["channels"] if c.startswith("snapshot:")]
+            assert len(chunks) >= 3  # cut into several chunks, read in parallel
+            got = []
+            for end, table in batches(backend, start, limit=700):  # until the changes flow, writes going on
+                got.append((end, table))
+                if "snapshot" not in table.column("_op").to_pylist() and len(got) > 8:
+                    break
+        finally:
+            stop.set()
+            thread.join()
+        got += list(batches(backend, got[-1][0]))
+        tables = [t for _, t in got]
+        ops = [op for t in tables for op in t.column("_op").to_pylist()]
+        assert ops.index("snapshot") == 0 and "snapshot" not in ops[ops.count("snapshot"):]  # snapshot first
+        snap_seq = max(s for t in tables for s, o in zip(t.column("_seq").to_pylist(), t.column("_op").to_pylist(),
+                                                          strict=True) if o == "snapshot")
+        change_seqs = [s for t in tables for s, o in zip(t.column("_seq").to_pylist(), t.column("_op").to_pylist(),
+                                                         strict=True) if o != "snapshot"]
+        assert change_seqs and min(change_seqs) > snap_seq  # no snapshot row can overwrite a newer change
+        expected = {(r[0],): {"id": r[0], "v": r[1], "n": r[2]} for r in _rows(postgres_dsn, "SELECT * FROM items")}
+        assert fold_typed(tables, ("id",)) == expected  # no gap, no duplicate
+        again = open_backend("postgres", h.options)  # a restarted driver reuses the materialised snapshot
+        assert again.snapshot().chunks == tuple(chunks)
+    finally:
+        h.close()
+
+
+def test_postgres_kill_9_mid_stream_loses_and_duplicates_nothing(postgres_server: Any, postgres_dsn: str) -> None:
+    h = PostgresHarness(postgres_dsn)
+    try:
+        h.txn_size = 5
+        h.append(20)
+        backend = h.backend()
+        planner = Planner(backend)
+        start = planner.initial("earliest")
+        end = planner.next(start, 10)
+        first = [read_range(backend, r.channel, r.start, r.end) for r in planner.ranges(start, end)]
+        postgres_server.kill()
+        postgres_server.start()
+        h.conn = psycopg.connect(postgres_dsn, autocommit=True)
+        h.append(10)
+        backend = h.backend()
+        replay = [read_range(backend, r.channel, r.start, r.end) for r in Planner.ranges(start, end)]
+        assert [t.equals(u) for t, u in zip(first, replay, strict=True)] == [True]
+        backend.acknowledge({"changes": end["channels"]["changes"]["pos"]})
+        rest = list(drain(backend, end))
+        ids = [i for t in first + rest for i in t.column("id").to_pylist()]
+        assert sorted(ids) == list(range(30))
+    finally:
+        h.close()
+
+
+def test_snapshot_rows_are_typed_like_changes(postgres_dsn: str, tmp_path: Path) -> None:
+    # The snapshot reads typed tables through COPY ... (FORMAT csv) and Arrow's CSV parser; the same rows
+    # read as changes go through pgoutput and psycopg's loaders: both must give the same values.
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kinds (id int PRIMARY KEY, s text, e text, ok bool, amount numeric(8,3), "
+                     "big numeric, day date, at timestamptz, naive timestamp, f float8)")
+    h = PostgresHarness(postgres_dsn, tables=("kinds",), create=False,
+                        **{"snapshot.path": str(tmp_path / "snap"), "slot.name": "kinds_changes"})
+    try:
+        h.execute("INSERT INTO kinds VALUES (1, 'a,\"b\"\nc', '', true, -12.345, 12345678901234567890.5, "
+                  "'2024-02-29', '2024-01-02 03:04:05.123456+02', '1999-12-31 23:59:59', 0.1), "
+                  "(2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
+        changes = [r for t in drain(h.backend()) for r in t.to_pylist()]
+        snap = open_backend("postgres", {**h.options, "slot.name": "kinds_snap"})
+        planner = Planner(snap)
+        start = planner.initial("snapshot")
+        rows = [r for _, t in batches(snap, start) for r in t.to_pylist()]
+        slots.drop_slot(h.conn, "kinds_snap")
+        strip = ("_op", "_seq", "_commit_ts", "_channel", "_position", "_unchanged")
+        assert [r["_op"] for r in rows] == ["snapshot", "snapshot"]
+        assert [{k: v for k, v in r.items() if k not in strip} for r in rows] == [
+            {k: v for k, v in r.items() if k not in strip} for r in changes]
+        assert rows[0]["e"] == "" and rows[1]["e"] is None and rows[0]["s"] == 'a,"b"\nc'
+    finally:
+        h.close()

@@ -1,0 +1,124 @@
+"""The delta-spark engine on the io.delta jars of ``make delta-spark``: the batch is prepared and merged inside
+Spark (never collected), and every path gives the table delta-rs gives for the same changes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from cdc.backends.local import LocalLog
+from sinks.delta import DeltaUpsertSink, read
+from sinks.delta.layout import DELETED_AT
+
+pytestmark = pytest.mark.spark
+TS = pa.timestamp("us", tz="UTC")
+NOW = datetime(2025, 3, 1, tzinfo=UTC)
+
+
+def changes(rows: list[tuple[str, int, int, str | None, int | None, list[str] | None]]) -> pa.Table:
+    """(op, key, seq, a, b, unchanged) rows as a batch of change records."""
+    return pa.table({
+        "_op": pa.array([r[0] for r in rows], pa.string()),
+        "id": pa.array([r[1] for r in rows], pa.int64()),
+        "_seq": pa.array([r[2] for r in rows], pa.int64()),
+        "_commit_ts": pa.array([NOW] * len(rows), TS),
+        "a": pa.array([r[3] for r in rows], pa.string()),
+        "b": pa.array([r[4] for r in rows], pa.int64()),
+        "_unchanged": pa.array([r[5] for r in rows], pa.list_(pa.string())),
+    })
+
+
+BATCHES = [
+    changes([("insert", 1, 1, "x", 1, None), ("insert", 2, 2, "y", 2, None), ("insert", 3, 3, "z", 3, None),
+             ("update", 1, 4, "x2", 10, None), ("insert", 4, 5, "w", 4, None)]),
+    changes([("delete", 2, 6, None, None, None), ("update", 3, 7, "junk", 30, ["a"]), ("update", 1, 2, "old", 0, None),
+             ("update", 4, 8, "w2", 99, ["b"]), ("insert", 5, 9, "v", 5, None), ("update", 5, 10, "v2", 50, None)]),
+    changes([("insert", 2, 11, "back", 20, None), ("update", 3, 12, "z3", 0, ["b"]), ("delete", 5, 13, None, None, None),
+             ("update", 1, 4, "x2", 10, None)]),
+    changes([("update", 6, 14, "new", 60, ["a"]), ("update", 4, 15, "w3", 40, None)]),
+]
+
+
+def table_rows(path: Path) -> list[dict[str, Any]]:
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda r: tuple((k, str(v)) for k, v in sorted(r.items())))
+
+
+def sink(path: Path, engine: str, scd_type: int, **kw: Any) -> DeltaUpsertSink:
+    return DeltaUpsertSink(str(path), keys=["id"], scd_type=scd_type, engine=engine, app_id="t", compact_every=3,
+                           clock=lambda: NOW, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scd_type", [1, 2])
+@pytest.mark.parametrize("partial", [False, True], ids=["full", "partial"])
+def test_frame_path_equals_delta_rs(spark: Any, tmp_path: Path, scd_type: int, partial: bool) -> None:
+    """The same batches through delta-rs (Arrow) and through delta-spark's DataFrame path give equal tables
+    (tombstones, sequences and SCD2 history included)."""
+    rs, ds = sink(tmp_path / "rs", "delta-rs", scd_type), sink(tmp_path / "ds", "delta-spark", scd_type)
+    for i, batch in enumerate(BATCHES):
+        if not partial:
+            batch = batch.drop_columns(["_unchanged"])
+        rs.write(batch, i)
+        ds.write_frame(spark.createDataFrame(batch), i)
+        assert table_rows(tmp_path / "ds") == table_rows(tmp_path / "rs"), f"after batch {i}"
+    assert not ds.write_frame(spark.createDataFrame(BATCHES[-1]), len(BATCHES) - 1), "a replay is skipped"
+
+
+@pytest.mark.slow
+def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From foreachBatch, engine='delta-spark' merges without bringing the batch to the driver: every way
+    to collect a DataFrame fails, except single-row results (the batch's checks and key range)."""
+    import sinks.delta.sink as sink_module
+
+    log = LocalLog.create(tmp_path / "log", [("id", pa.int64()), ("a", pa.string())], ["id"])
+    log.append([{"_op": "insert", "id": i, "a": f"v{i}"} for i in range(50)])
+    log.append([{"_op": "delete", "id": i} for i in range(0, 50, 5)] + [{"_op": "update", "id": 1, "a": "w"}])
+    DataFrame = type(spark.range(1))  # the classic DataFrame (pyspark.sql.DataFrame is its abstract parent)
+    real_collect = DataFrame.collect
+    big: list[int] = []
+
+    def collect(self: Any) -> Any:
+        rows = real_collect(self)
+        if len(rows) > 1:
+            big.append(len(rows))
+        return rows
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the batch was collected to the driver")
+
+    monkeypatch.setattr(DataFrame, "collect", collect)
+    for name in ("toArrow", "toPandas", "toLocalIterator", "_collect_as_arrow", "_collect_as_arrow_table"):
+        if hasattr(DataFrame, name):
+            monkeypatch.setattr(DataFrame, name, refuse)
+    monkeypatch.setattr(sink_module, "_collect", refuse)
+    target = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], engine="delta-spark")
+    q = (
+        spark.readStream.format("cdc").option("backend", "local").option("path", str(tmp_path / "log")).load()
+        .writeStream.foreachBatch(target).option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True).start()
+    )
+    q.awaitTermination()
+    assert q.exception() is None
+    assert not big, f"collected {big} rows"
+    monkeypatch.undo()
+    got = {r["id"]: r["a"] for r in read(spark, str(tmp_path / "t")).collect()}
+    assert got == {i: ("w" if i == 1 else f"v{i}") for i in range(50) if i % 5}
+
+
+def test_read_uses_delta_reader(spark: Any, tmp_path: Path) -> None:
+    """read() goes through format("delta") when the jars are there: it sees a table only Delta reads right
+    (deletion vectors: the data files alone still hold deleted rows)."""
+    path = str(tmp_path / "dv")
+    rs = sink(tmp_path / "dv", "delta-rs", 1)
+    rs.write(BATCHES[0].drop_columns(["_unchanged"]), 0)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 3")
+    got = {r["id"] for r in read(spark, path).collect()}
+    assert got == {1, 2, 4}
+    assert DELETED_AT not in read(spark, path).columns
