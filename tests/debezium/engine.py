@@ -15,6 +15,8 @@ from typing import IO, Any
 
 import pytest
 
+from tests.debezium.conftest import Database
+
 ENGINE = Path(__file__).parent / "engine"
 
 
@@ -36,7 +38,7 @@ def classpath() -> str:
 class DebeziumEngine:
     """One engine process: a replication slot and publication of its own, events read from its stdout."""
 
-    def __init__(self, workdir: Path, port: int, table: str, slot: str, *, schemas: bool) -> None:
+    def __init__(self, workdir: Path, db: Database, table: str, slot: str, *, schemas: bool) -> None:
         props = workdir / f"{slot}.properties"
         props.write_text("\n".join([
             "name=" + slot,
@@ -44,10 +46,10 @@ class DebeziumEngine:
             "offset.storage=org.apache.kafka.connect.storage.MemoryOffsetBackingStore",
             "offset.flush.interval.ms=0",
             "database.hostname=127.0.0.1",
-            f"database.port={port}",
-            "database.user=postgres",
+            f"database.port={db.port}",
+            f"database.user={db.user}",
             "database.password=unused",
-            "database.dbname=postgres",
+            f"database.dbname={db.name}",
             "topic.prefix=pg",
             "plugin.name=pgoutput",
             f"slot.name={slot}",
@@ -103,6 +105,6 @@ def publish(url: str, topic: str, events: Sequence[Event]) -> list[Any]:
     return produce(url, topic, [e.value for e in events], [e.key.decode() or None for e in events])
 
 
-def engines(workdir: Path, port: int, table: str, *names: tuple[str, bool]) -> Iterator[DebeziumEngine]:
+def engines(workdir: Path, db: Database, table: str, *names: tuple[str, bool]) -> Iterator[DebeziumEngine]:
     for slot, schemas in names:
-        yield DebeziumEngine(workdir, port, table, slot, schemas=schemas)
+        yield DebeziumEngine(workdir, db, table, slot, schemas=schemas)
