@@ -111,8 +111,18 @@ def test_real_events_stream_into_delta_equal_to_the_table(
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
     q.awaitTermination()
     assert q.exception() is None
-    got = sorted(_as_source_row(r) for r in read(spark, str(table)).collect())
-    assert got == [tuple(r) for r in captured.rows]
+    rows = read(spark, str(table)).collect()
+    assert sorted(_as_source_row(r) for r in rows) == [tuple(r) for r in captured.rows]
+    # _commit_ts is the source's commit time of the row's last change (source.ts_us), not when Debezium ran
+    last: dict[int, int] = {}
+    for e in captured.events[schemas]:
+        if e.value:
+            env = json.loads(e.value)["payload"] if schemas else json.loads(e.value)
+            if env["after"] is not None:
+                last[env["after"]["id"]] = env["source"]["ts_us"]
+    assert {r["id"]: r["_commit_ts"].replace(tzinfo=UTC) for r in rows} == {
+        k: datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=v) for k, v in last.items() if k in
+        {r["id"] for r in rows}}
 
 
 def test_a_real_truncate_fails_the_query_naming_the_table(captured: Captured, apache_pulsar: ApachePulsar,
