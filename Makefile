@@ -158,3 +158,29 @@ $(NATIVE_STAMP): native/plainbuffer.c native/build.py setup.py | $(STAMP)
 	@touch $@
 
 test test-fast demo bench: native
+
+# Debezium's embedded engine with its PostgreSQL connector, for tests/debezium (real Debezium events): built
+# in tests/debezium/engine/target, jars resolved into the Pulsar target's Maven repository. The stamp's name
+# is keyed on the pom and the sources, so an up-to-date build skips Maven, and an edited one builds again.
+DEBEZIUM_ENGINE := tests/debezium/engine
+DEBEZIUM_ENGINE_SOURCES := $(DEBEZIUM_ENGINE)/pom.xml $(sort $(shell find $(DEBEZIUM_ENGINE)/src -name '*.java' 2>/dev/null))
+DEBEZIUM_ENGINE_KEY := $(shell cat $(DEBEZIUM_ENGINE_SOURCES) | (sha256sum 2>/dev/null || shasum -a 256) | cut -c1-16)
+DEBEZIUM_ENGINE_STAMP := $(DEBEZIUM_ENGINE)/target/built-$(DEBEZIUM_ENGINE_KEY)
+
+.PHONY: debezium-engine
+debezium-engine: check-java $(DEBEZIUM_ENGINE_STAMP)
+
+$(DEBEZIUM_ENGINE_STAMP):
+	@command -v mvn >/dev/null 2>&1 || { \
+	  echo "error: Maven ('mvn') is required to build the Debezium engine for tests/debezium, and it is not on PATH."; \
+	  echo "       Debian/Ubuntu: sudo apt-get install -y maven; macOS: brew install maven."; \
+	  exit 1; }
+	@command -v javac >/dev/null 2>&1 || { \
+	  echo "error: a JDK 17 ('javac') is required to build the Debezium engine; only a JRE was found."; \
+	  echo "       Debian/Ubuntu: sudo apt-get install -y openjdk-17-jdk-headless; macOS: brew install openjdk@17."; \
+	  exit 1; }
+	rm -rf '$(DEBEZIUM_ENGINE)/target'
+	mvn -B --no-transfer-progress -q -f '$(DEBEZIUM_ENGINE)/pom.xml' -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package
+	@touch '$@'
+
+test: debezium-engine

@@ -1,7 +1,7 @@
 """Spark SQL functions that parse change-log record formats into the change model.
 
-* :func:`debezium` turns a Debezium-style JSON change envelope (``op`` c/u/d/r, ``before``, ``after``,
-  ``ts_ms``) into change-model columns. It is a native Spark expression (``from_json``), no Python UDF.
+* :func:`debezium` turns a Debezium JSON change envelope (``op`` c/u/d/r, ``before``, ``after``,
+  ``source.ts_ms``) into change-model columns. It is a native Spark expression (``from_json``), no Python UDF.
 * :func:`plainbuffer_json` decodes a Tablestore PlainBuffer record (what the tunnel service and the
   Tablestore streams hand out, often landed raw in a lake) into a JSON document; registered for SQL as
   ``cdc_plainbuffer_json(binary)`` by :func:`cdc.register`. A record that does not decode (a bad checksum
@@ -29,14 +29,19 @@ def debezium(column: Any, row_schema: str | Any) -> Any:
     """A struct column ``(_op, _commit_ts, <row columns>)`` from a Debezium JSON envelope column.
 
     ``row_schema`` is the row's schema (DDL string or ``StructType``). For a delete the row columns come
-    from ``before`` (the key identifies the row); otherwise from ``after``. An ``op`` outside c/u/d/r, or a
-    payload that is not an envelope, gives ``_op`` null: filter ``_op IS NULL`` to quarantine them.
+    from ``before`` (the key identifies the row); otherwise from ``after``. ``_commit_ts`` is the source's
+    commit time (``source.ts_us``, ``ts_ns`` or ``ts_ms``), the top-level ``ts_ms`` only when the source has
+    none. An ``op`` outside c/u/d/r (a truncate ``t`` included), a tombstone (empty value) or a payload that
+    is not an envelope gives ``_op`` null: filter ``_op IS NULL`` to set them aside.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
     schema = row_schema if isinstance(row_schema, StructType) else _struct(row_schema)
-    envelope = _struct(f"op string, ts_ms long, before {schema.simpleString()}, after {schema.simpleString()}")
+    envelope = _struct(
+        f"op string, ts_ms long, source struct<ts_ms: long, ts_us: long, ts_ns: long>, "
+        f"before {schema.simpleString()}, after {schema.simpleString()}"
+    )
     col = F.col(column) if isinstance(column, str) else column
     parsed = F.from_json(col.cast("string"), envelope)
     # Debezium's JSON converter may wrap the envelope in {"schema": ..., "payload": ...}
@@ -44,7 +49,15 @@ def debezium(column: Any, row_schema: str | Any) -> Any:
     env = F.when(parsed["op"].isNotNull(), parsed).otherwise(wrapped["payload"])
     op = F.coalesce(*[F.when(env["op"] == k, F.lit(v)) for k, v in _DEBEZIUM_OPS.items()])
     row = F.when(env["op"] == "d", env["before"]).otherwise(env["after"])
-    fields = [op.alias(OP), F.timestamp_millis(env["ts_ms"]).alias(COMMIT_TS)]
+    # The source's commit time, the most precise given; the top-level ts_ms is when Debezium processed it.
+    source = env["source"]
+    commit = F.coalesce(
+        F.timestamp_micros(source["ts_us"]),
+        F.timestamp_micros(F.floor(source["ts_ns"] / 1000).cast("long")),
+        F.timestamp_millis(source["ts_ms"]),
+        F.timestamp_millis(env["ts_ms"]),
+    )
+    fields = [op.alias(OP), commit.alias(COMMIT_TS)]
     fields += [row[f.name].alias(f.name) for f in schema.fields]
     return F.struct(*fields)
 

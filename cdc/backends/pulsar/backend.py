@@ -45,6 +45,11 @@ from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import match_topics, registry_schema
 from cdc.backends.pulsar.client import Channel, admin_client, connect, partitions_of
 from cdc.backends.pulsar.codec import Decoder
+from cdc.backends.pulsar.debezium import (
+    record_schema_of_avro,
+    registry_envelope_avro,
+    schema_from_first_message,
+)
 from cdc.backends.pulsar.errors import HeadUnavailableError, SchemaMismatchError
 from cdc.backends.pulsar.heads import PartitionHeads
 from cdc.backends.pulsar.index import TopicIndex
@@ -70,6 +75,7 @@ class PulsarBackend(Backend):
     def __init__(self, options: PulsarOptions) -> None:
         super().__init__(options)
         self._admin = admin_client(options, options.admin_url) if options.admin_url else None
+        self._client: Any = None
         # Topics whose registry schema was checked against the query's; None: the schema is an option.
         self._registry_checked: set[str] | None = None
         if options.value_format in ("json", "avro") and not options.value_schema:
@@ -80,8 +86,9 @@ class PulsarBackend(Backend):
             text = registry_schema(self._admin, topics, options.value_format)
             options = self.options = options.model_copy(update={"value_schema": text})
             self._registry_checked = set(topics)
+        if options.value_format == "debezium":
+            options = self.options = self._debezium_schemas(options)
         self._decoder = Decoder(options.value_format, options.value_schema, options.change_keys)
-        self._client: Any = None
         self._indexes: dict[str, TopicIndex] = {}
         self._channels: dict[str, Channel] = {}
         self._subscription = Subscription(lambda: self.client, options.subscription())
@@ -95,6 +102,22 @@ class PulsarBackend(Backend):
         self._stale: set[str] = set()  # topics whose index has not caught up this round
         self._partitions: dict[str, list[Channel]] = {}
         self._verified: set[str] = set()  # topics whose partitions were checked to be served as topics
+
+    def _debezium_schemas(self, options: PulsarOptions) -> PulsarOptions:
+        """Avro envelopes (the schema registry says so, when admin.url is given), and the row schema from the
+        registry's envelope or the first JSON envelope when valueSchema is not given."""
+        avro = registry_envelope_avro(self._admin, self.topics()) if self._admin is not None else None
+        if avro is not None and not options.value_schema:
+            text = record_schema_of_avro(json.loads(avro))
+            log.info("valueSchema read from the registry's Debezium Avro envelope: %s", text)
+            options = options.model_copy(update={"value_schema": text})
+        elif not options.value_schema:
+            text = schema_from_first_message(self.client, self.topics(), options.catch_up_ms * 10)
+            log.info("valueSchema read from the first Debezium envelope: %s", text)
+            options = options.model_copy(update={"value_schema": text})
+            options._schema_from_events = True
+        options._envelope_avro = avro
+        return options
 
     def __repr__(self) -> str:
         return f"PulsarBackend({self.options.service_url!r}, topics={self._topics_hint()})"

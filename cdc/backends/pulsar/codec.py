@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc.backends.pulsar import debezium
 from cdc.backends.pulsar.errors import SequenceRangeError
 from cdc.errors import OptionError
 from cdc.model import ChangeSchema, Op
@@ -257,8 +258,20 @@ def parse_avro_schema(text: str) -> Any:
 class Decoder:
     """Decodes one partition's messages into Arrow batches for one value format."""
 
-    def __init__(self, value_format: str, value_schema: str | None, change_keys: str | None) -> None:
+    def __init__(
+        self,
+        value_format: str,
+        value_schema: str | None,
+        change_keys: str | None,
+        events_schema: bool = False,
+        envelope_avro: str | None = None,
+    ) -> None:
         self.value_format = value_format
+        # valueSchema read from the topic's first envelope: every later envelope's schema must give it too.
+        self.events_schema = json.dumps(json.loads(value_schema), sort_keys=True) if events_schema and value_schema else None
+        self._same_schemas: list[Any] = []
+        # The Pulsar IO Debezium sources with Avro converters: envelopes are Avro records of this schema.
+        self._envelope_avro: Any = parse_avro_schema(envelope_avro) if envelope_avro else None
         self.fields: list[_Field] = parse_record_schema(value_schema) if value_schema else []
         self._avro: Any = None
         if value_format == "avro":
@@ -290,16 +303,16 @@ class Decoder:
         if self.value_format == "json":
             return _row(self.fields, _decode_object(payload), "")
         if self.value_format == "avro":
-            record = self._decode_avro(payload)
+            record = self._decode_avro(payload, self._avro)
             return [record.get(f.name) for f in self.fields]
         return [payload]
 
-    def _decode_avro(self, payload: bytes) -> dict[str, Any]:
+    def _decode_avro(self, payload: bytes, schema: Any) -> dict[str, Any]:
         import fastavro
 
         buffer = io.BytesIO(payload)
         try:
-            record = fastavro.schemaless_reader(buffer, self._avro, None)
+            record = fastavro.schemaless_reader(buffer, schema, None)
         except Exception as exc:  # noqa: BLE001 - fastavro raises EOFError, IndexError, ValueError, ...
             raise Malformed(f"not an Avro record of the schema: {type(exc).__name__} {exc}".rstrip()) from None
         if buffer.tell() != len(payload):
@@ -308,16 +321,25 @@ class Decoder:
             raise Malformed("the Avro value is not a record")
         return record
 
-    def decode_change(self, payload: bytes, publish_ms: int) -> tuple[str, datetime, list[Any]]:
-        """(op, commit time, table row) of a Debezium-style envelope."""
+    def decode_change(self, payload: bytes, publish_ms: int) -> tuple[str, datetime, list[Any]] | None:
+        """(op, commit time, table row) of a Debezium envelope (see :mod:`cdc.backends.pulsar.debezium`);
+        ``None`` for a tombstone. A truncate raises :class:`TruncateEvent`; an envelope whose schema differs
+        from the one the query read from the topic raises :class:`SchemaChangedError`."""
         assert self.change is not None
-        env = _decode_object(payload)
+        value = debezium.value_of(payload)
+        if not value:
+            return None
+        env = self._decode_avro(value, self._envelope_avro) if self._envelope_avro else _decode_object(value)
         if "op" not in env and isinstance(env.get("payload"), dict):
+            if self.events_schema is not None:
+                self._check_events_schema(env.get("schema"))
             env = env["payload"]  # Debezium's JSON converter with schemas.enable=true
         op = env.get("op")
+        if op == "t":
+            raise debezium.TruncateEvent(debezium.source_table(env))
         ops = {"c": Op.INSERT, "u": Op.UPDATE, "d": Op.DELETE, "r": Op.SNAPSHOT}
         if not isinstance(op, str) or op not in ops:
-            raise Malformed(f"envelope 'op' must be one of c, u, d, r; got {_brief(op)}")
+            raise Malformed(f"envelope 'op' must be one of c, u, d, r, t; got {_brief(op)}")
         image_name = "before" if op == "d" else "after"
         image = env.get(image_name)
         if not isinstance(image, dict):
@@ -326,17 +348,31 @@ class Decoder:
             keys = set(self.change.keys)
             image = {k: v for k, v in image.items() if k in keys}
         row = _row(self.fields, image, f"{image_name}: ")
-        ts = env.get("ts_ms")
-        source = env.get("source")
-        if ts is None and isinstance(source, dict):
-            ts = source.get("ts_ms")
+        name, ts, scale = debezium.commit_field(env)
         if ts is None:
-            ts = publish_ms
+            ts, scale = publish_ms, -1000
         try:
-            commit = _from_epoch(_integer(ts), 1000, "epoch milliseconds")
+            commit = _from_epoch(debezium.epoch_micros(_integer(ts), scale), 1, "epoch time")
         except (TypeError, ValueError):
-            raise Malformed(f"envelope 'ts_ms' must be epoch milliseconds {_CALENDAR}, got {_brief(ts)}") from None
+            unit = {1: "microseconds", 1000: "nanoseconds"}.get(scale, "milliseconds")
+            raise Malformed(f"envelope {name!r} must be epoch {unit} {_CALENDAR}, got {_brief(ts)}") from None
         return ops[op].value, commit, row
+
+    def _check_events_schema(self, schema: Any) -> None:
+        if any(schema == known for known in self._same_schemas):
+            return
+        try:
+            text = debezium.record_schema_of(schema)
+        except ValueError as exc:
+            raise debezium.SchemaChangedError(f"its schema no longer gives the row's columns: {exc}") from None
+        if text != self.events_schema:
+            raise debezium.SchemaChangedError(
+                f"its row schema {text} differs from the one the query read from the topic when it was "
+                f"defined, {self.events_schema}; restart the query to read the new schema (or give option "
+                "valueSchema)"
+            )
+        if len(self._same_schemas) < 16:
+            self._same_schemas.append(schema)
 
 
 # Sequence numbers of change records come from message ids: (ledger, entry, batch) packed into 63 bits.

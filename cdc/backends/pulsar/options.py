@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
-from pydantic import PositiveInt, field_validator, model_validator
+from pydantic import PositiveInt, PrivateAttr, field_validator, model_validator
 
 from cdc.options import BackendOptions, Field, SecretStr
 
@@ -149,7 +149,7 @@ class PulsarOptions(ConnectionOptions):
         alias="valueFormat",
         description="`bytes`: the payload as `value`; `json`: decode JSON with valueSchema into columns; "
         "`avro`: decode Avro binary records (Pulsar's AVRO schema encoding) with valueSchema into columns; "
-        "`debezium`: decode a Debezium-style JSON change envelope into the change model.",
+        "`debezium`: decode a Debezium JSON change envelope (also inside a Pulsar KeyValue) into the change model.",
     )
     value_schema: str | None = Field(
         None,
@@ -157,7 +157,11 @@ class PulsarOptions(ConnectionOptions):
         description="Avro record schema JSON (what Pulsar's JSON/AVRO schemas hold) for valueFormat json, "
         "avro or debezium. For json and avro it may be left out when admin.url is given: it is then read "
         "once per query from the schema registry (GET /admin/v2/schemas/<tenant>/<namespace>/<topic>/schema; "
-        "every topic of the query must have the same schema, of type JSON for json and AVRO for avro).",
+        "every topic of the query must have the same schema, of type JSON for json and AVRO for avro). For "
+        "debezium it may be left out when the envelopes carry their schema (schemas.enable=true): it is then "
+        "read from the first message when the query is defined; or, with admin.url, when the registry holds the "
+        "envelopes' Avro schema (Pulsar IO Debezium sources with Avro converters: KEY_VALUE with an AVRO value), "
+        "from its 'after' record.",
     )
     change_keys: str | None = Field(
         None, alias="changeKeys", description="valueFormat=debezium: comma-separated primary-key columns."
@@ -232,6 +236,21 @@ class PulsarOptions(ConnectionOptions):
 
         return settings("reader", v) if isinstance(v, Mapping) else v
 
+    # Set by the backend when valueFormat=debezium read valueSchema from the topic's first envelope: the
+    # executors then check every envelope's schema against it. Not an option.
+    _schema_from_events: bool = PrivateAttr(False)
+    # Set by the backend when the schema registry says the Debezium envelopes are Avro (their schema). Not
+    # an option.
+    _envelope_avro: str | None = PrivateAttr(None)
+
+    @property
+    def schema_from_events(self) -> bool:
+        return self._schema_from_events
+
+    @property
+    def envelope_avro(self) -> str | None:
+        return self._envelope_avro
+
     @field_validator("starting_time")
     @classmethod
     def _check_time(cls, v: str | None) -> str | None:
@@ -248,8 +267,6 @@ class PulsarOptions(ConnectionOptions):
             )
         if self.topics_pattern and not self.admin_url:
             raise ValueError("option 'topicsPattern' needs option 'admin.url' (topics are listed via the admin API)")
-        if self.value_format == "debezium" and not self.value_schema:
-            raise ValueError("option 'valueSchema' is required with valueFormat=debezium")
         if self.value_format in ("json", "avro") and not self.value_schema and not self.admin_url:
             raise ValueError(
                 f"option 'valueSchema' is required with valueFormat={self.value_format} "

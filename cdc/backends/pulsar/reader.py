@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from cdc.backend import Position, RangeReader
 from cdc.backends.pulsar.client import Channel, connect, reader_settings
 from cdc.backends.pulsar.codec import PROPERTIES, TS, Decoder, Malformed, sequence_of
+from cdc.backends.pulsar.debezium import SchemaChangedError, TruncateError, TruncateEvent
 from cdc.backends.pulsar.errors import StallError
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import Key, is_start, to_key
@@ -159,6 +160,11 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
     finally:
         columns.close()
         reader.close()
+    if columns.change:
+        log.info(
+            "channel %s: read (%s, %s]: %d changes, %d tombstones skipped",
+            ch.id, list(start), list(last), columns.kept, columns.tombstones,
+        )
 
 
 class _Columns:
@@ -167,7 +173,15 @@ class _Columns:
 
     def __init__(self, client: Any, options: PulsarOptions, ch: Channel) -> None:
         self.client, self.options, self.ch = client, options, ch
-        self.decoder = Decoder(options.value_format, options.value_schema, options.change_keys)
+        self.decoder = Decoder(
+            options.value_format,
+            options.value_schema,
+            options.change_keys,
+            options.schema_from_events,
+            options.envelope_avro,
+        )
+        self.tombstones = 0  # Debezium's empty values after deletes: skipped, counted in the range's log line
+        self.kept = 0
         self.schema = self.decoder.schema()
         self.change = self.decoder.change is not None
         self._quarantine: Any = None
@@ -192,13 +206,26 @@ class _Columns:
                 if change:
                     mid = mids[i]
                     seq = sequence_of(mid.ledger_id(), mid.entry_id(), mid.batch_index())
-                    op, commit, values = decoder.decode_change(msg.data(), msg.publish_timestamp())
+                    decoded = decoder.decode_change(msg.data(), msg.publish_timestamp())
+                    if decoded is None:
+                        self.tombstones += 1
+                        continue
+                    op, commit, values = decoded
                     rows.append([op, seq, commit, ch, seq, *values])
                 else:
                     rows.append(decoder.decode_value(msg.data()))
                 kept.append(i)
             except Malformed as exc:
                 self._malformed(msg, mids[i], exc)
+            except TruncateEvent as t:
+                raise TruncateError(
+                    f"{self._where(msg, mids[i])} is a Debezium truncate of table {t.table}: the rows it "
+                    "removes are not in the change log, so the target cannot follow; empty the target and "
+                    "restart the query from after this message (startingOffsets)"
+                ) from None
+            except SchemaChangedError as exc:
+                raise SchemaChangedError(f"{self._where(msg, mids[i])}: {exc}") from None
+        self.kept += len(kept)
         if len(kept) < len(msgs):
             msgs, mids = [msgs[i] for i in kept], [mids[i] for i in kept]
         try:
@@ -230,10 +257,14 @@ class _Columns:
                 kept.append(i)
         return [rows[i] for i in kept], [msgs[i] for i in kept], [mids[i] for i in kept]
 
+    def _where(self, msg: Any, mid: Any) -> str:
+        k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+        return f"channel {self.ch.id!r} message {list(k)} (key {msg.partition_key() or None!r})"
+
     def _malformed(self, msg: Any, mid: Any, exc: Malformed) -> None:
         options = self.options
         k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-        where = f"channel {self.ch.id!r} message {list(k)} (key {msg.partition_key() or None!r})"
+        where = self._where(msg, mid)
         if options.on_malformed == "fail":
             raise MalformedRecordError(
                 f"{where} does not decode as {options.value_format}: {exc}; set onMalformed=quarantine "
