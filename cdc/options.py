@@ -126,8 +126,8 @@ class SourceOptions(_Model):
         None,
         alias="startingTimestamp",
         description="Start every channel at its first record committed at or after this time (epoch milliseconds "
-        "or ISO-8601 with zone); not with startingOffsets. Backends local and tablestore (base-data channels, "
-        "which carry no commit time, start at their beginning).",
+        "or ISO-8601 with zone); not with startingOffsets. Backends local, tablestore (base-data channels, "
+        "which carry no commit time, start at their beginning) and pulsar (publish time).",
     )
     ending_timestamp: str | None = Field(
         None,
