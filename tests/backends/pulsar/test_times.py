@@ -15,7 +15,7 @@ import pytest
 from cdc.backends.pulsar import PulsarBackend
 from cdc.errors import OptionError
 from cdc.planner import Planner
-from cdc.servers.pulsar import ApachePulsar
+from cdc.servers.pulsar import ApachePulsar, EmbeddedBroker
 from cdc.source import _Config
 from cdc.testing.harness import read_range
 from tests.backends.pulsar.helpers import OPEN, drain, produce
@@ -88,6 +88,17 @@ def test_ending_timestamp_ends_each_partition_before_its_first_message_published
     # both bounds: an empty window between them reads nothing
     config, b = open_backend(broker.url, topic, startingTimestamp=str(cut - 1), endingTimestamp=str(cut))
     assert batch_read(config, b) == []
+
+
+def test_on_a_broker_that_does_not_serve_partitions_the_parent_topic_is_read_for_the_time(lite_topic: str) -> None:
+    """pulsar-lite's partitioned topics: a Reader cannot seek on a partition there (it is not served as a topic)."""
+    with EmbeddedBroker(partitions=2) as lite:
+        cut = old_cut_new(lite.url, lite_topic)
+        config, b = open_backend(lite.url, lite_topic, startingTimestamp=str(cut), receiverQueueSize="20000")
+        start = Planner(b).initial(config.source.starting_offsets, config.source.starting_time)
+        assert not b.partition_mode
+        table, _ = drain(b, start)
+        assert values(table) == [b"new%d" % i for i in range(4)]
 
 
 def test_starting_time_is_a_deprecated_name_of_starting_timestamp(
