@@ -15,6 +15,7 @@ from ``.option(...)``: a driver logging py4j at DEBUG logs every option value it
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -46,6 +47,8 @@ __all__ = [
 
 M = TypeVar("M", bound=BaseModel)
 
+log = logging.getLogger(__name__)
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False, str_strip_whitespace=True)
@@ -57,6 +60,10 @@ class BackendOptions(_Model):
     passthrough: ClassVar[Mapping[str, str]] = {}
     """Option-name prefixes (lower case, ending in ``.``) whose options are gathered, prefix removed, into a
     dict field: prefix -> that field's name. For settings handed to a client library as they are."""
+
+    renamed: ClassVar[Mapping[str, str]] = {}
+    """Deprecated option names (lower case) of this backend -> the source option that replaced them (its
+    alias): the value is taken as that option's, with a logged deprecation warning."""
 
 
 def _passthrough(model: type[BaseModel], key: str) -> tuple[str, str] | None:
@@ -119,8 +126,8 @@ class SourceOptions(_Model):
         None,
         alias="startingTimestamp",
         description="Start every channel at its first record committed at or after this time (epoch milliseconds "
-        "or ISO-8601 with zone); not with startingOffsets. Backends local and tablestore (base-data channels, "
-        "which carry no commit time, start at their beginning).",
+        "or ISO-8601 with zone); not with startingOffsets. Backends local, tablestore (base-data channels, "
+        "which carry no commit time, start at their beginning) and pulsar (publish time).",
     )
     ending_timestamp: str | None = Field(
         None,
@@ -181,11 +188,13 @@ def parse_time(value: str) -> datetime:
     return t.astimezone(UTC)
 
 
-def _check_exclusive(source: SourceOptions) -> None:
-    """Options that say the same thing twice are refused, naming both."""
+def _check_exclusive(source: SourceOptions, given_as: Mapping[str, str] | None = None) -> None:
+    """Options that say the same thing twice are refused, naming both (as the user named them: ``given_as``
+    maps a source option to the deprecated name it came under)."""
     for time_field, offsets_field in (("starting_timestamp", "starting_offsets"), ("ending_timestamp", "ending_offsets")):
         if getattr(source, time_field) is not None and offsets_field in source.model_fields_set:
             a, b = _alias(SourceOptions, time_field), _alias(SourceOptions, offsets_field)
+            a = (given_as or {}).get(a, a)
             raise OptionError(f"options {a!r} and {b!r} cannot be given together; accepted: one of them", a)
     low, high = source.min_records_per_trigger, source.max_records_per_trigger
     if low is not None and high is not None and low > high:
@@ -279,9 +288,22 @@ def split_and_parse(
     backend_names = accepted_options(backend_model)
     core_raw: dict[str, Any] = {}
     backend_raw: dict[str, Any] = {}
+    renamed: Mapping[str, str] = getattr(backend_model, "renamed", {})
+    given_as: dict[str, str] = {}
     for key, value in raw.items():
         k = key.lower()
-        if k in core_names:
+        if k in renamed:
+            new = renamed[k]
+            if any(other.lower() == new.lower() for other in raw):
+                raise OptionError(
+                    f"options {key!r} and {new!r} cannot be given together ({key!r} is a deprecated name of "
+                    f"{new!r}); accepted: {new!r}",
+                    key,
+                )
+            log.warning("option %r of backend %r is deprecated; use %r", key, backend_name, new)
+            core_raw[new] = value
+            given_as[new] = key
+        elif k in core_names:
             core_raw[key] = value
         elif k in backend_names or _passthrough(backend_model, key) is not None:
             backend_raw[key] = value
@@ -291,6 +313,6 @@ def split_and_parse(
             ]
             raise _unknown(key, f"backend {backend_name!r}", accepted)
     source = parse(SourceOptions, core_raw, what="the cdc source")
-    _check_exclusive(source)
+    _check_exclusive(source, given_as)
     return source, parse(backend_model, backend_raw, what=f"backend {backend_name!r}")
 

@@ -36,6 +36,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -51,7 +52,7 @@ from cdc.backends.pulsar.debezium import (
     schema_from_first_message,
 )
 from cdc.backends.pulsar.errors import HeadUnavailableError, SchemaMismatchError
-from cdc.backends.pulsar.heads import PartitionHeads
+from cdc.backends.pulsar.heads import PartitionHeads, first_published_at
 from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import START, before, count_between, to_key
@@ -63,6 +64,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class PulsarBackend(Backend):
@@ -147,7 +150,6 @@ class PulsarBackend(Backend):
             index = self._indexes[topic] = TopicIndex(
                 self.client,
                 topic,
-                starting_time_ms=self.options.starting_time_ms,
                 receiver_queue_size=self.options.receiver_queue_size,
                 catch_up_ms=self.options.catch_up_ms,
             )
@@ -258,6 +260,17 @@ class PulsarBackend(Backend):
 
     def parse_position(self, channel: str, value: Any) -> Position:
         return list(to_key(value, channel))
+
+    def position_at(self, channel: str, when: datetime) -> Position:
+        """Before the partition's first message published at or after ``when`` (see
+        :func:`~cdc.backends.pulsar.heads.first_published_at`), else the head. The head is taken first: a
+        message published meanwhile then lies after it, not skipped."""
+        ch = self._channel(channel)
+        head = self.latest(channel)
+        # Publish times are whole milliseconds: a time inside one starts at the next.
+        when_ms = -((_EPOCH - when) // timedelta(milliseconds=1))
+        first = first_published_at(self.client, self.options, ch, when_ms, parent=not self.partition_mode)
+        return head if first is None else before(first)
 
     def plan(
         self, channel: str, start: Position, max_records: int | None = None, until: Position | None = None

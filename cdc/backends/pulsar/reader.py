@@ -85,7 +85,6 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
     import pulsar
 
     columns = _Columns(client, options, ch)
-    since = options.starting_time_ms
     reader, check_first = _open_reader(client, options, ch, start)
     opened_at = start
     poll_ms = min(250, options.poll_timeout_ms, options.reopen_after_ms)
@@ -143,14 +142,13 @@ def _read_range(client: Any, options: PulsarOptions, ch: Channel, start: Key, en
             if k > end:
                 break
             last = k
-            if since is None or msg.publish_timestamp() >= since:
-                msgs.append(msg)
-                mids.append(mid)
-                if len(msgs) >= ROWS_PER_BATCH:
-                    batch = columns.batch(msgs, mids)
-                    msgs, mids = [], []
-                    if batch is not None:
-                        yield batch
+            msgs.append(msg)
+            mids.append(mid)
+            if len(msgs) >= ROWS_PER_BATCH:
+                batch = columns.batch(msgs, mids)
+                msgs, mids = [], []
+                if batch is not None:
+                    yield batch
             if k == end:
                 break
         if msgs:
