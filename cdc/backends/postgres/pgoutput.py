@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -64,6 +65,10 @@ class Relation:
     @property
     def qualified(self) -> str:
         return f"{self.namespace}.{self.name}"
+
+    @cached_property
+    def key_indexes(self) -> tuple[int, ...]:
+        return tuple(i for i, c in enumerate(self.columns) if c.is_key)
 
 
 @dataclass(frozen=True)

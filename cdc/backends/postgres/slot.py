@@ -121,7 +121,8 @@ def transactions(
     ``>= start``, in commit order. Transactions without a change of the published tables are left out."""
     if end_lsn <= lsn_of(start):
         return
-    cur = conn.cursor()
+    # Binary results: the messages arrive as bytes, not as hex text to parse.
+    cur = conn.cursor(binary=True)
     rows = cur.execute(
         "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', '1', "
         "'publication_names', %s)",
@@ -200,7 +201,7 @@ def _append(records: list[Record], begin: Begin, rel: Relation, change: Change) 
     def add(op: Op, values: tuple[Any, ...]) -> None:
         records.append(Record(op, pack(begin.commit_lsn, len(records)), begin.commit_time, rel, values))
 
-    keys = [i for i, c in enumerate(rel.columns) if c.is_key]
+    keys = rel.key_indexes
     if change.kind == "I" and change.new is not None:
         add(Op.INSERT, change.new)
     elif change.kind == "U" and change.new is not None:
@@ -214,7 +215,7 @@ def _append(records: list[Record], begin: Begin, rel: Relation, change: Change) 
         add(Op.DELETE, _key_only(change.old, keys))
 
 
-def _key_only(values: tuple[Any, ...], keys: list[int]) -> tuple[Any, ...]:
+def _key_only(values: tuple[Any, ...], keys: tuple[int, ...]) -> tuple[Any, ...]:
     return tuple(v if i in keys else None for i, v in enumerate(values))
 
 
