@@ -1,12 +1,15 @@
-"""PostgreSQL source throughput: snapshot rows/s and change rows/s into Spark's ``noop`` sink, against
-``COPY (SELECT * FROM t) TO STDOUT`` of the same table in the same run (the physical limit for a snapshot).
+"""PostgreSQL source throughput: snapshot rows/s and change rows/s into Spark's ``noop`` sink and into Delta,
+against ``COPY (SELECT * FROM t) TO STDOUT`` of the same table in the same run (the physical limit for a
+snapshot).
 
 A PostgreSQL started on loopback by this script holds ``--rows`` rows (id, text, numeric, timestamptz, int).
 Measured: ``COPY ... TO`` read by psycopg; a batch read of the cdc source with ``startingOffsets=snapshot``
-(export, materialised chunks, Spark job) into ``noop``; then ``--changes`` updates in transactions of
-10,000 read from the slot (``startingOffsets=earliest``) into ``noop``. Spark's session start and a warm-up
-job are excluded. Flink CDC's published figure for comparison: ~10k rows/s per snapshot reader. Last line:
-``ratio <cdc snapshot rows/s / COPY rows/s>``.
+(export, materialised chunks, Spark job) into ``noop``, then (a new slot, a new export) into a Delta table
+through ``sinks.delta.DeltaUpsertSink``; then ``--changes`` updates in transactions of 10,000 read from the
+slot (``startingOffsets=earliest``) into ``noop``, then applied to that Delta table. Spark's session start
+and a warm-up job (a small snapshot, which starts the Python workers) are excluded. Flink CDC's published
+figure for comparison: ~10k rows/s per snapshot reader. Last line:
+``ratio <cdc snapshot rows/s into noop / COPY rows/s>``.
 
     python benchmarks/postgres_source.py            # 1M rows, 200k changes
     python benchmarks/postgres_source.py --quick    # 200k rows, 50k changes
@@ -52,6 +55,22 @@ def cdc_noop(spark: object, options: dict[str, str]) -> tuple[float, int]:
     return time.perf_counter() - start, int(observed.get["n"])
 
 
+def cdc_delta(spark: object, options: dict[str, str], path: str, batch_id: int) -> tuple[float, int]:
+    from sinks.delta import DeltaUpsertSink
+
+    reader = spark.read.format("cdc").option("backend", "postgres")  # type: ignore[attr-defined]
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    df = reader.load()
+    start = time.perf_counter()
+    # One action: the sink collects the batch as Arrow and merges it (a persisted count would read twice).
+    DeltaUpsertSink(path, keys=["id"], app_id="benchmark")(df, batch_id)
+    seconds = time.perf_counter() - start
+    from deltalake import DeltaTable
+
+    return seconds, DeltaTable(path).version()
+
+
 @click.command()
 @click.option("--rows", default=1_000_000, show_default=True)
 @click.option("--changes", default=200_000, show_default=True)
@@ -80,14 +99,22 @@ def main(rows: int, changes: int, quick: bool) -> None:
         spark.sparkContext.setLogLevel("ERROR")
         cdc.register(spark)
         base = {"dsn": dsn, "tables": "bench", "snapshot.path": os.path.join(tmp, "snap")}
-        cdc_noop(spark, {**base, "slot.name": "warmup", "startingOffsets": "earliest"})
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE warm (LIKE bench INCLUDING ALL)")
+            conn.execute("INSERT INTO warm SELECT * FROM bench LIMIT 20000")
+        cdc_noop(spark, {**base, "tables": "warm", "slot.name": "warmup", "startingOffsets": "snapshot",
+                         "snapshot.chunkRows": "2000"})
         seconds, n = cdc_noop(spark, {**base, "slot.name": "snap", "startingOffsets": "snapshot"})
         assert n == rows, (n, rows)
         snap_rate = n / seconds
         print(f"cdc snapshot -> noop: {n:,} rows in {seconds:.2f} s = {snap_rate:,.0f} rows/s "
               f"(Flink CDC published: ~10,000 rows/s per snapshot reader)")
+        lake = os.path.join(tmp, "lake")
+        seconds, _ = cdc_delta(spark, {**base, "slot.name": "snapd", "startingOffsets": "snapshot"}, lake, 0)
+        print(f"cdc snapshot -> Delta: {rows:,} rows in {seconds:.2f} s = {rows / seconds:,.0f} rows/s")
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot('snap')")
+            for slot in ("snap", "snapd", "warmup"):
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             # Opening the backend creates its publication, then its slot: a slot decodes only with a
             # publication that existed before the changes.
             open_backend("postgres", {**base, "slot.name": "changes"}).list_channels()
@@ -96,6 +123,8 @@ def main(rows: int, changes: int, quick: bool) -> None:
         seconds, n = cdc_noop(spark, {**base, "slot.name": "changes", "startingOffsets": "earliest"})
         assert n == changes, (n, changes)
         print(f"cdc changes -> noop: {n:,} rows in {seconds:.2f} s = {n / seconds:,.0f} rows/s")
+        seconds, _ = cdc_delta(spark, {**base, "slot.name": "changes", "startingOffsets": "earliest"}, lake, 1)
+        print(f"cdc changes -> Delta: {changes:,} rows in {seconds:.2f} s = {changes / seconds:,.0f} rows/s")
         spark.stop()
         print(f"ratio {snap_rate / copy_rate:.3f}")
 

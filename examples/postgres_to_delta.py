@@ -6,7 +6,8 @@
    rows first, then every change after it. A routing sink applies each table's changes to its own Delta
    table (``sinks.routing.RoutingDeltaSink``: one ``DeltaUpsertSink`` per table). A writer thread runs
    inserts, updates and deletes on both tables the whole time.
-3. Stops the writer, lets the query drain, and compares each Delta table with ``SELECT *`` of its table.
+3. Stops the writer and the query, drains with ``Trigger.AvailableNow`` from the checkpoint, and compares
+   each Delta table with ``SELECT *`` of its table.
 
     python examples/postgres_to_delta.py --seconds 10
 """
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,22 +83,23 @@ def main() -> None:
         stop = threading.Event()
         thread = threading.Thread(target=writer, args=(dsn, stop))
         thread.start()
-        query = (spark.readStream.format("cdc").option("backend", "postgres").option("dsn", dsn)
-                 .option("tables", ",".join(TABLES)).option("startingOffsets", "snapshot")
-                 .option("snapshot.path", str(work / "snapshots")).option("slot.name", "example")
-                 .option("maxRecordsPerTrigger", 2000).load()
-                 .writeStream.foreachBatch(sink).option("checkpointLocation", str(work / "checkpoint"))
-                 .trigger(processingTime="1 second").start())
+        def start(**trigger: Any) -> Any:
+            return (spark.readStream.format("cdc").option("backend", "postgres").option("dsn", dsn)
+                    .option("tables", ",".join(TABLES)).option("startingOffsets", "snapshot")
+                    .option("snapshot.path", str(work / "snapshots")).option("slot.name", "example")
+                    .option("maxRecordsPerTrigger", 2000).load()
+                    .writeStream.foreachBatch(sink).option("checkpointLocation", str(work / "checkpoint"))
+                    .trigger(**trigger).start())
+
+        query = start(processingTime="1 second")
         time.sleep(args.seconds)
         stop.set()
         thread.join()
-        print("writer stopped; draining")
-        idle = 0
-        while idle < 3:  # three empty micro-batches in a row: everything committed was applied
-            time.sleep(1.5)
-            progress = query.lastProgress
-            idle = idle + 1 if progress and progress["numInputRows"] == 0 else 0
         query.stop()
+        # Draining: the same query restarted from its checkpoint with Trigger.AvailableNow reads everything
+        # committed so far and stops (an idle streaming query reports progress only every 10 s).
+        print("writer stopped; draining")
+        start(availableNow=True).awaitTermination()
         equal = True
         with psycopg.connect(dsn) as conn:
             for table, cols in TABLES.items():

@@ -13,8 +13,9 @@ changes. Batch ends always fall between transactions: a transaction is never spl
 one larger than the budget (``maxRecordsPerTrigger``) is taken whole (the budget is soft).
 
 **Repeatable reads until commit.** Planning and reading *peek* the slot
-(``pg_logical_slot_peek_binary_changes``) up to the planned end, never consuming it, and decode pgoutput
-themselves (:mod:`.pgoutput`); planning never passes ``pg_current_wal_flush_lsn()``, so every commit below
+(``pg_logical_slot_peek_binary_changes``) up to the planned end, never consuming it. Planning only counts
+each transaction's changes, in SQL, from the messages' first bytes (:func:`.slot.transaction_sizes`); reads
+decode pgoutput (:mod:`.pgoutput`). Planning never passes ``pg_current_wal_flush_lsn()``, so every commit below
 a planned end is decodable. The slot moves only in :meth:`acknowledge` (Spark's commit of a batch, which
 Spark never replays), with ``pg_replication_slot_advance``. A needed position the slot no longer holds
 (the slot dropped, invalidated, or advanced by someone else) is :class:`~cdc.errors.DataLossError`, which
@@ -148,12 +149,11 @@ class PostgresBackend(Backend):
             bound = min(bound, lsn_of(int(until)))
         end, taken = begin, 0
         if max_records != 0:
-            for txn in slots.transactions(conn, self.slot, self.publication, begin, bound):
-                n = len(txn.records)
+            for commit_lsn, n in slots.transaction_sizes(conn, self.slot, self.publication, begin, bound):
                 if max_records is not None and taken > 0 and taken + n > max_records:
                     break
                 taken += n
-                end = boundary_after(txn.commit_lsn)
+                end = boundary_after(commit_lsn)
                 if max_records is not None and taken >= max_records:
                     break
         return PlannedRange(end, taken, False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -65,6 +66,10 @@ class Relation:
     def qualified(self) -> str:
         return f"{self.namespace}.{self.name}"
 
+    @cached_property
+    def key_indexes(self) -> tuple[int, ...]:
+        return tuple(i for i, c in enumerate(self.columns) if c.is_key)
+
 
 @dataclass(frozen=True)
 class Change:
@@ -89,6 +94,9 @@ def _timestamp(micros: int) -> datetime:
     return PG_EPOCH + timedelta(microseconds=micros)
 
 
+_STRUCTS: dict[str, struct.Struct] = {}
+
+
 class _Buffer:
     __slots__ = ("data", "pos")
 
@@ -101,7 +109,7 @@ class _Buffer:
         return self.data[self.pos - 1]
 
     def unpack(self, fmt: str) -> tuple[int, ...]:
-        s = struct.Struct(fmt)
+        s = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct(fmt))
         out = s.unpack_from(self.data, self.pos)
         self.pos += s.size
         return out
@@ -113,18 +121,25 @@ class _Buffer:
         return text
 
     def tuple_data(self) -> tuple[Value, ...]:
-        (n,) = self.unpack("!h")
+        # The hot loop of change reads: locals and int.from_bytes instead of struct calls per column.
+        data, pos = self.data, self.pos
+        n = int.from_bytes(data[pos : pos + 2], "big", signed=True)
+        pos += 2
         out: list[Value] = []
+        append = out.append
         for _ in range(n):
-            kind = self.byte()
+            kind = data[pos]
+            pos += 1
             if kind == 0x6E:  # 'n'
-                out.append(None)
+                append(None)
             elif kind == 0x75:  # 'u'
-                out.append(UNCHANGED)
+                append(UNCHANGED)
             else:  # 't' (text) or 'b' (binary; not requested, so never sent)
-                (length,) = self.unpack("!i")
-                out.append(self.data[self.pos : self.pos + length])
-                self.pos += length
+                length = int.from_bytes(data[pos : pos + 4], "big")
+                pos += 4
+                append(data[pos : pos + length])
+                pos += length
+        self.pos = pos
         return tuple(out)
 
 

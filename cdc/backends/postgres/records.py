@@ -22,10 +22,26 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc.backends.postgres.catalog import TableInfo, ValueParser, arrow_type
+from cdc.backends.postgres.catalog import (
+    DATE,
+    FLOAT4,
+    FLOAT8,
+    INT2,
+    INT4,
+    INT8,
+    NUMERIC,
+    TIMESTAMP,
+    TIMESTAMPTZ,
+    TableInfo,
+    ValueParser,
+    arrow_type,
+)
 from cdc.backends.postgres.errors import SchemaChangedError
 from cdc.backends.postgres.pgoutput import UNCHANGED, Relation, Value
 from cdc.model import ChangeSchema, Op
+
+# Types whose PostgreSQL text form Arrow's cast parses exactly (bool's 't'/'f' it does not).
+_ARROW_CASTS = frozenset({INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC, DATE, TIMESTAMP, TIMESTAMPTZ})
 
 JSON_TABLE, JSON_KEY, JSON_ROW = "_table", "_key", "_row"
 JSON_SCHEMA = ChangeSchema.of(
@@ -86,6 +102,22 @@ class Layout:
             self._parsers[key] = ValueParser(type_oid, arrow_type(type_oid, typmod))
         return self._parsers[key]
 
+    def _column(self, oid: int, typmod: int, arrow: pa.DataType, raw: Sequence[Any]) -> Any:
+        """A column of text values as ``arrow``: cast by Arrow where its parser reads PostgreSQL's text form
+        (numbers, decimals, dates, timestamps with offsets; naive ones as UTC), else value by value."""
+        if pa.types.is_string(arrow):
+            return pa.array(raw, pa.binary()).cast(pa.string())
+        if oid in _ARROW_CASTS:
+            try:
+                text = pa.array(raw, pa.binary()).cast(pa.string())
+                if oid == TIMESTAMP:
+                    return text.cast(pa.timestamp("us")).cast(arrow)
+                return text.cast(arrow)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass  # e.g. 'infinity', a BC date, 'NaN' numeric: PostgreSQL's own parser decides
+        parse = self._parser(oid, typmod)
+        return [None if v is None else parse(v) for v in raw]
+
     def check(self, rel: Relation) -> None:
         """In the typed layout, refuse a relation whose columns are not the ones the query started with."""
         if not self.typed:
@@ -112,7 +144,7 @@ class Layout:
     def batch(self, records: Sequence[Record], channel: str, seq: int | None = None) -> pa.RecordBatch:
         """An Arrow batch of ``records``; ``seq`` replaces each record's position as ``_seq`` (snapshots)."""
         schema = self.arrow_schema()
-        cols: dict[str, list[Any]] = {
+        cols: dict[str, Any] = {
             "_op": [r.op.value for r in records],
             "_seq": [r.position if seq is None else seq for r in records],
             "_commit_ts": [r.commit_time for r in records],
@@ -121,20 +153,19 @@ class Layout:
         }
         unchanged: list[list[str] | None] = []
         if self.typed:
-            names = [c[0] for c in self.tables[0].columns]
-            values: list[list[Any]] = [[] for _ in names]
-            for r in records:
-                self.check(r.relation)
-                gone: list[str] = []
-                for i, (col, raw) in enumerate(zip(r.relation.columns, r.values, strict=True)):
-                    if isinstance(raw, bytes):
-                        values[i].append(self._parser(col.type_oid, col.typmod)(raw))
-                    else:
-                        values[i].append(None)
-                        if raw is UNCHANGED:
-                            gone.append(col.name)
-                unchanged.append(gone or None)
-            cols.update(zip(names, values, strict=True))
+            for rel in {id(r.relation): r.relation for r in records}.values():
+                self.check(rel)
+            table = self.tables[0]
+            # Column-wise: the text values of a column are cast by Arrow's C++ parsers at once.
+            columns = list(zip(*(r.values for r in records), strict=True))
+            unchanged = [None for _ in records]
+            for (name, oid, typmod), text in zip(table.columns, columns, strict=True):
+                if UNCHANGED in text:
+                    for i, v in enumerate(text):
+                        if v is UNCHANGED:
+                            unchanged[i] = (unchanged[i] or []) + [name]
+                    text = tuple(None if v is UNCHANGED else v for v in text)
+                cols[name] = self._column(oid, typmod, schema.field(name).type, text)
         else:
             tables, keys, rows = [], [], []
             for r in records:
@@ -156,5 +187,6 @@ class Layout:
                 unchanged.append(gone or None)
             cols.update({JSON_TABLE: tables, JSON_KEY: keys, JSON_ROW: rows})
         cols["_unchanged"] = unchanged
-        arrays = [pa.array(cols[f.name], type=f.type) for f in schema]
+        arrays = [cols[f.name] if isinstance(cols[f.name], pa.Array) else pa.array(cols[f.name], type=f.type)
+                  for f in schema]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -1,9 +1,11 @@
 """A driver process for the kill -9 test: runs a snapshot-start query the way Spark does (log a batch's end
 offset, then read and write its output, then commit), into files under ``work``. With ``--die-after N`` it
 SIGKILLs itself after logging the end offset of batch N, before writing that batch: the restarted driver
-must replay the batch from the logged offsets and produce the same rows.
+must replay the batch from the logged offsets and produce the same rows. With ``--die-materialising`` it
+SIGKILLs itself once the first snapshot chunk file is written, before the manifest: the restarted driver must
+drop the slot and export a new snapshot.
 
-    python -m tests.backends.postgres.snapshot_driver DSN SNAPSHOT_DIR WORK [--die-after N]
+    python -m tests.backends.postgres.snapshot_driver DSN SNAPSHOT_DIR WORK [--die-after N | --die-materialising]
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.feather as feather
 
 from cdc.backend import open_backend
+from cdc.backends.postgres import snapshot
 from cdc.planner import Planner, positions
 
 
@@ -27,7 +31,17 @@ def main() -> None:
     parser.add_argument("snapshot_dir")
     parser.add_argument("work", type=Path)
     parser.add_argument("--die-after", type=int, default=None)
+    parser.add_argument("--die-materialising", action="store_true")
     args = parser.parse_args()
+    if args.die_materialising:
+        read_chunk = snapshot._read_chunk
+
+        def die_after_first(*a: Any, **kw: Any) -> tuple[str, int]:
+            out = read_chunk(*a, **kw)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return out
+
+        snapshot._read_chunk = die_after_first  # type: ignore[assignment]
     backend = open_backend("postgres", {"dsn": args.dsn, "tables": "items", "slot.name": "killed_driver",
                                         "snapshot.path": args.snapshot_dir, "snapshot.chunkRows": "400"})
     planner = Planner(backend)

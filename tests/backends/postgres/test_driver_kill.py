@@ -1,5 +1,6 @@
-"""A driver kill -9 during the snapshot phase: the replayed snapshot batch reads the materialised chunks,
-so the output after restarts equals ``SELECT *`` (no gap, no duplicate), with writes going on meanwhile."""
+"""A driver kill -9 during the snapshot phase: killed while materialising (before the manifest), the restart
+exports a new snapshot; killed later, the replayed snapshot batch reads the materialised chunks. Either way
+the output after restarts equals ``SELECT *`` (no gap, no duplicate), with writes going on meanwhile."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def test_driver_killed_during_snapshot_phase_replays_exactly(postgres_dsn: str, 
     thread = threading.Thread(target=writer)
     thread.start()
     try:
+        assert run("--die-materialising") == -9  # killed after writing a chunk file, before the manifest
+        assert list((tmp_path / "snap" / "killed_driver").rglob("*.arrow"))
+        assert not (tmp_path / "snap" / "killed_driver" / "manifest.json").exists()
+        assert not (tmp_path / "work" / "initial").exists()
         assert run("--die-after", "1") == -9  # killed after logging snapshot batch 1, before its output
         assert not (tmp_path / "work" / "out-1.arrow").exists()
         assert run("--die-after", "3") == -9  # the restart replays batch 1, dies again in the snapshot phase

@@ -1,14 +1,17 @@
 """The routing sink over a real many-table stream: each table into its own Delta table, an added column
-flowing through, a replayed batch skipping the tables already committed."""
+flowing through, a dropped column no longer written, a type change refused, a replayed batch skipping the
+tables already committed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pyarrow.compute as pc
+import pytest
 from deltalake import DeltaTable
 
 from cdc.testing import batches
+from sinks.delta.schema import SchemaEvolutionError
 from sinks.routing import RoutingDeltaSink
 from tests.backends.postgres.harness import PostgresHarness
 
@@ -46,5 +49,36 @@ def test_each_table_into_its_own_delta_table_and_replays_skip(postgres_dsn: str,
             expected = [dict(zip(("id", "v", "n", "city"), r, strict=False))
                         for r in h.conn.execute(f"SELECT * FROM {t} ORDER BY id".encode()).fetchall()]
             assert _delta(sink.path(f"public.{t}")) == expected
+    finally:
+        h.close()
+
+
+def test_dropped_column_stops_being_written_and_a_type_change_fails_clearly(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    h = PostgresHarness(postgres_dsn, tables=("orders", "customers"))
+    try:
+        h.execute("INSERT INTO orders VALUES (1, 'a', 1), (2, 'b', 2)")
+        h.execute("INSERT INTO customers VALUES (1, 'c', 1)")
+        sink = RoutingDeltaSink(str(tmp_path / "lake"))
+        got = list(batches(h.backend()))
+        for i, (_, table) in enumerate(got):
+            sink.write(table, i, "q")
+        h.execute("ALTER TABLE orders DROP COLUMN v")
+        h.execute("UPDATE orders SET n = 10 WHERE id = 1")
+        h.execute("INSERT INTO orders VALUES (3, 3)")
+        more = list(batches(h.backend(), got[-1][0]))
+        for i, (_, table) in enumerate(more, start=len(got)):
+            sink.write(table, i, "q")
+        # The Delta column stays (older versions and untouched rows keep their values); rows written after
+        # the drop no longer carry it.
+        assert _delta(sink.path("public.orders")) == [
+            {"id": 1, "v": None, "n": 10}, {"id": 2, "v": "b", "n": 2}, {"id": 3, "v": None, "n": 3}]
+        h.execute("ALTER TABLE customers ALTER COLUMN n TYPE text")
+        h.execute("UPDATE customers SET n = 'many' WHERE id = 1")
+        last = list(batches(h.backend(), more[-1][0]))
+        with pytest.raises(SchemaEvolutionError, match="'n': table has int64, changes have string"):
+            sink.write(last[0][1], len(got) + len(more), "q")
+        assert _delta(sink.path("public.customers")) == [{"id": 1, "v": "c", "n": 1}]  # nothing written
     finally:
         h.close()
