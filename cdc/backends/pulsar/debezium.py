@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import struct
+from datetime import datetime
 from typing import Any
 
 from cdc.errors import OptionError, TerminalError
@@ -29,11 +30,13 @@ class TruncateError(TerminalError):
 
 
 class TruncateEvent(Exception):
-    """Internal: a decoded truncate (``table`` is ``schema.table`` from its source block)."""
+    """Internal: a decoded truncate (``table`` is ``schema.table`` from its source block, ``commit`` its
+    commit time at the source)."""
 
-    def __init__(self, table: str) -> None:
+    def __init__(self, table: str, commit: datetime | None = None) -> None:
         super().__init__(table)
         self.table = table
+        self.commit = commit
 
 
 class SchemaChangedError(TerminalError):
