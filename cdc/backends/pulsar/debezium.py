@@ -62,6 +62,20 @@ def value_of(payload: bytes) -> bytes:
     return payload
 
 
+def is_truncate(payload: bytes) -> bool:
+    """Whether a message is a Debezium truncate, without decoding the others: only a payload holding the
+    bytes ``"t"`` is parsed (JSON envelopes; an Avro envelope is never recognised here)."""
+    if b'"t"' not in payload:
+        return False
+    try:
+        doc = json.loads(value_of(payload))
+    except ValueError:
+        return False
+    if isinstance(doc, dict) and "op" not in doc and isinstance(doc.get("payload"), dict):
+        doc = doc["payload"]
+    return isinstance(doc, dict) and doc.get("op") == "t"
+
+
 def source_table(env: dict[str, Any]) -> str:
     source = env.get("source")
     if not isinstance(source, dict):
