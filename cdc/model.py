@@ -6,7 +6,11 @@ A change record is one row-level change of a keyed table. Its columns, in this o
 column     type                         meaning
 ========== ============================ ===================================================================
 ``_op``    string, not null             ``insert``, ``update``, ``delete``, or ``snapshot`` (a row read
-                                        from a full export; see the full-plus-incremental hand-off)
+                                        from a full export; see the full-plus-incremental hand-off);
+                                        ``truncate``: the whole table was emptied at the source (its key
+                                        and value columns mean nothing; only ``_seq``, ``_commit_ts``,
+                                        ``_channel`` and ``_position`` do). Only a Debezium source with
+                                        ``debezium.truncate=apply`` sends it
 ``_seq``   long, not null               orders the records of a channel totally; a child channel's
                                         records have larger sequences than its parents', so per key the
                                         sequence is the order of the changes
@@ -50,6 +54,7 @@ class Op(StrEnum):
     UPDATE = "update"
     DELETE = "delete"
     SNAPSHOT = "snapshot"
+    TRUNCATE = "truncate"
 
 
 OP = "_op"

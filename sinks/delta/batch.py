@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +28,20 @@ from sinks.delta.layout import (
 )
 from sinks.delta.schema import normalise_type
 from sinks.delta.spec import SinkSpec
+
+
+def after_last_truncate(batch: pa.Table, sequence_by: str) -> tuple[pa.Table, Any]:
+    """(the changes after the batch's last truncate record, that truncate's sequence), or (the batch, None)
+    when it has none. A truncate (``_op`` ``truncate``, see :mod:`cdc.model`) empties the whole table, so
+    the changes sequenced before it in the batch have nothing left to change."""
+    if OP not in batch.column_names or batch.num_rows == 0:
+        return batch, None
+    is_truncate = pc.fill_null(pc.equal(batch.column(OP), Op.TRUNCATE.value), False)
+    if not pc.any(is_truncate).as_py():
+        return batch, None
+    at = pc.max(batch.filter(is_truncate).column(sequence_by)).as_py()
+    later = pc.and_(pc.greater(batch.column(sequence_by), at), pc.invert(is_truncate))
+    return batch.filter(later), at
 
 
 def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:

@@ -105,7 +105,15 @@ def check(spec: SinkSpec, df: Any) -> Checked:
     aggs += [F.count_if(F.col(quote(c)).isNull()).alias(f"null{i}") for i, c in enumerate(guarded)]
     if UNCHANGED in names:
         aggs.append(F.max(F.coalesce(F.size(UNCHANGED), F.lit(0))).alias("partial"))
+    if OP in names:  # counted in the same job as the rest
+        aggs.append(F.count_if(F.col(OP) == F.lit(Op.TRUNCATE.value)).alias("truncates"))
     summary = df.agg(*aggs).first()
+    if OP in names and summary["truncates"]:
+        raise OptionError(
+            f"the batch holds {summary['truncates']} truncate record(s) (debezium.truncate=apply), which the sink "
+            "applies only with engine='delta-rs'; accepted: engine='delta-rs', or debezium.truncate=fail",
+            "engine",
+        )
     for i, c in enumerate(guarded):
         nulls = summary[f"null{i}"]
         if nulls:

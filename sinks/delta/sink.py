@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from cdc.errors import OptionError
 from cdc.model import CHANNEL, POSITION
-from sinks.delta.batch import prepare
+from sinks.delta.batch import after_last_truncate, prepare
 from sinks.delta.engine import Engine
 from sinks.delta.layout import DEFAULT_DELETE_CONDITION, DELETED_AT, IS_DELETE, LegacyLayoutError, state_path
 from sinks.delta.merge import merge_plan, state_plan
@@ -289,10 +289,15 @@ class DeltaUpsertSink:
             return False
         now = self.clock()
         spec = self.spec
+        changes, truncated = after_last_truncate(changes, spec.sequence_by)
+        if truncated is not None:
+            self._truncate(batch_id, truncated, main_done, state_done)
         prepared = prepare(spec, changes, now)
         if prepared.num_rows == 0:
-            log.debug("batch %d has no changes", batch_id)
-            return False
+            # (A batch that ends with a truncate records no transaction: replaying it empties the tables again,
+            # which is what it did; a later batch's commit makes it "already committed".)
+            log.debug("batch %d has no changes%s", batch_id, " after its truncate" if truncated is not None else "")
+            return truncated is not None
         schema = main.schema()
         if schema is None:
             main.create(table_schema(spec, prepared.schema))
@@ -329,6 +334,17 @@ class DeltaUpsertSink:
         if self.compact_every and (batch_id + 1) % self.compact_every == 0:
             self.maintain(now)
         return True
+
+    def _truncate(self, batch_id: int, at: Any, main_done: int | None, state_done: int | None) -> None:
+        """Empty the table and the state table (one commit each) for a truncate in batch ``batch_id``.
+
+        Only a table the batch has not yet committed to is emptied, so a replay after a crash between the
+        batch's commits never removes the rows the batch itself merged."""
+        main, state = self.engine(), self.state_engine()
+        for engine, done in ((main, main_done), (state, state_done)):
+            if engine.schema() is not None and (done is None or done < batch_id):
+                engine.delete("true")
+        log.info("batch %d: a truncate (%s %s) emptied %s", batch_id, self.spec.sequence_by, at, self.path)
 
     def migrate(self) -> bool:
         """Convert a table written by the previous layout (tombstones in the table) to the current one; see

@@ -43,8 +43,10 @@ SNAPSHOT_ROWS, CHANGES = 5, 9  # see captured()
 
 
 class Captured:
-    def __init__(self, events: dict[bool, list[Event]], truncates: dict[bool, Event], rows: list[tuple[Any, ...]]):
+    def __init__(self, events: dict[bool, list[Event]], truncates: dict[bool, Event], rows: list[tuple[Any, ...]],
+                 after: dict[bool, list[Event]], rows_after: list[tuple[Any, ...]]):
         self.events, self.truncates, self.rows = events, truncates, rows
+        self.after, self.rows_after = after, rows_after  # the inserts after the truncate, SELECT * after them
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +73,16 @@ def captured(debezium_db: Database, tmp_path_factory: pytest.TempPathFactory) ->
             db.execute("UPDATE items SET id = 50 WHERE id = 5")  # delete + tombstone + create: 3
             rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM items ORDER BY id").fetchall()
             db.execute("TRUNCATE items")
-            total = SNAPSHOT_ROWS + CHANGES + 1
+            db.execute("INSERT INTO items (id, name) VALUES (2, 'two again'), (8, 'eight')")  # 2
+            rows_after = db.execute(f"SELECT {', '.join(COLUMNS)} FROM items ORDER BY id").fetchall()
+            total = SNAPSHOT_ROWS + CHANGES + 1 + 2
             events = {e.schemas: e.wait_for(total) for e in started}
         finally:
             for e in started:
                 e.stop()
-    yield Captured({k: v[:-1] for k, v in events.items()}, {k: v[-1] for k, v in events.items()}, rows)
+    cut = SNAPSHOT_ROWS + CHANGES
+    yield Captured({k: v[:cut] for k, v in events.items()}, {k: v[cut] for k, v in events.items()}, rows,
+                   {k: v[cut + 1:] for k, v in events.items()}, rows_after)
 
 
 def test_the_engine_emits_every_kind_of_event(captured: Captured) -> None:
@@ -136,6 +142,34 @@ def test_a_real_truncate_fails_the_query_naming_the_table(captured: Captured, ap
             drain(backend(apache_pulsar.url, topic, valueFormat="debezium", changeKeys="id"))
     finally:
         close_all()
+
+
+@pytest.mark.parametrize("per_batch", [3, 100], ids=["truncate-in-its-own-batch", "truncate-mid-batch"])
+def test_a_real_truncate_applied_empties_delta_in_order(captured: Captured, apache_pulsar: ApachePulsar,
+                                                        tmp_path: Path, per_batch: int) -> None:
+    """debezium.truncate=apply: the rows before the truncate go, the inserts after it stay; a replay of every
+    batch (a crash before Spark recorded them) changes nothing."""
+    topic = f"persistent://public/default/dbz-truncate-apply-{tmp_path.name}"
+    publish(apache_pulsar.url, topic, [*captured.events[True], captured.truncates[True], *captured.after[True]])
+    sink = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], app_id="truncate")
+    try:
+        b = backend(apache_pulsar.url, topic, valueFormat="debezium", changeKeys="id",
+                    **{"debezium.truncate": "apply"})
+        planned = list(batches(b, Planner(b).initial("earliest"), per_batch))
+    finally:
+        close_all()
+    assert sum(c.num_rows for _, c in planned) == SNAPSHOT_ROWS + CHANGES - 2 + 1 + 2  # tombstones skipped
+    ops = [c.sort_by("_seq").column("_op").to_pylist() for _, c in planned]
+    assert sum(o.count("truncate") for o in ops) == 1
+    assert all(o.index("truncate") == 0 for o in ops if "truncate" in o), ops  # a batch ends right before it
+    assert any(o[-1] != "truncate" for o in ops)
+    for replay in (False, True):
+        for batch_id, (_, changes) in enumerate(planned):
+            assert sink.write(changes, batch_id) is not replay
+        live = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+        assert sorted(_as_source_row(r) for r in live) == [tuple(r) for r in captured.rows_after]
+        state = DeltaTable(str(tmp_path / "t" / "_cdc_state")).to_pyarrow_table()
+        assert sorted(state.column("id").to_pylist()) == [2, 8]
 
 
 # ------------------------------------------------------------------------------------- model-based check

@@ -32,6 +32,7 @@ whole read, and executors receive other partitions' messages).
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -152,6 +153,7 @@ class PulsarBackend(Backend):
                 topic,
                 receiver_queue_size=self.options.receiver_queue_size,
                 catch_up_ms=self.options.catch_up_ms,
+                find_truncates=self.options.debezium_truncate == "apply" and self.options.value_format == "debezium",
             )
             self._stale.add(topic)
         if topic in self._stale:
@@ -278,7 +280,8 @@ class PulsarBackend(Backend):
         ch = self._channel(channel)
         s = to_key(start, channel)
         u = None if until is None else to_key(until, channel)
-        if self._probe is not False and max_records is None:
+        apply_truncates = self.options.debezium_truncate == "apply" and self.options.value_format == "debezium"
+        if self._probe is not False and max_records is None and not apply_truncates:
             try:
                 head = self._heads.of(ch)
             except HeadUnavailableError:
@@ -295,7 +298,13 @@ class PulsarBackend(Backend):
             del self._indexes[ch.topic]
             index = self._index(ch.topic)
         keys = index.ids(ch.partition).keys
+        ids = index.ids(ch.partition)
         i, j = count_between(keys, s, u, max_records)
+        if apply_truncates and j > i:
+            # A batch ends right before a truncate: it may only start one (the sink empties the table first).
+            t = bisect.bisect_right(ids.truncates, keys[i])
+            if t < len(ids.truncates) and ids.truncates[t] <= keys[j - 1]:
+                j = bisect.bisect_left(keys, ids.truncates[t])
         end = list(keys[j - 1]) if j > i else list(start)
         index.trim(ch.partition, s)
         return PlannedRange(end, j - i)

@@ -336,7 +336,7 @@ class Decoder:
             env = env["payload"]  # Debezium's JSON converter with schemas.enable=true
         op = env.get("op")
         if op == "t":
-            raise debezium.TruncateEvent(debezium.source_table(env))
+            raise debezium.TruncateEvent(debezium.source_table(env), self._commit_time(env, publish_ms))
         ops = {"c": Op.INSERT, "u": Op.UPDATE, "d": Op.DELETE, "r": Op.SNAPSHOT}
         if not isinstance(op, str) or op not in ops:
             raise Malformed(f"envelope 'op' must be one of c, u, d, r, t; got {_brief(op)}")
@@ -348,15 +348,18 @@ class Decoder:
             keys = set(self.change.keys)
             image = {k: v for k, v in image.items() if k in keys}
         row = _row(self.fields, image, f"{image_name}: ")
+        return ops[op].value, self._commit_time(env, publish_ms), row
+
+    @staticmethod
+    def _commit_time(env: dict[str, Any], publish_ms: int) -> datetime:
         name, ts, scale = debezium.commit_field(env)
         if ts is None:
             ts, scale = publish_ms, -1000
         try:
-            commit = _from_epoch(debezium.epoch_micros(_integer(ts), scale), 1, "epoch time")
+            return _from_epoch(debezium.epoch_micros(_integer(ts), scale), 1, "epoch time")
         except (TypeError, ValueError):
             unit = {1: "microseconds", 1000: "nanoseconds"}.get(scale, "milliseconds")
             raise Malformed(f"envelope {name!r} must be epoch {unit} {_CALENDAR}, got {_brief(ts)}") from None
-        return ops[op].value, commit, row
 
     def _check_events_schema(self, schema: Any) -> None:
         if any(schema == known for known in self._same_schemas):

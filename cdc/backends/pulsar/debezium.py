@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import struct
+from datetime import datetime
 from typing import Any
 
 from cdc.errors import OptionError, TerminalError
@@ -29,11 +30,13 @@ class TruncateError(TerminalError):
 
 
 class TruncateEvent(Exception):
-    """Internal: a decoded truncate (``table`` is ``schema.table`` from its source block)."""
+    """Internal: a decoded truncate (``table`` is ``schema.table`` from its source block, ``commit`` its
+    commit time at the source)."""
 
-    def __init__(self, table: str) -> None:
+    def __init__(self, table: str, commit: datetime | None = None) -> None:
         super().__init__(table)
         self.table = table
+        self.commit = commit
 
 
 class SchemaChangedError(TerminalError):
@@ -57,6 +60,20 @@ def value_of(payload: bytes) -> bytes:
             if at + 4 + value_len == len(payload):
                 return payload[at + 4 :]
     return payload
+
+
+def is_truncate(payload: bytes) -> bool:
+    """Whether a message is a Debezium truncate, without decoding the others: only a payload holding the
+    bytes ``"t"`` is parsed (JSON envelopes; an Avro envelope is never recognised here)."""
+    if b'"t"' not in payload:
+        return False
+    try:
+        doc = json.loads(value_of(payload))
+    except ValueError:
+        return False
+    if isinstance(doc, dict) and "op" not in doc and isinstance(doc.get("payload"), dict):
+        doc = doc["payload"]
+    return isinstance(doc, dict) and doc.get("op") == "t"
 
 
 def source_table(env: dict[str, Any]) -> str:

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cdc.backends.pulsar.debezium import is_truncate
 from cdc.backends.pulsar.positions import NONE, Key
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 class _PartitionIds:
     keys: list[Key] = field(default_factory=list)
     last: Key = (-1, -1, -1)
+    truncates: list[Key] = field(default_factory=list)  # Debezium truncates (with find_truncates only)
 
 
 class TopicIndex:
@@ -63,8 +65,11 @@ class TopicIndex:
         catch_up_ms: int,
         max_catch_up_s: float = 60.0,
         idle_reopen_s: float = 10.0,
+        find_truncates: bool = False,
     ) -> None:
         self.client = client
+        # debezium.truncate=apply: the planner ends a batch right before a truncate, so the index notes them.
+        self.find_truncates = find_truncates
         self.topic = topic
         self.receiver_queue_size = receiver_queue_size
         self.catch_up_ms = catch_up_ms
@@ -231,6 +236,8 @@ class TopicIndex:
                 if k > part.last:
                     part.keys.append(k)
                     part.last = k
+                    if self.find_truncates and is_truncate(msg.data()):
+                        part.truncates.append(k)
                     n += 1
                     nbytes += msg.length()
                     flowing = True
@@ -259,6 +266,7 @@ class TopicIndex:
         p = self.parts.get(partition)
         if p is None:
             return
+        del p.truncates[: bisect.bisect_right(p.truncates, below)]
         i = bisect.bisect_right(p.keys, below)
         if i > 4096:
             del p.keys[:i]

@@ -14,6 +14,7 @@ from cdc.options import BackendOptions, Field, SecretStr
 
 ValueFormat = Literal["bytes", "json", "avro", "debezium"]
 OnMalformed = Literal["fail", "quarantine"]
+OnTruncate = Literal["fail", "apply"]
 ReaderTopic = Literal["auto", "parent", "partition"]
 Compression = Literal["none", "lz4", "zlib", "zstd", "snappy"]
 
@@ -166,6 +167,13 @@ class PulsarOptions(ConnectionOptions):
         alias="onMalformed",
         description="A message that cannot be decoded: `fail` the query naming it, or `quarantine` it to "
         "quarantineTopic (raw payload, properties cdc.error / cdc.topic / cdc.messageId) and go on.",
+    )
+    debezium_truncate: OnTruncate = Field(
+        "fail",
+        alias="debezium.truncate",
+        description="valueFormat=debezium, a truncate (op t): `fail` the query naming the table and message, or "
+        "`apply` it: it becomes a change record with _op `truncate` (its other columns mean nothing), which "
+        "DeltaUpsertSink applies by emptying the table before the batch's later changes.",
     )
     quarantine_topic: str | None = Field(
         None, alias="quarantineTopic", description="Where onMalformed=quarantine sends undecodable messages."

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,7 @@ from cdc.backends.pulsar.errors import StallError
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import Key, is_start, to_key
 from cdc.errors import BackendUnavailableError, DataLossError, MalformedRecordError
+from cdc.model import METADATA_COLUMNS, Op
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +186,11 @@ class _Columns:
         self.schema = self.decoder.schema()
         self.change = self.decoder.change is not None
         self._quarantine: Any = None
+        # A truncate record's table columns mean nothing; its key columns are not null in the schema, so they
+        # carry a value of their type rather than a null Spark would not expect there.
+        self._truncate_values = [
+            None if f.nullable else _placeholder(f.type) for f in self.schema if f.name not in METADATA_COLUMNS
+        ]
 
     def batch(self, msgs: list[Any], mids: list[Any]) -> pa.RecordBatch | None:
         if self.decoder.value_format == "bytes":
@@ -216,10 +224,15 @@ class _Columns:
             except Malformed as exc:
                 self._malformed(msg, mids[i], exc)
             except TruncateEvent as t:
+                if self.options.debezium_truncate == "apply" and t.commit is not None:
+                    rows.append([Op.TRUNCATE.value, seq, t.commit, ch, seq, *self._truncate_values])
+                    kept.append(i)
+                    continue
                 raise TruncateError(
                     f"{self._where(msg, mids[i])} is a Debezium truncate of table {t.table}: the rows it "
                     "removes are not in the change log, so the target cannot follow; empty the target and "
-                    "restart the query from after this message (startingOffsets)"
+                    "restart the query from after this message (startingOffsets), or set option "
+                    "debezium.truncate=apply to empty the target in order"
                 ) from None
             except SchemaChangedError as exc:
                 raise SchemaChangedError(f"{self._where(msg, mids[i])}: {exc}") from None
@@ -310,3 +323,19 @@ def _metadata(schema: pa.Schema, msgs: list[Any], mids: list[Any], channel: str)
         pc.if_else(pc.equal(event, 0), None, pc.multiply(event, 1000)).cast(TS),
         props_array,
     ]
+
+
+def _placeholder(t: pa.DataType) -> Any:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return ""
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return b""
+    if pa.types.is_boolean(t):
+        return False
+    if pa.types.is_timestamp(t):
+        return datetime(1970, 1, 1, tzinfo=UTC)
+    if pa.types.is_date(t):
+        return date(1970, 1, 1)
+    if pa.types.is_decimal(t):
+        return Decimal(0)
+    return 0

@@ -21,7 +21,8 @@ from cdc.backends.pulsar.codec import Decoder, Malformed, _Field
 from cdc.backends.pulsar.debezium import TruncateEvent, value_of
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.reader import _Columns
-from cdc.errors import MalformedRecordError
+from cdc.errors import MalformedRecordError, OptionError
+from cdc.options import parse
 from cdc.servers.pulsar import ApachePulsar
 from tests.backends.pulsar.helpers import backend, drain, produce
 
@@ -137,6 +138,33 @@ class _Message:
 
     def properties(self) -> dict[str, str]:
         return {}
+
+
+def test_an_applied_truncate_is_a_truncate_record_in_its_place() -> None:
+    """debezium.truncate=apply: the truncate is a record between the changes around it, with the source's
+    commit time and a value of its type in each not-null key column (Spark expects no null there)."""
+    schema = json.dumps({"type": "record", "name": "T", "fields": [
+        {"name": "k", "type": "string"}, {"name": "id", "type": "long"}, {"name": "n", "type": ["null", "int"]}]})
+    options = PulsarOptions.model_validate({"service.url": "pulsar://unused:6650", "topic": "t",
+                                            "valueFormat": "debezium", "valueSchema": schema, "changeKeys": "k,id",
+                                            "debezium.truncate": "apply"})
+    columns = _Columns(None, options, Channel("persistent://public/default/t", 0))
+    row = json.dumps({"op": "c", "after": {"k": "a", "id": 1, "n": 2}, "source": {"ts_us": 5}}).encode()
+    truncate = json.dumps({"op": "t", "before": None, "after": None,
+                           "source": {"schema": "public", "table": "t", "ts_us": 7}}).encode()
+    batch = columns.batch([_Message(row, "a"), _Message(truncate, ""), _Message(row, "a")], [_Id(1), _Id(2), _Id(3)])
+    assert batch is not None
+    got = batch.to_pylist()
+    assert [r["_op"] for r in got] == ["insert", "truncate", "insert"]
+    assert (got[1]["k"], got[1]["id"], got[1]["n"]) == ("", 0, None)
+    assert got[1]["_commit_ts"] == datetime(1970, 1, 1, 0, 0, 0, 7, tzinfo=UTC)
+    assert got[0]["_seq"] < got[1]["_seq"] < got[2]["_seq"]
+
+
+def test_a_bad_truncate_option_names_it_and_its_values() -> None:
+    with pytest.raises(OptionError, match=r"debezium\.truncate.*'fail' or 'apply'"):
+        parse(PulsarOptions, {"service.url": "pulsar://unused:6650", "topic": "t", "valueFormat": "debezium",
+                              "valueSchema": SCHEMA, "changeKeys": "id", "debezium.truncate": "skip"}, what="pulsar")
 
 
 def test_a_value_the_batch_cannot_hold_fails_naming_the_message_not_arrow() -> None:

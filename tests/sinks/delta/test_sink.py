@@ -351,3 +351,24 @@ def test_previous_layout_is_refused_then_migrated(tmp_path: Path) -> None:
     # The tombstone still guards its key; newer changes apply.
     s.write(changes([("insert", 2, 2, "late", 0), ("update", 9, 3, "c2", 9)]), 4)
     assert {k: r["name"] for k, r in live(tmp_path / "t").items()} == {1: "a", 3: "c2"}
+
+
+def test_a_truncate_empties_both_tables_in_order_and_survives_a_crash_between_commits(tmp_path: Path) -> None:
+    """A truncate record (debezium.truncate=apply) drops the table's rows and the batch's earlier changes;
+    a crash after the main table's commit and before the state's leaves a replay that keeps the batch's rows."""
+    s = sink(tmp_path / "t")
+    assert s.write(changes([("insert", 1, 1, "a", 1), ("insert", 2, 2, "b", 2), ("delete", 3, 1, None, None)]), 0)
+    batch = changes([("insert", 4, 9, "gone", 9), ("truncate", 5, 0, None, None), ("insert", 6, 2, "again", 20),
+                     ("insert", 7, 5, "new", 5)])
+
+    def crash(*_: Any) -> None:
+        raise RuntimeError("killed before the state's commit")
+
+    s.state_engine().merge = crash  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="killed"):
+        s.write(batch, 1)
+    assert set(live(tmp_path / "t")) == {2, 5}
+    assert sink(tmp_path / "t").write(batch, 1)
+    assert {k: (r["name"], r["qty"]) for k, r in live(tmp_path / "t").items()} == {2: ("again", 20), 5: ("new", 5)}
+    assert state(tmp_path / "t") == {2: (6, False), 5: (7, False)}
+    assert not sink(tmp_path / "t").write(batch, 1)
