@@ -142,6 +142,7 @@ typedef struct {
     int has_timestamp;
     int64_t timestamp;
     int is_float, is_special;
+    int vtype; /* -1 = no value */
     uint8_t crc;
 } CellOut;
 
@@ -154,6 +155,7 @@ static void cell_clear(CellOut *c) {
 static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
     memset(c, 0, sizeof *c);
     c->cell_type = -1;
+    c->vtype = -1;
     if (s->pos >= s->end || s->buf[s->pos] != TAG_CELL_NAME)
         return fail(s, "expected a cell name tag, got 0x%02x", s->pos < s->end ? s->buf[s->pos] : 0);
     if (s->pos + 5 > s->end) return truncated();
@@ -172,6 +174,7 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
         int32_t length = rd_i32(s->buf + s->pos);
         Py_ssize_t start = s->pos + 4;
         int vtype = s->buf[start];
+        c->vtype = vtype;
         s->pos = start + 1;
         crc = crc_table[crc ^ vtype];
         if (vtype == VT_INTEGER || vtype == VT_DOUBLE) {
@@ -249,11 +252,44 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
 
 static int is_known_tag(int tag) { return tag >= 0x01 && tag <= 0x0F; }
 
-/* An extension block whose TAG_EXTENSION was consumed; *seq is a new SequenceInfo or stays NULL. */
-static int read_extension(Stream *s, PyObject **seq, int *tag) {
-    int have = 0;
-    int32_t epoch = 0, index = 0;
-    int64_t ts = 0;
+/* One decoded row: its cells (names and values owned until row_clear) and its trailer. */
+typedef struct {
+    CellOut *pk, *cells;
+    Py_ssize_t npk, ncells, cap_pk, cap_cells;
+    int delete_marker, have_seq;
+    int32_t epoch, row_index;
+    int64_t seq_ts;
+} RowOut;
+
+static void row_clear(RowOut *r) {
+    for (Py_ssize_t i = 0; i < r->npk; i++) cell_clear(&r->pk[i]);
+    for (Py_ssize_t i = 0; i < r->ncells; i++) cell_clear(&r->cells[i]);
+    r->npk = r->ncells = 0;
+    r->delete_marker = r->have_seq = 0;
+}
+
+static void row_free(RowOut *r) {
+    row_clear(r);
+    PyMem_Free(r->pk);
+    PyMem_Free(r->cells);
+}
+
+static CellOut *row_slot(CellOut **cells, Py_ssize_t *n, Py_ssize_t *cap) {
+    if (*n == *cap) {
+        Py_ssize_t grown = *cap ? *cap * 2 : 16;
+        CellOut *more = PyMem_Realloc(*cells, (size_t)grown * sizeof(CellOut));
+        if (more == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        *cells = more;
+        *cap = grown;
+    }
+    return &(*cells)[*n];
+}
+
+/* An extension block whose TAG_EXTENSION was consumed; fills the row's sequence info if it has one. */
+static int read_extension(Stream *s, RowOut *r, int *tag) {
     if (s->pos + 4 > s->end) return truncated();
     int32_t length = rd_i32(s->buf + s->pos);
     s->pos += 4;
@@ -271,29 +307,63 @@ static int read_extension(Stream *s, PyObject **seq, int *tag) {
             const uint8_t *p = s->buf + s->pos;
             if (p[0] != TAG_SEQ_INFO_EPOCH || p[5] != TAG_SEQ_INFO_TS || p[14] != TAG_SEQ_INFO_ROW_INDEX)
                 return fail(s, "sequence info: unexpected tags");
-            epoch = rd_i32(p + 1);
-            ts = rd_i64(p + 6);
-            index = rd_i32(p + 15);
-            have = 1;
+            r->epoch = rd_i32(p + 1);
+            r->seq_ts = rd_i64(p + 6);
+            r->row_index = rd_i32(p + 15);
+            r->have_seq = 1;
         } else if (is_known_tag(item)) {
             return fail(s, "tag 0x%02x is not an extension", item);
         }
         /* else: an extension this reader does not know: skipped, as the Java SDK does */
         s->pos += size;
     }
-    if (have) {
-        PyObject *o = new_tuple(SeqType, 3);
-        if (o == NULL) return -1;
-        PyTuple_SET_ITEM(o, 0, PyLong_FromLong(epoch));
-        PyTuple_SET_ITEM(o, 1, PyLong_FromLongLong(ts));
-        PyTuple_SET_ITEM(o, 2, PyLong_FromLong(index));
-        if (PyTuple_GET_ITEM(o, 0) == NULL || PyTuple_GET_ITEM(o, 1) == NULL || PyTuple_GET_ITEM(o, 2) == NULL) {
-            Py_DECREF(o);
+    *tag = next_tag(s);
+    return 0;
+}
+
+/* One row whose TAG_ROW_PK was consumed (the row grammar, shared by decode_rows and layout_columns). */
+static int read_row(Stream *s, Py_ssize_t index, RowOut *r) {
+    uint8_t row_crc = 0;
+    Py_ssize_t ncell = 0;
+    int tag = next_tag(s);
+    while (tag == TAG_CELL) {
+        CellOut *c = row_slot(&r->pk, &r->npk, &r->cap_pk);
+        if (c == NULL) return -1;
+        if (read_cell(s, ncell++, c, &tag) < 0) {
+            cell_clear(c);
             return -1;
         }
-        *seq = o;
+        r->npk++;
+        if (c->value == NULL || c->cell_type >= 0 || c->has_timestamp || c->is_float)
+            return fail(s, "row %zd: primary-key cell '%s' must hold exactly one key value", index,
+                        PyUnicode_AsUTF8(c->name));
+        row_crc = crc_table[row_crc ^ c->crc];
     }
-    *tag = next_tag(s);
+    if (tag == TAG_ROW_DATA) {
+        tag = next_tag(s);
+        while (tag == TAG_CELL) {
+            CellOut *c = row_slot(&r->cells, &r->ncells, &r->cap_cells);
+            if (c == NULL) return -1;
+            if (read_cell(s, ncell++, c, &tag) < 0) {
+                cell_clear(c);
+                return -1;
+            }
+            r->ncells++;
+            if (c->is_special)
+                return fail(s, "row %zd: data cell '%s' holds a primary-key placeholder", index,
+                            PyUnicode_AsUTF8(c->name));
+            row_crc = crc_table[row_crc ^ c->crc];
+        }
+    }
+    r->delete_marker = tag == TAG_DELETE_ROW_MARKER;
+    if (r->delete_marker) tag = next_tag(s);
+    row_crc = crc_table[row_crc ^ (r->delete_marker ? 1 : 0)];
+    if (tag == TAG_EXTENSION && read_extension(s, r, &tag) < 0) return -1;
+    if (tag != TAG_ROW_CHECKSUM) return fail(s, "row %zd: expected the row checksum tag, got 0x%02x", index, tag);
+    if (s->pos >= s->end) return truncated();
+    int stored = s->buf[s->pos++];
+    if (stored != row_crc)
+        return fail(s, "row %zd: row checksum mismatch: stored 0x%02x, computed 0x%02x", index, stored, row_crc);
     return 0;
 }
 
@@ -321,10 +391,70 @@ static PyObject *make_cell(CellOut *c) {
     return o;
 }
 
+static PyObject *make_row(RowOut *r) {
+    PyObject *pk = PyTuple_New(r->npk), *cells = PyTuple_New(r->ncells), *seq = NULL, *row = NULL;
+    if (pk == NULL || cells == NULL) goto error;
+    for (Py_ssize_t i = 0; i < r->npk; i++) {
+        PyObject *pair = PyTuple_Pack(2, r->pk[i].name, r->pk[i].value);
+        if (pair == NULL) goto error;
+        PyTuple_SET_ITEM(pk, i, pair);
+    }
+    for (Py_ssize_t i = 0; i < r->ncells; i++) {
+        PyObject *cell = make_cell(&r->cells[i]);
+        if (cell == NULL) goto error;
+        PyTuple_SET_ITEM(cells, i, cell);
+    }
+    if (r->have_seq) {
+        seq = new_tuple(SeqType, 3);
+        if (seq == NULL) goto error;
+        PyTuple_SET_ITEM(seq, 0, PyLong_FromLong(r->epoch));
+        PyTuple_SET_ITEM(seq, 1, PyLong_FromLongLong(r->seq_ts));
+        PyTuple_SET_ITEM(seq, 2, PyLong_FromLong(r->row_index));
+        if (PyTuple_GET_ITEM(seq, 0) == NULL || PyTuple_GET_ITEM(seq, 1) == NULL ||
+            PyTuple_GET_ITEM(seq, 2) == NULL)
+            goto error;
+    } else {
+        Py_INCREF(Py_None);
+        seq = Py_None;
+    }
+    row = new_tuple(RowType, 4);
+    if (row == NULL) goto error;
+    PyObject *marker = r->delete_marker ? Py_True : Py_False;
+    Py_INCREF(marker);
+    PyTuple_SET_ITEM(row, 0, pk);
+    PyTuple_SET_ITEM(row, 1, cells);
+    PyTuple_SET_ITEM(row, 2, marker);
+    PyTuple_SET_ITEM(row, 3, seq);
+    return row;
+error:
+    Py_XDECREF(pk);
+    Py_XDECREF(cells);
+    Py_XDECREF(seq);
+    return NULL;
+}
+
 static int all_zero(const uint8_t *p, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++)
         if (p[i]) return 0;
     return 1;
+}
+
+static int read_header(Stream *s) {
+    if (s->end < 4) return truncated();
+    int32_t header = rd_i32(s->buf);
+    if (header != HEADER) return fail(s, "header is 0x%x, expected 0x%x", (unsigned)header, HEADER);
+    s->pos = 4;
+    return 0;
+}
+
+/* The tag that starts row `index`: 1 = a row follows, 0 = the end (or Node.js SDK padding after the last
+ * row: see the Python reader), -1 = an error. */
+static int row_follows(Stream *s, Py_ssize_t index) {
+    if (s->pos >= s->end) return 0;
+    int tag = s->buf[s->pos++];
+    if (tag == TAG_ROW_PK) return 1;
+    if (tag == 0 && index > 0 && all_zero(s->buf + s->pos, s->end - s->pos)) return 0;
+    return fail(s, "row %zd: expected the primary-key tag, got 0x%02x", index, tag);
 }
 
 static PyObject *decode(PyObject *self, PyObject *arg) {
@@ -336,115 +466,28 @@ static PyObject *decode(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     Stream st = {(const uint8_t *)view.buf, view.len, 0};
-    Stream *s = &st;
-    PyObject *rows = PyList_New(0), *pk = NULL, *cells = NULL, *seq = NULL;
-    CellOut c = {0};
-    if (rows == NULL) goto error;
-    if (s->end < 4) {
-        truncated();
-        goto error;
-    }
-    int32_t header = rd_i32(s->buf);
-    if (header != HEADER) {
-        fail(s, "header is 0x%x, expected 0x%x", (unsigned)header, HEADER);
-        goto error;
-    }
-    s->pos = 4;
-    while (s->pos < s->end) {
+    RowOut r = {0};
+    PyObject *rows = PyList_New(0);
+    if (rows == NULL || read_header(&st) < 0) goto error;
+    for (;;) {
         Py_ssize_t index = PyList_GET_SIZE(rows);
-        int tag = s->buf[s->pos++];
-        if (tag != TAG_ROW_PK) {
-            /* Node.js SDK padding after the last row: see the Python reader */
-            if (tag == 0 && index > 0 && all_zero(s->buf + s->pos, s->end - s->pos)) break;
-            fail(s, "row %zd: expected the primary-key tag, got 0x%02x", index, tag);
-            goto error;
-        }
-        uint8_t row_crc = 0;
-        Py_ssize_t ncell = 0;
-        pk = PyList_New(0);
-        cells = PyList_New(0);
-        if (pk == NULL || cells == NULL) goto error;
-        tag = next_tag(s);
-        while (tag == TAG_CELL) {
-            if (read_cell(s, ncell++, &c, &tag) < 0) goto error;
-            if (c.value == NULL || c.cell_type >= 0 || c.has_timestamp || c.is_float) {
-                fail(s, "row %zd: primary-key cell '%s' must hold exactly one key value", index,
-                     PyUnicode_AsUTF8(c.name));
-                goto error;
-            }
-            PyObject *pair = PyTuple_Pack(2, c.name, c.value);
-            if (pair == NULL || PyList_Append(pk, pair) < 0) {
-                Py_XDECREF(pair);
-                goto error;
-            }
-            Py_DECREF(pair);
-            cell_clear(&c);
-            row_crc = crc_table[row_crc ^ c.crc];
-        }
-        if (tag == TAG_ROW_DATA) {
-            tag = next_tag(s);
-            while (tag == TAG_CELL) {
-                if (read_cell(s, ncell++, &c, &tag) < 0) goto error;
-                if (c.is_special) {
-                    fail(s, "row %zd: data cell '%s' holds a primary-key placeholder", index,
-                         PyUnicode_AsUTF8(c.name));
-                    goto error;
-                }
-                uint8_t crc = c.crc;
-                PyObject *cell = make_cell(&c);
-                if (cell == NULL || PyList_Append(cells, cell) < 0) {
-                    Py_XDECREF(cell);
-                    goto error;
-                }
-                Py_DECREF(cell);
-                row_crc = crc_table[row_crc ^ crc];
-            }
-        }
-        int delete_marker = tag == TAG_DELETE_ROW_MARKER;
-        if (delete_marker) tag = next_tag(s);
-        row_crc = crc_table[row_crc ^ (delete_marker ? 1 : 0)];
-        if (tag == TAG_EXTENSION && read_extension(s, &seq, &tag) < 0) goto error;
-        if (tag != TAG_ROW_CHECKSUM) {
-            fail(s, "row %zd: expected the row checksum tag, got 0x%02x", index, tag);
-            goto error;
-        }
-        if (s->pos >= s->end) {
-            truncated();
-            goto error;
-        }
-        int stored = s->buf[s->pos++];
-        if (stored != row_crc) {
-            fail(s, "row %zd: row checksum mismatch: stored 0x%02x, computed 0x%02x", index, stored, row_crc);
-            goto error;
-        }
-        PyObject *row = new_tuple(RowType, 4);
-        if (row == NULL) goto error;
-        PyTuple_SET_ITEM(row, 0, PyList_AsTuple(pk));
-        PyTuple_SET_ITEM(row, 1, PyList_AsTuple(cells));
-        PyObject *marker = delete_marker ? Py_True : Py_False;
-        Py_INCREF(marker);
-        PyTuple_SET_ITEM(row, 2, marker);
-        if (seq == NULL) {
-            Py_INCREF(Py_None);
-            seq = Py_None;
-        }
-        PyTuple_SET_ITEM(row, 3, seq);
-        seq = NULL;
-        Py_CLEAR(pk);
-        Py_CLEAR(cells);
-        if (PyTuple_GET_ITEM(row, 0) == NULL || PyTuple_GET_ITEM(row, 1) == NULL || PyList_Append(rows, row) < 0) {
-            Py_DECREF(row);
+        int more = row_follows(&st, index);
+        if (more < 0) goto error;
+        if (more == 0) break;
+        if (read_row(&st, index, &r) < 0) goto error;
+        PyObject *row = make_row(&r);
+        row_clear(&r);
+        if (row == NULL || PyList_Append(rows, row) < 0) {
+            Py_XDECREF(row);
             goto error;
         }
         Py_DECREF(row);
     }
+    row_free(&r);
     PyBuffer_Release(&view);
     return rows;
 error:
-    cell_clear(&c);
-    Py_XDECREF(pk);
-    Py_XDECREF(cells);
-    Py_XDECREF(seq);
+    row_free(&r);
     Py_XDECREF(rows);
     PyBuffer_Release(&view);
     return NULL;
