@@ -9,7 +9,8 @@ from setuptools import Extension, setup
 
 PLAINBUFFER = Extension(
     "cdc.backends.tablestore._plainbuffer",
-    ["native/plainbuffer.c"],
+    ["native/plainbuffer.c", "native/layout.c"],
+    depends=["native/plainbuffer.h"],
     extra_compile_args=["-O2", "-std=c99", "-Wall"],
     optional=True,
 )

@@ -9,40 +9,15 @@
  * Every read is bounds-checked against the buffer's end; a read past it is the Python reader's
  * IndexError/struct.error, i.e. "malformed PlainBuffer: truncated".
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "plainbuffer.h" /* first: it includes Python.h, which must precede the standard headers */
+
 #include <stdarg.h>
-#include <stdint.h>
 #include <string.h>
 
-#define HEADER 0x75
-#define TAG_ROW_PK 0x01
-#define TAG_ROW_DATA 0x02
-#define TAG_CELL 0x03
-#define TAG_CELL_NAME 0x04
-#define TAG_CELL_VALUE 0x05
-#define TAG_CELL_TYPE 0x06
-#define TAG_CELL_TIMESTAMP 0x07
-#define TAG_DELETE_ROW_MARKER 0x08
-#define TAG_ROW_CHECKSUM 0x09
-#define TAG_CELL_CHECKSUM 0x0A
-#define TAG_EXTENSION 0x0B
-#define TAG_SEQ_INFO 0x0C
-#define TAG_SEQ_INFO_EPOCH 0x0D
-#define TAG_SEQ_INFO_TS 0x0E
-#define TAG_SEQ_INFO_ROW_INDEX 0x0F
-#define VT_INTEGER 0x0
-#define VT_DOUBLE 0x1
-#define VT_BOOLEAN 0x2
-#define VT_STRING 0x3
-#define VT_BLOB 0x7
-#define VT_INF_MIN 0x9
-#define VT_INF_MAX 0xA
-#define VT_AUTO_INCREMENT 0xB
-#define SEQ_INFO_SIZE 19
 #define NAME_SLOTS 64
 
-static PyObject *RowType, *CellType, *SeqType, *ErrorType, *InfMin, *InfMax, *AutoIncrement;
+static PyObject *RowType, *CellType, *SeqType, *InfMin, *InfMax, *AutoIncrement;
+PyObject *pb_ErrorType;
 static uint8_t crc_table[256];
 
 /* Rows of one table repeat their column names at the same cell index: a slot per index keeps the last
@@ -55,11 +30,6 @@ typedef struct {
 } NameSlot;
 static NameSlot name_slots[NAME_SLOTS];
 
-typedef struct {
-    const uint8_t *buf;
-    Py_ssize_t end;
-    Py_ssize_t pos;
-} Stream;
 
 static int fail(Stream *s, const char *fmt, ...) {
     char message[512];
@@ -67,12 +37,12 @@ static int fail(Stream *s, const char *fmt, ...) {
     va_start(args, fmt);
     PyOS_vsnprintf(message, sizeof message, fmt, args);
     va_end(args);
-    PyErr_Format(ErrorType, "malformed PlainBuffer at byte %zd of %zd: %s", s->pos, s->end, message);
+    PyErr_Format(pb_ErrorType, "malformed PlainBuffer at byte %zd of %zd: %s", s->pos, s->end, message);
     return -1;
 }
 
 static int truncated(void) {
-    PyErr_SetString(ErrorType, "malformed PlainBuffer: truncated");
+    PyErr_SetString(pb_ErrorType, "malformed PlainBuffer: truncated");
     return -1;
 }
 
@@ -135,18 +105,8 @@ static PyObject *cell_name(Stream *s, Py_ssize_t index, Py_ssize_t size, uint8_t
     return name;
 }
 
-typedef struct {
-    PyObject *name;
-    PyObject *value; /* NULL = none */
-    int cell_type;   /* -1 = none */
-    int has_timestamp;
-    int64_t timestamp;
-    int is_float, is_special;
-    int vtype; /* -1 = no value */
-    uint8_t crc;
-} CellOut;
 
-static void cell_clear(CellOut *c) {
+void pb_cell_clear(CellOut *c) {
     Py_CLEAR(c->name);
     Py_CLEAR(c->value);
 }
@@ -252,24 +212,16 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
 
 static int is_known_tag(int tag) { return tag >= 0x01 && tag <= 0x0F; }
 
-/* One decoded row: its cells (names and values owned until row_clear) and its trailer. */
-typedef struct {
-    CellOut *pk, *cells;
-    Py_ssize_t npk, ncells, cap_pk, cap_cells;
-    int delete_marker, have_seq;
-    int32_t epoch, row_index;
-    int64_t seq_ts;
-} RowOut;
 
-static void row_clear(RowOut *r) {
-    for (Py_ssize_t i = 0; i < r->npk; i++) cell_clear(&r->pk[i]);
-    for (Py_ssize_t i = 0; i < r->ncells; i++) cell_clear(&r->cells[i]);
+void pb_row_clear(RowOut *r) {
+    for (Py_ssize_t i = 0; i < r->npk; i++) pb_cell_clear(&r->pk[i]);
+    for (Py_ssize_t i = 0; i < r->ncells; i++) pb_cell_clear(&r->cells[i]);
     r->npk = r->ncells = 0;
     r->delete_marker = r->have_seq = 0;
 }
 
-static void row_free(RowOut *r) {
-    row_clear(r);
+void pb_row_free(RowOut *r) {
+    pb_row_clear(r);
     PyMem_Free(r->pk);
     PyMem_Free(r->cells);
 }
@@ -322,7 +274,7 @@ static int read_extension(Stream *s, RowOut *r, int *tag) {
 }
 
 /* One row whose TAG_ROW_PK was consumed (the row grammar, shared by decode_rows and layout_columns). */
-static int read_row(Stream *s, Py_ssize_t index, RowOut *r) {
+int pb_read_row(Stream *s, Py_ssize_t index, RowOut *r) {
     uint8_t row_crc = 0;
     Py_ssize_t ncell = 0;
     int tag = next_tag(s);
@@ -330,7 +282,7 @@ static int read_row(Stream *s, Py_ssize_t index, RowOut *r) {
         CellOut *c = row_slot(&r->pk, &r->npk, &r->cap_pk);
         if (c == NULL) return -1;
         if (read_cell(s, ncell++, c, &tag) < 0) {
-            cell_clear(c);
+            pb_cell_clear(c);
             return -1;
         }
         r->npk++;
@@ -345,7 +297,7 @@ static int read_row(Stream *s, Py_ssize_t index, RowOut *r) {
             CellOut *c = row_slot(&r->cells, &r->ncells, &r->cap_cells);
             if (c == NULL) return -1;
             if (read_cell(s, ncell++, c, &tag) < 0) {
-                cell_clear(c);
+                pb_cell_clear(c);
                 return -1;
             }
             r->ncells++;
@@ -439,7 +391,7 @@ static int all_zero(const uint8_t *p, Py_ssize_t n) {
     return 1;
 }
 
-static int read_header(Stream *s) {
+int pb_read_header(Stream *s) {
     if (s->end < 4) return truncated();
     int32_t header = rd_i32(s->buf);
     if (header != HEADER) return fail(s, "header is 0x%x, expected 0x%x", (unsigned)header, HEADER);
@@ -449,7 +401,7 @@ static int read_header(Stream *s) {
 
 /* The tag that starts row `index`: 1 = a row follows, 0 = the end (or Node.js SDK padding after the last
  * row: see the Python reader), -1 = an error. */
-static int row_follows(Stream *s, Py_ssize_t index) {
+int pb_row_follows(Stream *s, Py_ssize_t index) {
     if (s->pos >= s->end) return 0;
     int tag = s->buf[s->pos++];
     if (tag == TAG_ROW_PK) return 1;
@@ -468,250 +420,29 @@ static PyObject *decode(PyObject *self, PyObject *arg) {
     Stream st = {(const uint8_t *)view.buf, view.len, 0};
     RowOut r = {0};
     PyObject *rows = PyList_New(0);
-    if (rows == NULL || read_header(&st) < 0) goto error;
+    if (rows == NULL || pb_read_header(&st) < 0) goto error;
     for (;;) {
         Py_ssize_t index = PyList_GET_SIZE(rows);
-        int more = row_follows(&st, index);
+        int more = pb_row_follows(&st, index);
         if (more < 0) goto error;
         if (more == 0) break;
-        if (read_row(&st, index, &r) < 0) goto error;
+        if (pb_read_row(&st, index, &r) < 0) goto error;
         PyObject *row = make_row(&r);
-        row_clear(&r);
+        pb_row_clear(&r);
         if (row == NULL || PyList_Append(rows, row) < 0) {
             Py_XDECREF(row);
             goto error;
         }
         Py_DECREF(row);
     }
-    row_free(&r);
+    pb_row_free(&r);
     PyBuffer_Release(&view);
     return rows;
 error:
-    row_free(&r);
+    pb_row_free(&r);
     Py_XDECREF(rows);
     PyBuffer_Release(&view);
     return NULL;
-}
-
-/* ------------------------------------------------------------------ layout_columns
- * The fast path of records.RecordLayout.to_batch: stream records straight into one Python list per
- * Arrow column, without Row/Cell objects and the per-record Python of RecordLayout._row (which was ~80%
- * of the decode + layout time once the reader was compiled). Same rules as _row; a record this path does
- * not cover exactly (malformed, a value of the wrong type, an unknown action or cell type, an overflow)
- * makes it return None, and the caller lays the whole batch out by the Python path, which raises or
- * quarantines with its own messages. */
-
-enum { ACCEPT_INT, ACCEPT_FLOAT, ACCEPT_BOOL, ACCEPT_STR, ACCEPT_BYTES };
-enum { S_INSERT, S_UPDATE, S_DELETE, S_SNAPSHOT, S_PUT, S_REC_UPDATE, S_REC_DELETE, S_DEL_ONE, S_DEL_ALL, S_N };
-#define ACTION_PUT 1
-#define ACTION_UPDATE 2
-#define ACTION_DELETE 3
-#define DELETE_ALL_VERSION 0x01
-#define DELETE_ONE_VERSION 0x03
-
-static int accepts(int code, int vtype) {
-    switch (code) {
-    case ACCEPT_INT: return vtype == VT_INTEGER;
-    case ACCEPT_FLOAT: return vtype == VT_DOUBLE || vtype == VT_INTEGER;
-    case ACCEPT_BOOL: return vtype == VT_BOOLEAN;
-    case ACCEPT_STR: return vtype == VT_STRING;
-    default: return vtype == VT_BLOB;
-    }
-}
-
-typedef struct {
-    PyObject *value; /* borrowed from the RowOut; NULL = null */
-    int vtype;
-    PyObject *kind; /* borrowed; NULL = not mentioned */
-} Slot;
-
-/* 1 = the record is laid out in row i of the columns, 0 = not this path's (no error set), -1 = error. */
-static int lay_record(PyObject *payload, long action, int base, long long n, Py_ssize_t i, PyObject **cols,
-                      PyObject *channel, PyObject *catalog, const char *codes, Py_ssize_t nkeys, Py_ssize_t nvals,
-                      int partial, int ots, PyObject **strs, PyObject *value_names, RowOut *r, Slot *slots) {
-    if (!PyBytes_CheckExact(payload)) return 0;
-    Stream st = {(const uint8_t *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), 0};
-    if (read_header(&st) < 0 || row_follows(&st, 0) != 1 || read_row(&st, 0, r) < 0 || row_follows(&st, 1) != 0) {
-        if (PyErr_Occurred() && !PyErr_ExceptionMatches(ErrorType)) return -1;
-        PyErr_Clear();
-        return 0;
-    }
-    Py_ssize_t ncat = nkeys + nvals;
-    for (Py_ssize_t k = 0; k < ncat; k++) slots[k] = (Slot){NULL, -1, NULL};
-    for (Py_ssize_t k = 0; k < r->npk; k++) {
-        PyObject *index = PyDict_GetItemWithError(catalog, r->pk[k].name);
-        if (index == NULL) {
-            if (PyErr_Occurred()) return -1;
-            continue;
-        }
-        Py_ssize_t j = PyLong_AsSsize_t(index);
-        if (j >= 0 && j < nkeys) slots[j] = (Slot){r->pk[k].value, r->pk[k].vtype, NULL};
-    }
-    for (Py_ssize_t k = 0; k < nkeys; k++)
-        if (slots[k].value == NULL || !accepts(codes[k], slots[k].vtype)) return 0;
-    int delete_row = !base && action == ACTION_DELETE;
-    int64_t max_ts = 0;
-    int have_ts = 0;
-    for (Py_ssize_t k = 0; k < r->ncells; k++) {
-        CellOut *c = &r->cells[k];
-        if (c->has_timestamp && (!have_ts || c->timestamp > max_ts)) {
-            max_ts = c->timestamp;
-            have_ts = 1;
-        }
-        if (delete_row) continue;
-        PyObject *index = PyDict_GetItemWithError(catalog, c->name);
-        if (index == NULL) {
-            if (PyErr_Occurred()) return -1;
-            continue; /* not in the catalog: not read */
-        }
-        Py_ssize_t j = PyLong_AsSsize_t(index);
-        if (j < nkeys || j >= ncat) continue; /* a key named again as a data cell: _row outputs no such cell */
-        Slot *sl = &slots[j];
-        if (c->cell_type < 0) {
-            *sl = (Slot){c->value, c->vtype, strs[S_PUT]};
-        } else if (c->cell_type == DELETE_ONE_VERSION || c->cell_type == DELETE_ALL_VERSION) {
-            *sl = (Slot){NULL, -1, strs[c->cell_type == DELETE_ONE_VERSION ? S_DEL_ONE : S_DEL_ALL]};
-        } else {
-            return 0;
-        }
-    }
-    for (Py_ssize_t k = nkeys; k < ncat; k++)
-        if (slots[k].value != NULL && slots[k].value != Py_None && !accepts(codes[k], slots[k].vtype)) return 0;
-    PyObject *op, *record_type;
-    long long seq, commit_us;
-    PyObject *record_ts;
-    if (base) {
-        op = strs[S_SNAPSHOT];
-        record_type = strs[S_PUT];
-        seq = n;
-        if (have_ts && __builtin_mul_overflow(max_ts, (int64_t)1000, &max_ts)) return 0;
-        commit_us = have_ts ? max_ts : 0;
-        Py_INCREF(Py_None);
-        record_ts = Py_None;
-    } else {
-        if (action < ACTION_PUT || action > ACTION_DELETE || !r->have_seq) return 0;
-        if (r->row_index < 0 || r->row_index >= 1024) return 0;
-        int64_t shifted;
-        if (__builtin_mul_overflow(r->seq_ts, (int64_t)1024, &shifted) ||
-            __builtin_add_overflow(shifted, (int64_t)r->row_index, &shifted))
-            return 0;
-        op = strs[S_INSERT + (action - ACTION_PUT)];
-        record_type = strs[S_PUT + (action - ACTION_PUT)];
-        seq = shifted;
-        commit_us = r->seq_ts;
-        record_ts = PyLong_FromLongLong(r->seq_ts);
-        if (record_ts == NULL) return -1;
-    }
-    Py_ssize_t col = 0;
-    PyObject *item;
-#define PUT(obj)                                                                                               \
-    do {                                                                                                       \
-        item = (obj);                                                                                          \
-        if (item == NULL) goto error;                                                                          \
-        PyList_SET_ITEM(cols[col++], i, item);                                                                 \
-    } while (0)
-#define PUT_BORROWED(obj)                                                                                      \
-    do {                                                                                                       \
-        item = (obj) ? (obj) : Py_None;                                                                        \
-        Py_INCREF(item);                                                                                       \
-        PyList_SET_ITEM(cols[col++], i, item);                                                                 \
-    } while (0)
-    PUT_BORROWED(op);
-    PUT(PyLong_FromLongLong(seq));
-    PUT(PyLong_FromLongLong(commit_us));
-    PUT_BORROWED(channel);
-    PUT(PyLong_FromLongLong(n));
-    if (partial) {
-        PyObject *unchanged = NULL;
-        if (!base && action == ACTION_UPDATE) {
-            for (Py_ssize_t k = 0; k < nvals; k++) {
-                if (slots[nkeys + k].kind != NULL) continue;
-                if (unchanged == NULL && (unchanged = PyList_New(0)) == NULL) goto error;
-                if (PyList_Append(unchanged, PyTuple_GET_ITEM(value_names, k)) < 0) {
-                    Py_DECREF(unchanged);
-                    goto error;
-                }
-            }
-        }
-        if (unchanged != NULL) PUT(unchanged);
-        else PUT_BORROWED(NULL);
-    }
-    for (Py_ssize_t k = 0; k < ncat; k++) PUT_BORROWED(slots[k].value);
-    if (ots) {
-        PUT_BORROWED(record_type);
-        PUT(record_ts);
-        record_ts = NULL;
-        for (Py_ssize_t k = nkeys; k < ncat; k++) PUT_BORROWED(slots[k].kind);
-    }
-#undef PUT
-#undef PUT_BORROWED
-    Py_XDECREF(record_ts);
-    return 1;
-error:
-    Py_XDECREF(record_ts);
-    return -1;
-}
-
-static PyObject *layout_columns(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *payloads, *actions, *channel, *catalog, *codes, *strs_tuple, *value_names;
-    int base, partial, ots;
-    long long first_n;
-    Py_ssize_t nkeys;
-    if (!PyArg_ParseTuple(args, "O!O!pLUO!SnppO!O!", &PyList_Type, &payloads, &PyList_Type, &actions, &base,
-                          &first_n, &channel, &PyDict_Type, &catalog, &codes, &nkeys, &partial, &ots,
-                          &PyTuple_Type, &strs_tuple, &PyTuple_Type, &value_names))
-        return NULL;
-    if (ErrorType == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_plainbuffer.configure() was not called");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(payloads), nvals = PyTuple_GET_SIZE(value_names);
-    Py_ssize_t ncat = nkeys + nvals;
-    if (PyList_GET_SIZE(actions) != n || PyTuple_GET_SIZE(strs_tuple) != S_N || PyBytes_GET_SIZE(codes) != ncat ||
-        nkeys < 0) {
-        PyErr_SetString(PyExc_ValueError, "layout_columns: inconsistent arguments");
-        return NULL;
-    }
-    PyObject *strs[S_N];
-    for (int k = 0; k < S_N; k++) strs[k] = PyTuple_GET_ITEM(strs_tuple, k);
-    Py_ssize_t ncols = 5 + (partial ? 1 : 0) + ncat + (ots ? 2 + nvals : 0);
-    PyObject *out = PyList_New(ncols), *result = NULL;
-    PyObject **cols = PyMem_Calloc((size_t)ncols, sizeof(PyObject *));
-    Slot *slots = PyMem_Calloc((size_t)(ncat > 0 ? ncat : 1), sizeof(Slot));
-    RowOut r = {0};
-    if (out == NULL || cols == NULL || slots == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t c = 0; c < ncols; c++) {
-        /* items start NULL, which a list given up on half-built frees safely */
-        cols[c] = PyList_New(n);
-        if (cols[c] == NULL) goto done;
-        PyList_SET_ITEM(out, c, cols[c]);
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long action = PyLong_AsLong(PyList_GET_ITEM(actions, i));
-        if (action == -1 && PyErr_Occurred()) goto done;
-        int got = lay_record(PyList_GET_ITEM(payloads, i), action, base, first_n + i, i, cols, channel, catalog,
-                             PyBytes_AS_STRING(codes), nkeys, nvals, partial, ots, strs, value_names, &r, slots);
-        row_clear(&r);
-        if (got != 1) {
-            if (got == 0) {
-                Py_INCREF(Py_None);
-                result = Py_None;
-            }
-            goto done;
-        }
-    }
-    result = out;
-    out = NULL;
-done:
-    row_free(&r);
-    PyMem_Free(slots);
-    PyMem_Free(cols);
-    Py_XDECREF(out);
-    return result;
 }
 
 static PyObject *configure(PyObject *self, PyObject *args) {
@@ -720,7 +451,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOO", &row, &cell, &seq, &error, &inf_min, &inf_max, &auto_increment))
         return NULL;
     PyObject *objs[] = {row, cell, seq, error, inf_min, inf_max, auto_increment};
-    PyObject **slots[] = {&RowType, &CellType, &SeqType, &ErrorType, &InfMin, &InfMax, &AutoIncrement};
+    PyObject **slots[] = {&RowType, &CellType, &SeqType, &pb_ErrorType, &InfMin, &InfMax, &AutoIncrement};
     for (int i = 0; i < 7; i++) {
         Py_INCREF(objs[i]);
         Py_XSETREF(*slots[i], objs[i]);
@@ -732,7 +463,7 @@ static PyMethodDef methods[] = {
     {"decode_rows", decode, METH_O, "Decode every row of a PlainBuffer payload (bytes-like, non-empty)."},
     {"configure", configure, METH_VARARGS,
      "configure(Row, Cell, SequenceInfo, PlainBufferError, INF_MIN, INF_MAX, AUTO_INCREMENT)"},
-    {"layout_columns", layout_columns, METH_VARARGS,
+    {"layout_columns", pb_layout_columns, METH_VARARGS,
      "layout_columns(payloads, actions, base, first_n, channel, catalog, codes, nkeys, partial, ots, strs, "
      "value_names): one list per Arrow column of records.RecordLayout, or None (see the C source)"},
     {NULL, NULL, 0, NULL},
