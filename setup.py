@@ -1,4 +1,4 @@
-"""The compiled PlainBuffer reader (native/plainbuffer.c); everything else is in pyproject.toml.
+"""The compiled PlainBuffer reader and record layout (native/); everything else is in pyproject.toml.
 
 ``optional=True``: without a C compiler and the Python headers the install still succeeds and the
 pure-Python reader is used (``cdc.backends.tablestore.plainbuffer.COMPILED`` says which one runs).

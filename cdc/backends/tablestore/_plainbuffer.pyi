@@ -1,4 +1,4 @@
-"""Types of the compiled PlainBuffer reader (native/plainbuffer.c); see :mod:`.plainbuffer`."""
+"""Types of the compiled PlainBuffer reader and record layout (native/); see :mod:`.plainbuffer`."""
 
 from typing import Any
 

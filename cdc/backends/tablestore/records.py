@@ -50,7 +50,7 @@ _OPS = {pb.PUT_ROW: Op.INSERT, pb.UPDATE_ROW: Op.UPDATE, pb.DELETE_ROW: Op.DELET
 _OP_NAMES = {action: op.value for action, op in _OPS.items()}
 _RECORD_TYPES = {pb.PUT_ROW: "PUT", pb.UPDATE_ROW: "UPDATE", pb.DELETE_ROW: "DELETE"}
 _CELL_TYPES = {DELETE_ONE_VERSION: "DELETE_ONE_VERSION", DELETE_ALL_VERSION: "DELETE_ALL_VERSION"}
-# the accepted-type codes of native/plainbuffer.c (layout_columns), by the Python types _row accepts
+# the accepted-type codes of native/layout.c (layout_columns), by the Python types _row accepts
 _ACCEPT_BYTES = 4
 _ACCEPT_CODES: dict[tuple[type, ...], int] = {(int,): 0, (float, int): 1, (bool,): 2, (str,): 3, (bytes,): _ACCEPT_BYTES}
 
@@ -92,7 +92,7 @@ class RecordLayout:
     ) -> Sequence[Sequence[Any]] | None:
         """The columns by the compiled reader, or None when it is not built or a record is not its case.
 
-        It applies :meth:`_row`'s rules in C (native/plainbuffer.c, ``layout_columns``) and declines (None)
+        It applies :meth:`_row`'s rules in C (native/layout.c, ``layout_columns``) and declines (None)
         any record it would not lay out exactly as :meth:`_row` (malformed, a mismatched type, an unknown
         action...): the whole batch then goes the Python way, which raises or quarantines as documented.
         """

@@ -114,7 +114,7 @@ def _outcome(lay: RecordLayout, compiled: bool, base: bool, records: list[Any]) 
     return (batch.schema, repr([c.to_pylist() for c in columns]))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(_record, max_size=3),
     st.booleans(),
