@@ -146,14 +146,14 @@ test: java-sdk
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info cdc/backends/tablestore/_plainbuffer*.so
 
-# The compiled PlainBuffer reader (native/plainbuffer.c). The install builds it; this rebuilds it after an
+# The compiled PlainBuffer reader and record layout (native/). The install builds it; this rebuilds it after an
 # edit of the C source (or of its build), with the virtualenv's setuptools. The stamp skips an up-to-date one.
 NATIVE_STAMP := $(VENV)/.native-plainbuffer-stamp
 
 .PHONY: native
 native: $(NATIVE_STAMP)
 
-$(NATIVE_STAMP): native/plainbuffer.c native/build.py setup.py | $(STAMP)
+$(NATIVE_STAMP): $(wildcard native/*.c native/*.h) native/build.py setup.py | $(STAMP)
 	$(PY) native/build.py
 	@touch $@
 

@@ -9,40 +9,15 @@
  * Every read is bounds-checked against the buffer's end; a read past it is the Python reader's
  * IndexError/struct.error, i.e. "malformed PlainBuffer: truncated".
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "plainbuffer.h" /* first: it includes Python.h, which must precede the standard headers */
+
 #include <stdarg.h>
-#include <stdint.h>
 #include <string.h>
 
-#define HEADER 0x75
-#define TAG_ROW_PK 0x01
-#define TAG_ROW_DATA 0x02
-#define TAG_CELL 0x03
-#define TAG_CELL_NAME 0x04
-#define TAG_CELL_VALUE 0x05
-#define TAG_CELL_TYPE 0x06
-#define TAG_CELL_TIMESTAMP 0x07
-#define TAG_DELETE_ROW_MARKER 0x08
-#define TAG_ROW_CHECKSUM 0x09
-#define TAG_CELL_CHECKSUM 0x0A
-#define TAG_EXTENSION 0x0B
-#define TAG_SEQ_INFO 0x0C
-#define TAG_SEQ_INFO_EPOCH 0x0D
-#define TAG_SEQ_INFO_TS 0x0E
-#define TAG_SEQ_INFO_ROW_INDEX 0x0F
-#define VT_INTEGER 0x0
-#define VT_DOUBLE 0x1
-#define VT_BOOLEAN 0x2
-#define VT_STRING 0x3
-#define VT_BLOB 0x7
-#define VT_INF_MIN 0x9
-#define VT_INF_MAX 0xA
-#define VT_AUTO_INCREMENT 0xB
-#define SEQ_INFO_SIZE 19
 #define NAME_SLOTS 64
 
-static PyObject *RowType, *CellType, *SeqType, *ErrorType, *InfMin, *InfMax, *AutoIncrement;
+static PyObject *RowType, *CellType, *SeqType, *InfMin, *InfMax, *AutoIncrement;
+PyObject *pb_ErrorType;
 static uint8_t crc_table[256];
 
 /* Rows of one table repeat their column names at the same cell index: a slot per index keeps the last
@@ -55,11 +30,6 @@ typedef struct {
 } NameSlot;
 static NameSlot name_slots[NAME_SLOTS];
 
-typedef struct {
-    const uint8_t *buf;
-    Py_ssize_t end;
-    Py_ssize_t pos;
-} Stream;
 
 static int fail(Stream *s, const char *fmt, ...) {
     char message[512];
@@ -67,12 +37,12 @@ static int fail(Stream *s, const char *fmt, ...) {
     va_start(args, fmt);
     PyOS_vsnprintf(message, sizeof message, fmt, args);
     va_end(args);
-    PyErr_Format(ErrorType, "malformed PlainBuffer at byte %zd of %zd: %s", s->pos, s->end, message);
+    PyErr_Format(pb_ErrorType, "malformed PlainBuffer at byte %zd of %zd: %s", s->pos, s->end, message);
     return -1;
 }
 
 static int truncated(void) {
-    PyErr_SetString(ErrorType, "malformed PlainBuffer: truncated");
+    PyErr_SetString(pb_ErrorType, "malformed PlainBuffer: truncated");
     return -1;
 }
 
@@ -135,17 +105,8 @@ static PyObject *cell_name(Stream *s, Py_ssize_t index, Py_ssize_t size, uint8_t
     return name;
 }
 
-typedef struct {
-    PyObject *name;
-    PyObject *value; /* NULL = none */
-    int cell_type;   /* -1 = none */
-    int has_timestamp;
-    int64_t timestamp;
-    int is_float, is_special;
-    uint8_t crc;
-} CellOut;
 
-static void cell_clear(CellOut *c) {
+void pb_cell_clear(CellOut *c) {
     Py_CLEAR(c->name);
     Py_CLEAR(c->value);
 }
@@ -154,6 +115,7 @@ static void cell_clear(CellOut *c) {
 static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
     memset(c, 0, sizeof *c);
     c->cell_type = -1;
+    c->vtype = -1;
     if (s->pos >= s->end || s->buf[s->pos] != TAG_CELL_NAME)
         return fail(s, "expected a cell name tag, got 0x%02x", s->pos < s->end ? s->buf[s->pos] : 0);
     if (s->pos + 5 > s->end) return truncated();
@@ -172,6 +134,7 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
         int32_t length = rd_i32(s->buf + s->pos);
         Py_ssize_t start = s->pos + 4;
         int vtype = s->buf[start];
+        c->vtype = vtype;
         s->pos = start + 1;
         crc = crc_table[crc ^ vtype];
         if (vtype == VT_INTEGER || vtype == VT_DOUBLE) {
@@ -249,11 +212,36 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
 
 static int is_known_tag(int tag) { return tag >= 0x01 && tag <= 0x0F; }
 
-/* An extension block whose TAG_EXTENSION was consumed; *seq is a new SequenceInfo or stays NULL. */
-static int read_extension(Stream *s, PyObject **seq, int *tag) {
-    int have = 0;
-    int32_t epoch = 0, index = 0;
-    int64_t ts = 0;
+
+void pb_row_clear(RowOut *r) {
+    for (Py_ssize_t i = 0; i < r->npk; i++) pb_cell_clear(&r->pk[i]);
+    for (Py_ssize_t i = 0; i < r->ncells; i++) pb_cell_clear(&r->cells[i]);
+    r->npk = r->ncells = 0;
+    r->delete_marker = r->have_seq = 0;
+}
+
+void pb_row_free(RowOut *r) {
+    pb_row_clear(r);
+    PyMem_Free(r->pk);
+    PyMem_Free(r->cells);
+}
+
+static CellOut *row_slot(CellOut **cells, Py_ssize_t *n, Py_ssize_t *cap) {
+    if (*n == *cap) {
+        Py_ssize_t grown = *cap ? *cap * 2 : 16;
+        CellOut *more = PyMem_Realloc(*cells, (size_t)grown * sizeof(CellOut));
+        if (more == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        *cells = more;
+        *cap = grown;
+    }
+    return &(*cells)[*n];
+}
+
+/* An extension block whose TAG_EXTENSION was consumed; fills the row's sequence info if it has one. */
+static int read_extension(Stream *s, RowOut *r, int *tag) {
     if (s->pos + 4 > s->end) return truncated();
     int32_t length = rd_i32(s->buf + s->pos);
     s->pos += 4;
@@ -271,29 +259,63 @@ static int read_extension(Stream *s, PyObject **seq, int *tag) {
             const uint8_t *p = s->buf + s->pos;
             if (p[0] != TAG_SEQ_INFO_EPOCH || p[5] != TAG_SEQ_INFO_TS || p[14] != TAG_SEQ_INFO_ROW_INDEX)
                 return fail(s, "sequence info: unexpected tags");
-            epoch = rd_i32(p + 1);
-            ts = rd_i64(p + 6);
-            index = rd_i32(p + 15);
-            have = 1;
+            r->epoch = rd_i32(p + 1);
+            r->seq_ts = rd_i64(p + 6);
+            r->row_index = rd_i32(p + 15);
+            r->have_seq = 1;
         } else if (is_known_tag(item)) {
             return fail(s, "tag 0x%02x is not an extension", item);
         }
         /* else: an extension this reader does not know: skipped, as the Java SDK does */
         s->pos += size;
     }
-    if (have) {
-        PyObject *o = new_tuple(SeqType, 3);
-        if (o == NULL) return -1;
-        PyTuple_SET_ITEM(o, 0, PyLong_FromLong(epoch));
-        PyTuple_SET_ITEM(o, 1, PyLong_FromLongLong(ts));
-        PyTuple_SET_ITEM(o, 2, PyLong_FromLong(index));
-        if (PyTuple_GET_ITEM(o, 0) == NULL || PyTuple_GET_ITEM(o, 1) == NULL || PyTuple_GET_ITEM(o, 2) == NULL) {
-            Py_DECREF(o);
+    *tag = next_tag(s);
+    return 0;
+}
+
+/* One row whose TAG_ROW_PK was consumed (the row grammar, shared by decode_rows and layout_columns). */
+int pb_read_row(Stream *s, Py_ssize_t index, RowOut *r) {
+    uint8_t row_crc = 0;
+    Py_ssize_t ncell = 0;
+    int tag = next_tag(s);
+    while (tag == TAG_CELL) {
+        CellOut *c = row_slot(&r->pk, &r->npk, &r->cap_pk);
+        if (c == NULL) return -1;
+        if (read_cell(s, ncell++, c, &tag) < 0) {
+            pb_cell_clear(c);
             return -1;
         }
-        *seq = o;
+        r->npk++;
+        if (c->value == NULL || c->cell_type >= 0 || c->has_timestamp || c->is_float)
+            return fail(s, "row %zd: primary-key cell '%s' must hold exactly one key value", index,
+                        PyUnicode_AsUTF8(c->name));
+        row_crc = crc_table[row_crc ^ c->crc];
     }
-    *tag = next_tag(s);
+    if (tag == TAG_ROW_DATA) {
+        tag = next_tag(s);
+        while (tag == TAG_CELL) {
+            CellOut *c = row_slot(&r->cells, &r->ncells, &r->cap_cells);
+            if (c == NULL) return -1;
+            if (read_cell(s, ncell++, c, &tag) < 0) {
+                pb_cell_clear(c);
+                return -1;
+            }
+            r->ncells++;
+            if (c->is_special)
+                return fail(s, "row %zd: data cell '%s' holds a primary-key placeholder", index,
+                            PyUnicode_AsUTF8(c->name));
+            row_crc = crc_table[row_crc ^ c->crc];
+        }
+    }
+    r->delete_marker = tag == TAG_DELETE_ROW_MARKER;
+    if (r->delete_marker) tag = next_tag(s);
+    row_crc = crc_table[row_crc ^ (r->delete_marker ? 1 : 0)];
+    if (tag == TAG_EXTENSION && read_extension(s, r, &tag) < 0) return -1;
+    if (tag != TAG_ROW_CHECKSUM) return fail(s, "row %zd: expected the row checksum tag, got 0x%02x", index, tag);
+    if (s->pos >= s->end) return truncated();
+    int stored = s->buf[s->pos++];
+    if (stored != row_crc)
+        return fail(s, "row %zd: row checksum mismatch: stored 0x%02x, computed 0x%02x", index, stored, row_crc);
     return 0;
 }
 
@@ -321,10 +343,70 @@ static PyObject *make_cell(CellOut *c) {
     return o;
 }
 
+static PyObject *make_row(RowOut *r) {
+    PyObject *pk = PyTuple_New(r->npk), *cells = PyTuple_New(r->ncells), *seq = NULL, *row = NULL;
+    if (pk == NULL || cells == NULL) goto error;
+    for (Py_ssize_t i = 0; i < r->npk; i++) {
+        PyObject *pair = PyTuple_Pack(2, r->pk[i].name, r->pk[i].value);
+        if (pair == NULL) goto error;
+        PyTuple_SET_ITEM(pk, i, pair);
+    }
+    for (Py_ssize_t i = 0; i < r->ncells; i++) {
+        PyObject *cell = make_cell(&r->cells[i]);
+        if (cell == NULL) goto error;
+        PyTuple_SET_ITEM(cells, i, cell);
+    }
+    if (r->have_seq) {
+        seq = new_tuple(SeqType, 3);
+        if (seq == NULL) goto error;
+        PyTuple_SET_ITEM(seq, 0, PyLong_FromLong(r->epoch));
+        PyTuple_SET_ITEM(seq, 1, PyLong_FromLongLong(r->seq_ts));
+        PyTuple_SET_ITEM(seq, 2, PyLong_FromLong(r->row_index));
+        if (PyTuple_GET_ITEM(seq, 0) == NULL || PyTuple_GET_ITEM(seq, 1) == NULL ||
+            PyTuple_GET_ITEM(seq, 2) == NULL)
+            goto error;
+    } else {
+        Py_INCREF(Py_None);
+        seq = Py_None;
+    }
+    row = new_tuple(RowType, 4);
+    if (row == NULL) goto error;
+    PyObject *marker = r->delete_marker ? Py_True : Py_False;
+    Py_INCREF(marker);
+    PyTuple_SET_ITEM(row, 0, pk);
+    PyTuple_SET_ITEM(row, 1, cells);
+    PyTuple_SET_ITEM(row, 2, marker);
+    PyTuple_SET_ITEM(row, 3, seq);
+    return row;
+error:
+    Py_XDECREF(pk);
+    Py_XDECREF(cells);
+    Py_XDECREF(seq);
+    return NULL;
+}
+
 static int all_zero(const uint8_t *p, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++)
         if (p[i]) return 0;
     return 1;
+}
+
+int pb_read_header(Stream *s) {
+    if (s->end < 4) return truncated();
+    int32_t header = rd_i32(s->buf);
+    if (header != HEADER) return fail(s, "header is 0x%x, expected 0x%x", (unsigned)header, HEADER);
+    s->pos = 4;
+    return 0;
+}
+
+/* The tag that starts row `index`: 1 = a row follows, 0 = the end (or Node.js SDK padding after the last
+ * row: see the Python reader), -1 = an error. */
+int pb_row_follows(Stream *s, Py_ssize_t index) {
+    if (s->pos >= s->end) return 0;
+    int tag = s->buf[s->pos++];
+    if (tag == TAG_ROW_PK) return 1;
+    if (tag == 0 && index > 0 && all_zero(s->buf + s->pos, s->end - s->pos)) return 0;
+    return fail(s, "row %zd: expected the primary-key tag, got 0x%02x", index, tag);
 }
 
 static PyObject *decode(PyObject *self, PyObject *arg) {
@@ -336,115 +418,28 @@ static PyObject *decode(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     Stream st = {(const uint8_t *)view.buf, view.len, 0};
-    Stream *s = &st;
-    PyObject *rows = PyList_New(0), *pk = NULL, *cells = NULL, *seq = NULL;
-    CellOut c = {0};
-    if (rows == NULL) goto error;
-    if (s->end < 4) {
-        truncated();
-        goto error;
-    }
-    int32_t header = rd_i32(s->buf);
-    if (header != HEADER) {
-        fail(s, "header is 0x%x, expected 0x%x", (unsigned)header, HEADER);
-        goto error;
-    }
-    s->pos = 4;
-    while (s->pos < s->end) {
+    RowOut r = {0};
+    PyObject *rows = PyList_New(0);
+    if (rows == NULL || pb_read_header(&st) < 0) goto error;
+    for (;;) {
         Py_ssize_t index = PyList_GET_SIZE(rows);
-        int tag = s->buf[s->pos++];
-        if (tag != TAG_ROW_PK) {
-            /* Node.js SDK padding after the last row: see the Python reader */
-            if (tag == 0 && index > 0 && all_zero(s->buf + s->pos, s->end - s->pos)) break;
-            fail(s, "row %zd: expected the primary-key tag, got 0x%02x", index, tag);
-            goto error;
-        }
-        uint8_t row_crc = 0;
-        Py_ssize_t ncell = 0;
-        pk = PyList_New(0);
-        cells = PyList_New(0);
-        if (pk == NULL || cells == NULL) goto error;
-        tag = next_tag(s);
-        while (tag == TAG_CELL) {
-            if (read_cell(s, ncell++, &c, &tag) < 0) goto error;
-            if (c.value == NULL || c.cell_type >= 0 || c.has_timestamp || c.is_float) {
-                fail(s, "row %zd: primary-key cell '%s' must hold exactly one key value", index,
-                     PyUnicode_AsUTF8(c.name));
-                goto error;
-            }
-            PyObject *pair = PyTuple_Pack(2, c.name, c.value);
-            if (pair == NULL || PyList_Append(pk, pair) < 0) {
-                Py_XDECREF(pair);
-                goto error;
-            }
-            Py_DECREF(pair);
-            cell_clear(&c);
-            row_crc = crc_table[row_crc ^ c.crc];
-        }
-        if (tag == TAG_ROW_DATA) {
-            tag = next_tag(s);
-            while (tag == TAG_CELL) {
-                if (read_cell(s, ncell++, &c, &tag) < 0) goto error;
-                if (c.is_special) {
-                    fail(s, "row %zd: data cell '%s' holds a primary-key placeholder", index,
-                         PyUnicode_AsUTF8(c.name));
-                    goto error;
-                }
-                uint8_t crc = c.crc;
-                PyObject *cell = make_cell(&c);
-                if (cell == NULL || PyList_Append(cells, cell) < 0) {
-                    Py_XDECREF(cell);
-                    goto error;
-                }
-                Py_DECREF(cell);
-                row_crc = crc_table[row_crc ^ crc];
-            }
-        }
-        int delete_marker = tag == TAG_DELETE_ROW_MARKER;
-        if (delete_marker) tag = next_tag(s);
-        row_crc = crc_table[row_crc ^ (delete_marker ? 1 : 0)];
-        if (tag == TAG_EXTENSION && read_extension(s, &seq, &tag) < 0) goto error;
-        if (tag != TAG_ROW_CHECKSUM) {
-            fail(s, "row %zd: expected the row checksum tag, got 0x%02x", index, tag);
-            goto error;
-        }
-        if (s->pos >= s->end) {
-            truncated();
-            goto error;
-        }
-        int stored = s->buf[s->pos++];
-        if (stored != row_crc) {
-            fail(s, "row %zd: row checksum mismatch: stored 0x%02x, computed 0x%02x", index, stored, row_crc);
-            goto error;
-        }
-        PyObject *row = new_tuple(RowType, 4);
-        if (row == NULL) goto error;
-        PyTuple_SET_ITEM(row, 0, PyList_AsTuple(pk));
-        PyTuple_SET_ITEM(row, 1, PyList_AsTuple(cells));
-        PyObject *marker = delete_marker ? Py_True : Py_False;
-        Py_INCREF(marker);
-        PyTuple_SET_ITEM(row, 2, marker);
-        if (seq == NULL) {
-            Py_INCREF(Py_None);
-            seq = Py_None;
-        }
-        PyTuple_SET_ITEM(row, 3, seq);
-        seq = NULL;
-        Py_CLEAR(pk);
-        Py_CLEAR(cells);
-        if (PyTuple_GET_ITEM(row, 0) == NULL || PyTuple_GET_ITEM(row, 1) == NULL || PyList_Append(rows, row) < 0) {
-            Py_DECREF(row);
+        int more = pb_row_follows(&st, index);
+        if (more < 0) goto error;
+        if (more == 0) break;
+        if (pb_read_row(&st, index, &r) < 0) goto error;
+        PyObject *row = make_row(&r);
+        pb_row_clear(&r);
+        if (row == NULL || PyList_Append(rows, row) < 0) {
+            Py_XDECREF(row);
             goto error;
         }
         Py_DECREF(row);
     }
+    pb_row_free(&r);
     PyBuffer_Release(&view);
     return rows;
 error:
-    cell_clear(&c);
-    Py_XDECREF(pk);
-    Py_XDECREF(cells);
-    Py_XDECREF(seq);
+    pb_row_free(&r);
     Py_XDECREF(rows);
     PyBuffer_Release(&view);
     return NULL;
@@ -456,7 +451,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOO", &row, &cell, &seq, &error, &inf_min, &inf_max, &auto_increment))
         return NULL;
     PyObject *objs[] = {row, cell, seq, error, inf_min, inf_max, auto_increment};
-    PyObject **slots[] = {&RowType, &CellType, &SeqType, &ErrorType, &InfMin, &InfMax, &AutoIncrement};
+    PyObject **slots[] = {&RowType, &CellType, &SeqType, &pb_ErrorType, &InfMin, &InfMax, &AutoIncrement};
     for (int i = 0; i < 7; i++) {
         Py_INCREF(objs[i]);
         Py_XSETREF(*slots[i], objs[i]);
@@ -468,6 +463,9 @@ static PyMethodDef methods[] = {
     {"decode_rows", decode, METH_O, "Decode every row of a PlainBuffer payload (bytes-like, non-empty)."},
     {"configure", configure, METH_VARARGS,
      "configure(Row, Cell, SequenceInfo, PlainBufferError, INF_MIN, INF_MAX, AUTO_INCREMENT)"},
+    {"layout_columns", pb_layout_columns, METH_VARARGS,
+     "layout_columns(payloads, actions, base, first_n, channel, catalog, codes, nkeys, partial, ots, strs, "
+     "value_names): one list per Arrow column of records.RecordLayout, or None (see the C source)"},
     {NULL, NULL, 0, NULL},
 };
 

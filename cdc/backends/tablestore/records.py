@@ -35,6 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc.backends.tablestore import plainbuffer
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, Row, decode_row
 from cdc.errors import MalformedRecordError
@@ -49,6 +50,9 @@ _OPS = {pb.PUT_ROW: Op.INSERT, pb.UPDATE_ROW: Op.UPDATE, pb.DELETE_ROW: Op.DELET
 _OP_NAMES = {action: op.value for action, op in _OPS.items()}
 _RECORD_TYPES = {pb.PUT_ROW: "PUT", pb.UPDATE_ROW: "UPDATE", pb.DELETE_ROW: "DELETE"}
 _CELL_TYPES = {DELETE_ONE_VERSION: "DELETE_ONE_VERSION", DELETE_ALL_VERSION: "DELETE_ALL_VERSION"}
+# the accepted-type codes of native/layout.c (layout_columns), by the Python types _row accepts
+_ACCEPT_BYTES = 4
+_ACCEPT_CODES: dict[tuple[type, ...], int] = {(int,): 0, (float, int): 1, (bool,): 2, (str,): 3, (bytes,): _ACCEPT_BYTES}
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,61 @@ class RecordLayout:
         out of the batch, with a warning.
         """
         schema = self.arrow()
+        columns = self._compiled_columns(channel, base, first_n, records)
+        if columns is None:
+            columns = self._python_columns(channel, base, first_n, records)
+        arrays = []
+        for f, values in zip(schema, columns, strict=True):
+            try:
+                arrays.append(pa.array(values, type=f.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                raise MalformedRecordError(f"channel {channel!r}: column {f.name!r}: {exc}") from None
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _compiled_columns(
+        self, channel: str, base: bool, first_n: int, records: Sequence[Any]
+    ) -> Sequence[Sequence[Any]] | None:
+        """The columns by the compiled reader, or None when it is not built or a record is not its case.
+
+        It applies :meth:`_row`'s rules in C (native/layout.c, ``layout_columns``) and declines (None)
+        any record it would not lay out exactly as :meth:`_row` (malformed, a mismatched type, an unknown
+        action...): the whole batch then goes the Python way, which raises or quarantines as documented.
+        """
+        if not plainbuffer.COMPILED or not records:
+            return None
+        from cdc.backends.tablestore import _plainbuffer  # built, as COMPILED says
+
+        catalog, codes, nkeys, names = self._compiled_plan
+        columns: list[list[Any]] | None = _plainbuffer.layout_columns(
+            [r.record for r in records],
+            [r.action_type for r in records],
+            base,
+            first_n,
+            channel,
+            catalog,
+            codes,
+            nkeys,
+            self.schema.partial,
+            self.ots_columns,
+            names,
+            self.value_columns,
+        )
+        return columns
+
+    @cached_property
+    def _compiled_plan(self) -> tuple[dict[str, int], bytes, int, tuple[str, ...]]:
+        """What ``layout_columns`` looks up: column index by name (keys first), accepted-type codes."""
+        accepts = self._accepts
+        names = self.schema.keys + self.value_columns
+        codes = bytes(_ACCEPT_CODES.get(accepts[name], _ACCEPT_BYTES) for name in names)
+        strings: tuple[str, ...] = ("insert", "update", "delete", "snapshot", "PUT", "UPDATE", "DELETE")
+        strings += (_CELL_TYPES[DELETE_ONE_VERSION], _CELL_TYPES[DELETE_ALL_VERSION])
+        return {name: i for i, name in enumerate(names)}, codes, len(self.schema.keys), strings
+
+    def _python_columns(
+        self, channel: str, base: bool, first_n: int, records: Sequence[Any]
+    ) -> Sequence[Sequence[Any]]:
+        schema = self.arrow()
         rows: list[list[Any]] = []
         for i, rec in enumerate(records):
             n = first_n + i
@@ -81,14 +140,7 @@ class RecordLayout:
                 if self.quarantine_path is None:
                     raise MalformedRecordError(f"channel {channel!r}, record {n}: {exc}") from None
                 self._quarantine(channel, n, rec, exc)
-        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
-        arrays = []
-        for f, values in zip(schema, columns, strict=True):
-            try:
-                arrays.append(pa.array(values, type=f.type))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-                raise MalformedRecordError(f"channel {channel!r}: column {f.name!r}: {exc}") from None
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        return list(zip(*rows, strict=True)) if rows else [() for _ in schema]
 
     def _quarantine(self, channel: str, n: int, rec: Any, exc: Exception) -> None:
         import base64
