@@ -8,11 +8,19 @@ same engine-neutral :func:`sinks.delta.merge.merge_plan`, but on the batch's Dat
   tombstone time) is a projection.
 * Partial changes (``_unchanged``) and SCD type 2 run the sink's own Arrow code (:func:`batch.prepare`, then
   :func:`scd1.stage_scd1` or :func:`scd2.stage_scd2`) on the executors, over buckets of keys
-  (``hash(keys) mod n``): every key's changes, and for SCD type 2 its head row read from the table, land in
-  one bucket, so the per-key folds and history walks are exactly the ones the delta-rs engine runs.
+  (``hash(keys) mod n``): every key's changes and its head land in one bucket, so the per-key folds and
+  history walks are exactly the ones the delta-rs engine runs.
+
+The two-table layout (:mod:`sinks.delta.layout`) as the delta-rs path runs it: the key heads are the state
+table's rows in the batch's key range, semi-joined with the batch's keys (SCD type 2: with the values of the
+keys' current versions in the main table); changes not newer than their key's head are dropped (a join in
+the JVM, or :func:`state.guard` in the buckets); the main table is merged first, then the state table with
+each touched key's new head, each commit carrying ``(app_id, batch id)``. Both MERGEs read the state table
+as it was before the batch (the state's own MERGE is the only writer of the state), so after a crash between
+the two commits the replay merges the state alone from the same heads.
 
 Only one row reaches the driver per batch: the checks and the first key's range (a single aggregation),
-which the MERGE predicate needs for pruning.
+which the MERGE predicates need for pruning.
 """
 
 from __future__ import annotations
@@ -34,18 +42,23 @@ from sinks.delta.layout import (
     DROPPED_METADATA,
     FROM,
     HIDDEN_PREFIX,
+    IS_CURRENT,
     IS_DELETE,
     NOW,
     SET_PREFIX,
     TIMESTAMP,
     TO,
+    VALID_FROM,
+    VALID_TO,
+    LegacyLayoutError,
 )
-from sinks.delta.merge import merge_plan, quote
+from sinks.delta.merge import merge_plan, quote, state_plan
 from sinks.delta.scd1 import stage_scd1
-from sinks.delta.scd2 import heads_condition, stage_scd2
-from sinks.delta.schema import SchemaEvolutionError, new_columns, normalise_type, table_schema
+from sinks.delta.scd2 import main_source, stage_scd2
+from sinks.delta.schema import SchemaEvolutionError, new_columns, normalise_type, state_schema, table_schema
 from sinks.delta.spark import DeltaSparkEngine
 from sinks.delta.spec import SinkSpec
+from sinks.delta.state import HEAD_SEQ, key_range_condition
 
 log = logging.getLogger(__name__)
 
@@ -129,42 +142,49 @@ def check(spec: SinkSpec, df: Any) -> Checked:
     return Checked(df.drop(*drop), int(summary["rows"]), partial, summary["lo"], summary["hi"])
 
 
-def stage_frame(spec: SinkSpec, checked: Checked, now: datetime, heads: Any = None) -> Any:
-    """The MERGE source of a checked batch, as a DataFrame (see the module docstring). ``heads``: SCD type 2
-    only, the key heads the batch may touch (a DataFrame of the table's rows)."""
-    if spec.scd_type == 1 and not checked.partial:
-        return _stage_latest(spec, checked.df, now)
-    return _stage_in_buckets(spec, checked, now, heads)
-
-
 def _values(spec: SinkSpec, columns: list[str]) -> list[str]:
     return [c for c in columns if c not in spec.keys and c not in (IS_DELETE, spec.sequence_by, COMMIT_TS, UNCHANGED)]
 
 
-def _stage_latest(spec: SinkSpec, df: Any, now: datetime) -> Any:
-    """SCD type 1: the latest change per key (exact duplicates tie on everything: any one), deletes staged as
-    tombstones. The result's columns are those :func:`scd1.stage_scd1` gives after :func:`batch.prepare`."""
+def _keys(spec: SinkSpec) -> list[Any]:
+    from pyspark.sql import functions as F
+
+    return [F.col(quote(k)) for k in spec.keys]
+
+
+def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any) -> Any:
+    """SCD type 1: the latest change per key (exact duplicates tie on everything: any one), deletes with null
+    values, kept only where newer than the key's head. The result's columns are those
+    :func:`scd1.stage_scd1` gives after :func:`batch.prepare`."""
     from pyspark.sql import functions as F
 
     seq = spec.sequence_by
     columns = df.columns
     rest = [c for c in columns if c not in spec.keys and c != seq]
     # max over a struct compares its fields in order: the sequence first.
-    latest = df.groupBy(*[quote(k) for k in spec.keys]).agg(
+    latest = df.groupBy(*_keys(spec)).agg(
         F.max(F.struct(*[F.col(quote(c)).alias(c) for c in (seq, *rest)])).alias("__cdc_latest")
     )
-    latest = latest.select(*[F.col(quote(k)) for k in spec.keys],
-                           *[F.col("__cdc_latest")[c].alias(c) for c in (seq, *rest)])
+    latest = latest.select(*_keys(spec), *[F.col("__cdc_latest")[c].alias(c) for c in (seq, *rest)])
     is_delete = F.col(IS_DELETE)
     staged = [
         F.when(is_delete, F.lit(None).cast(df.schema[c].dataType)).otherwise(F.col(quote(c))).alias(c)
         if c in _values(spec, columns) else F.col(quote(c))
         for c in columns
     ]
-    stamp = F.lit(now).cast("timestamp")
-    return latest.select(
-        *staged, stamp.alias(NOW), F.when(is_delete, stamp).otherwise(F.lit(None).cast("timestamp")).alias(DELETED_AT)
-    )
+    latest = latest.select(*staged, F.lit(now).cast("timestamp").alias(NOW))
+    return _fresh(spec, latest, heads)
+
+
+def _fresh(spec: SinkSpec, changes: Any, heads: Any) -> Any:
+    """The rows of ``changes`` newer than their key's head (:func:`sinks.delta.state.guard` as a join)."""
+    from pyspark.sql import functions as F
+
+    seq = spec.sequence_by
+    head = heads.select(*_keys(spec), F.col(quote(seq)).alias(HEAD_SEQ))
+    joined = changes.join(head, list(spec.keys), "left")
+    newer = F.col(HEAD_SEQ).isNull() | (F.col(quote(seq)) > F.col(HEAD_SEQ))
+    return joined.where(newer).select(*[F.col(quote(c)) for c in changes.columns])
 
 
 def _output_schema(spec: SinkSpec, checked: Checked) -> Any:
@@ -175,7 +195,7 @@ def _output_schema(spec: SinkSpec, checked: Checked) -> Any:
     seq_type = checked.df.schema[spec.sequence_by].dataType
     if spec.scd_type == 1:
         fields += [T.StructField(SET_PREFIX + c, seq_type) for c in _values(spec, checked.df.columns)]
-        fields += [T.StructField(NOW, T.TimestampType()), T.StructField(DELETED_AT, T.TimestampType())]
+        fields += [T.StructField(NOW, T.TimestampType())]
     else:
         fields += [T.StructField(NOW, T.TimestampType()), T.StructField(ACTION, T.StringType()),
                    T.StructField(FROM, seq_type), T.StructField(TO, seq_type)]
@@ -183,6 +203,8 @@ def _output_schema(spec: SinkSpec, checked: Checked) -> Any:
 
 
 def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: Any) -> Any:
+    """The main table's MERGE source from the sink's Arrow staging, run per bucket of keys on the executors,
+    each bucket's changes cogrouped with its keys' heads."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -193,46 +215,75 @@ def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: An
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
     def bucket(frame: Any) -> Any:
-        return frame.withColumn(BUCKET, F.pmod(F.hash(*[F.col(quote(k)) for k in spec.keys]), F.lit(buckets)))
+        return frame.withColumn(BUCKET, F.pmod(F.hash(*_keys(spec)), F.lit(buckets)))
 
     def conform(staged: pa.Table) -> pa.Table:
         # batch.prepare adds __cdc_set_<c> only to buckets holding partial changes; in a bucket without them
         # every change sets every column, which is exactly __cdc_set_<c> = the change's own sequence.
         for f in arrow_schema:
-            if f.name not in staged.column_names:
+            if f.name not in staged.column_names and f.name.startswith(SET_PREFIX):
                 staged = staged.append_column(f.name, staged.column(spec.sequence_by).cast(f.type))
         return staged.select(arrow_schema.names).cast(arrow_schema)
 
-    def prepared(changes: pa.Table) -> pa.Table:
-        return prepare(spec, changes.drop_columns([BUCKET]), now)
-
-    if spec.scd_type == 1:
-        def stage1(changes: pa.Table) -> pa.Table:
-            return conform(stage_scd1(spec, prepared(changes)))
-
-        return bucket(df).groupBy(BUCKET).applyInArrow(stage1, schema)
-
-    def stage2(changes: pa.Table, head_rows: pa.Table) -> pa.Table:
+    def stage(changes: pa.Table, head_rows: pa.Table) -> pa.Table:
         if changes.num_rows == 0:
             return arrow_schema.empty_table()
-        return conform(stage_scd2(spec, prepared(changes), head_rows.drop_columns([BUCKET])))
+        prepared = prepare(spec, changes.drop_columns([BUCKET]), now)
+        head_rows = head_rows.drop_columns([BUCKET])
+        if spec.scd_type == 1:
+            return conform(stage_scd1(spec, prepared, head_rows))
+        return conform(main_source(stage_scd2(spec, prepared, head_rows)))
 
-    return bucket(df).groupBy(BUCKET).cogroup(bucket(heads).groupBy(BUCKET)).applyInArrow(
-        stage2, schema
-    )
+    return bucket(df).groupBy(BUCKET).cogroup(bucket(heads).groupBy(BUCKET)).applyInArrow(stage, schema)
 
 
-def heads_sql(spec: SinkSpec, checked: Checked) -> str:
-    """The SQL condition on the table's rows that :func:`scd2.heads_condition` gives for this batch."""
-    return str(heads_condition(spec, bounds(spec, [spec.keys[0]], checked))[0])
+def _heads(spec: SinkSpec, state: DeltaSparkEngine, main_schema: pa.Schema, main: DeltaSparkEngine,
+           checked: Checked) -> Any:
+    """The heads of the batch's keys: the state table's rows in the batch's key range, semi-joined with the
+    batch's keys; SCD type 2 with the values of the keys' current versions (:func:`scd2.key_heads`)."""
+    from pyspark.sql import functions as F
+
+    keys = list(spec.keys)
+    in_range = key_range_condition(spec, bounds(spec, [spec.keys[0]], checked))[0]
+    heads = state.frame().where(in_range).join(checked.df.select(*_keys(spec)).distinct(), keys, "left_semi")
+    if spec.scd_type == 1:
+        return heads
+    heads = heads.select(*_keys(spec), F.col(quote(spec.sequence_by)), F.col(DELETED_AT),
+                         F.col(DELETED_AT).isNull().alias(IS_CURRENT))
+    bookkeeping = (spec.sequence_by, COMMIT_TS, VALID_FROM, VALID_TO, IS_CURRENT)
+    values = [f.name for f in main_schema if f.name not in spec.keys and f.name not in bookkeeping]
+    if not values:
+        return heads
+    current = main.frame().where(key_range_condition(spec, bounds(spec, [spec.keys[0]], checked),
+                                                     (f"{quote(VALID_TO)} IS NULL", None))[0])
+    return heads.join(current.select(*_keys(spec), *[F.col(quote(c)) for c in values]), keys, "left")
+
+
+def _state_source(spec: SinkSpec, checked: Checked, staged: Any | None, heads: Any, now: datetime) -> Any:
+    """Each touched key's new head (:func:`sinks.delta.state.state_source`): key, sequence, tombstone time."""
+    from pyspark.sql import functions as F
+
+    seq = spec.sequence_by
+    if staged is not None:
+        last = staged  # SCD type 1 without partial changes: the one guarded change per key
+    else:
+        # The key's last change of the batch, if newer than its head (the fold of partial changes and the
+        # history walk keep the last change's sequence and delete flag); a delete ties after an upsert.
+        latest = checked.df.groupBy(*_keys(spec)).agg(
+            F.max(F.struct(F.col(quote(seq)).alias(seq), F.col(IS_DELETE).alias(IS_DELETE))).alias("__cdc_last")
+        )
+        latest = latest.select(*_keys(spec), F.col("__cdc_last")[seq].alias(seq),
+                               F.col("__cdc_last")[IS_DELETE].alias(IS_DELETE))
+        last = _fresh(spec, latest, heads)
+    stamp = F.when(F.col(IS_DELETE), F.lit(now).cast("timestamp")).otherwise(F.lit(None).cast("timestamp"))
+    return last.select(*_keys(spec), F.col(quote(seq)), stamp.alias(DELETED_AT))
 
 
 def bounds(spec: SinkSpec, columns: list[str], checked: Checked) -> pa.Table:
-    """A two-row stand-in for the MERGE source: :func:`sinks.delta.merge.merge_plan` and
-    :func:`sinks.delta.scd2.heads_condition` read only its column names and the first key's range."""
+    """A two-row stand-in for a MERGE source: :func:`sinks.delta.merge.merge_plan`, ``state_plan`` and
+    :func:`sinks.delta.state.key_range_condition` read only its column names and the first key's range."""
     k = spec.keys[0]
     return pa.table({c: pa.array([checked.key_min, checked.key_max]) if c == k else pa.nulls(2) for c in columns})
-
 
 
 def prepared_schema(checked: Checked) -> pa.Schema:
@@ -245,38 +296,61 @@ def prepared_schema(checked: Checked) -> pa.Schema:
     return pa.schema([*fields, pa.field(NOW, TIMESTAMP)])
 
 
-def write_frame(spec: SinkSpec, engine: DeltaSparkEngine, df: Any, batch_id: int, app_id: str, now: datetime) -> bool:
-    """Prepare, stage and merge one batch inside Spark (one commit carrying ``(app_id, batch_id)``); return
-    False when the batch holds no changes. The caller has checked that the batch is not a replay."""
+@dataclass(frozen=True)
+class Target:
+    """The two tables of a sink (:mod:`sinks.delta.layout`) and which of them already hold the batch."""
+
+    main: DeltaSparkEngine
+    state: DeltaSparkEngine
+    main_done: bool
+    state_done: bool
+
+
+def write_frame(spec: SinkSpec, target: Target, df: Any, batch_id: int, app_id: str, now: datetime) -> bool:
+    """Prepare, stage and merge one batch inside Spark: the main table, then the state table, each one commit
+    carrying ``(app_id, batch_id)``, skipping a table that already holds it. Return False when the batch holds
+    no changes."""
     from pyspark import StorageLevel
 
-    # The batch is read twice (the checks, then the MERGE, which materializes its source once): cached, the
-    # source (a Python data source, a log read) runs once.
+    # The batch is read several times (the checks, each MERGE's source): cached, the source (a Python data
+    # source, a log read) runs once.
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        return _write_checked(spec, engine, check(spec, df), batch_id, app_id, now)
+        return _write_checked(spec, target, check(spec, df), batch_id, app_id, now)
     finally:
         df.unpersist()
 
 
-def _write_checked(spec: SinkSpec, engine: DeltaSparkEngine, checked: Checked, batch_id: int, app_id: str, now: datetime) -> bool:
+def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: int, app_id: str, now: datetime) -> bool:
     if checked.rows == 0:
         log.debug("batch %d has no changes", batch_id)
         return False
+    main, state = target.main, target.state
     prepared = prepared_schema(checked)
-    schema = engine.schema()
+    schema = main.schema()
     if schema is None:
-        engine.create(table_schema(spec, prepared))
-        schema = engine.schema()
+        main.create(table_schema(spec, prepared))
+        schema = main.schema()
         assert schema is not None
-    added = new_columns(spec, schema, prepared)
-    if added:
-        log.info("adding columns %s to %s", [f.name for f in added], engine.path)
-        engine.add_columns(added)
-        schema = pa.schema([*schema, *added])
-    heads = engine.frame().where(heads_sql(spec, checked)) if spec.scd_type == 2 else None
-    source = stage_frame(spec, checked, now, heads)
-    plan = merge_plan(spec, bounds(spec, source.columns, checked), schema)
-    engine.merge_frame(source, plan, app_id, batch_id)
-    log.info("batch %d: merged %d change records into %s in Spark", batch_id, checked.rows, engine.path)
+    elif DELETED_AT in schema.names:
+        raise LegacyLayoutError(
+            f"{main.path} was written by the previous layout of DeltaUpsertSink (tombstones in the table, column "
+            f"{DELETED_AT}); nothing was written. Run sink.migrate() once with this sink's options, then restart"
+        )
+    if state.schema() is None:
+        state.create(state_schema(spec, prepared))
+    heads = _heads(spec, state, schema, main, checked)
+    staged = _stage_latest(spec, checked.df, now, heads) if spec.scd_type == 1 and not checked.partial else None
+    if not target.main_done:
+        added = new_columns(spec, schema, prepared)
+        if added:
+            log.info("adding columns %s to %s", [f.name for f in added], main.path)
+            main.add_columns(added)
+            schema = pa.schema([*schema, *added])
+        source = staged if staged is not None else _stage_in_buckets(spec, checked, now, heads)
+        main.merge_frame(source, merge_plan(spec, bounds(spec, source.columns, checked), schema), app_id, batch_id)
+        log.info("batch %d: merged %d change records into %s in Spark", batch_id, checked.rows, main.path)
+    if not target.state_done:
+        source = _state_source(spec, checked, staged, heads, now)
+        state.merge_frame(source, state_plan(spec, bounds(spec, source.columns, checked)), app_id, batch_id)
     return True

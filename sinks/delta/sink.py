@@ -354,20 +354,22 @@ class DeltaUpsertSink:
     def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None) -> bool:
         """:meth:`write` for a DataFrame with ``engine='delta-spark'``: prepared, staged and merged inside Spark
         (:mod:`sinks.delta.frame`), never collected to the driver."""
-        from sinks.delta.frame import write_frame
+        from sinks.delta.frame import Target, write_frame
         from sinks.delta.spark import DeltaSparkEngine
 
         app = app_id or self.app_id
         if not app:
             raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
-        engine = self.engine(batch_df.sparkSession)
-        assert isinstance(engine, DeltaSparkEngine)
-        done = engine.committed_version(app)
-        if done is not None and done >= batch_id:
-            log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app, done)
+        main, state = self.engine(batch_df.sparkSession), self.state_engine(batch_df.sparkSession)
+        assert isinstance(main, DeltaSparkEngine) and isinstance(state, DeltaSparkEngine)
+        main_done, state_done = main.committed_version(app), state.committed_version(app)
+        target = Target(main, state, main_done is not None and main_done >= batch_id,
+                        state_done is not None and state_done >= batch_id)
+        if target.main_done and target.state_done:
+            log.info("batch %d already committed to %s by %s; skipping the replay", batch_id, self.path, app)
             return False
         now = self.clock()
-        if not write_frame(self.spec, engine, batch_df, batch_id, app, now):
+        if not write_frame(self.spec, target, batch_df, batch_id, app, now):
             return False
         if self.compact_every and (batch_id + 1) % self.compact_every == 0:
             self.maintain(now)

@@ -69,9 +69,12 @@ class DeltaSparkEngine:
         return self._DeltaTable.forPath(self.spark, self.path)
 
     def schema(self) -> pa.Schema | None:
+        from deltalake import DeltaTable as LogReader
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        if not self._DeltaTable.isDeltaTable(self.spark, self.path):
+        # Not DeltaTable.isDeltaTable: it is true for any folder inside a Delta table (it looks for the table
+        # root upwards), so the state table at <path>/_cdc_state would pass for the main table before it exists.
+        if not LogReader.is_deltatable(self.path):
             return None
         return to_arrow_schema(self._forpath().toDF().schema, timezone="UTC")
 

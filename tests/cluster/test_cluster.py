@@ -4,7 +4,6 @@ the driver, restarts; the table equals the source, no batch committed twice."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
@@ -19,6 +18,7 @@ from deltalake import DeltaTable
 
 from cdc.backends.local import LocalLog
 from sinks.delta.layout import DELETED_AT
+from sinks.delta.session import delta_jars
 from tests.cluster.traced_source import DELAY_ENV, TRACE_ENV
 from tests.streaming import committed_batches, wait_for
 
@@ -28,15 +28,6 @@ sys.path.insert(0, str(ROOT / "examples"))
 from orders_demo import SCHEMA, OrderSource  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-DELTA_JARS_ENV = "CDC_DELTA_JARS"
-"""A glob of the io.delta jars for this Spark (``.../delta-spark_4.2_2.13-*.jar`` and its dependencies); the
-delta-spark test runs when it names some (the integrator points it at the project's resolved jars)."""
-
-
-def delta_jars() -> list[str]:
-    return sorted(glob.glob(os.environ.get(DELTA_JARS_ENV, "")))
-
 
 def _driver(cluster: Any, conf: dict[str, str], log: LocalLog, table: Path, ck: Path, mode: str,
             logfile: Path, engine: str = "delta-rs") -> subprocess.Popen[bytes]:
@@ -124,11 +115,11 @@ def test_orders_pipeline_on_the_cluster_through_worker_and_driver_kills(spark_cl
     assert cluster.workers[1].pid in {p for r in reads for p in r["chain"]}  # the other worker read too
 
 
-@pytest.mark.skipif(not delta_jars(), reason=f"delta-spark's MERGE needs the io.delta jars: set {DELTA_JARS_ENV}")
 def test_orders_pipeline_on_the_cluster_with_delta_spark(spark_cluster: Any, tmp_path: Path) -> None:
     """The MERGE runs in the cluster (delta-spark); the table equals the source across two runs."""
     conf = {
-        "spark.jars": ",".join(delta_jars()),
+        # The jars `make delta-spark` resolved (make test runs it first); delta_jars() names the command if not.
+        "spark.jars": ",".join(str(j) for j in delta_jars()),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     }

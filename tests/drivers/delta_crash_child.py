@@ -3,7 +3,8 @@ test kills with SIGKILL (see test_crash.py). Not a test module.
 
 Usage: python delta_crash_child.py LOG TABLE CHECKPOINT MARKERS [--hold-after-commit N | --hold-before-commit N |
        --hold-between-commits N | --hold-in-background-merge N]
-Environment: CRASH_CHILD_ENGINE (the sink's engine, default delta-rs), CRASH_CHILD_PIPELINED (1: pipelined).
+Environment: CRASH_CHILD_ENGINE (the sink's engine, default delta-rs), CRASH_CHILD_PIPELINED (1: pipelined),
+CRASH_CHILD_MAX_RECORDS (maxRecordsPerTrigger, default 40: fewer, larger batches make fewer delta-spark MERGEs).
 """
 
 from __future__ import annotations
@@ -40,15 +41,24 @@ def main() -> None:
                 (Path(markers) / "holding").write_text(str(batch_id))
                 time.sleep(600)
             if hold == "--hold-between-commits" and batch_id == hold_batch:
-                state = self.state_engine()
-
-                def held(*args: Any, **kwargs: Any) -> Any:
-                    # killed here: the main table's commit is made, the state table's is not
-                    (Path(markers) / "holding").write_text(str(batch_id))
-                    time.sleep(600)
-
-                state.merge = held  # type: ignore[method-assign]
+                self._hold_state_commit(batch_id)
             return super().write(changes, batch_id, app_id)
+
+        def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None) -> bool:
+            if hold == "--hold-between-commits" and batch_id == hold_batch:
+                self._hold_state_commit(batch_id)
+            return super().write_frame(batch_df, batch_id, app_id)
+
+        def _hold_state_commit(self, batch_id: int) -> None:
+            def held(*args: Any, **kwargs: Any) -> Any:
+                # killed here: the main table's commit is made, the state table's is not
+                (Path(markers) / "holding").write_text(str(batch_id))
+                time.sleep(600)
+
+            state = self.state_engine()
+            state.merge = held  # type: ignore[method-assign]
+            if hasattr(state, "merge_frame"):  # delta-spark: the DataFrame path's commit
+                state.merge_frame = held
 
     pipelined = hold == "--hold-in-background-merge" or os.environ.get("CRASH_CHILD_PIPELINED") == "1"
     engine = os.environ.get("CRASH_CHILD_ENGINE", "delta-rs")
@@ -67,7 +77,7 @@ def main() -> None:
 
     changes = (
         spark.readStream.format("cdc").option("backend", "local").option("path", log_path)
-        .option("maxRecordsPerTrigger", "40").load()
+        .option("maxRecordsPerTrigger", os.environ.get("CRASH_CHILD_MAX_RECORDS", "40")).load()
     )
     q = changes.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     q.awaitTermination()

@@ -62,7 +62,10 @@ def txn_versions(table: Path) -> list[tuple[str, int]]:
     return out
 
 
-def run_child(args: list[str], wait_for: Path | None, then: Path | None = None, pipelined: bool = False) -> None:
+def run_child(args: list[str], wait_for: Path | None, then: Path | None = None, pipelined: bool = False,
+              deadline_s: float = 300) -> None:
+    """Run the child; with ``wait_for``, kill it (-9, its whole process group) once that marker appears
+    (and ``then``), failing after ``deadline_s`` seconds."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable,
            "CRASH_CHILD_PIPELINED": "1" if pipelined else "0"}
     proc = subprocess.Popen(
@@ -71,10 +74,10 @@ def run_child(args: list[str], wait_for: Path | None, then: Path | None = None, 
     )
     try:
         if wait_for is None:
-            _, err = proc.communicate(timeout=300)
+            _, err = proc.communicate(timeout=deadline_s)
             assert proc.returncode == 0, err.decode()[-3000:]
             return
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + deadline_s
         while not wait_for.exists():
             assert proc.poll() is None, f"the child exited early: {proc.stderr.read().decode()[-3000:] if proc.stderr else ''}"
             assert time.monotonic() < deadline, "the child never reached the crash point"

@@ -1,7 +1,7 @@
 """Readers of other implementations see the sink's table as the source table: ``deltalake`` (delta-rs),
 DuckDB's ``delta_scan`` (the ``duckdb-ext-delta`` package, loaded from its path: DuckDB cannot download
-extensions here) and ``spark.read.format("delta")`` (delta-spark's reader, in a child process with the io.delta
-jars). ``sinks.delta.read`` is not one of them.
+extensions here) and ``spark.read.format("delta")`` (delta-spark's reader, in the shared Spark session, which has
+the io.delta jars). ``sinks.delta.read`` is not one of them.
 
 One history (inserts, updates, deletes, re-deliveries of older changes, a replayed batch) is written by the
 sink into an SCD type 1 table with the default columns, one with every bookkeeping column hidden and an SCD
@@ -11,12 +11,7 @@ largest sequence; a deleted key has no row) and the columns the options promise.
 
 from __future__ import annotations
 
-import glob
-import json
-import os
 import random
-import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,12 +22,6 @@ from deltalake import DeltaTable
 
 from sinks.delta import DeltaUpsertSink
 
-ROOT = Path(__file__).resolve().parents[3]
-SPARK_READER = ROOT / "tests" / "drivers" / "delta_spark_read.py"
-#: A glob of the io.delta jars (delta-spark, delta-storage) for the delta-spark reader. Test-only: until the
-#: project's set-up resolves the jars, a machine that has them names them here.
-JARS_ENV = "CDC_DELTA_JARS"
-SCOUT_JARS = "/tmp/scout/delta/lib/*.jar"
 TS = pa.timestamp("us", tz="UTC")
 TABLES = {
     "scd1": {},
@@ -144,28 +133,11 @@ def test_duckdb_reader(tables: tuple[dict[str, str], dict[int, tuple[str, int]]]
         assert canonical(t.to_pylist()) == canonical(DeltaTable(path).to_pyarrow_table().to_pylist())
 
 
-def delta_jars() -> str | None:
-    pattern = os.environ.get(JARS_ENV) or SCOUT_JARS
-    return pattern if glob.glob(pattern) else None
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(
-    delta_jars() is None,
-    reason=f"spark.read.format('delta') needs the io.delta jars; the set-up does not resolve them yet: set "
-    f"{JARS_ENV} to a glob of them (delta-spark_4.2_2.13, delta-storage)",
-)
-def test_delta_spark_reader(tables: tuple[dict[str, str], dict[int, tuple[str, int]]]) -> None:
+@pytest.mark.spark
+def test_delta_spark_reader(spark: Any, tables: tuple[dict[str, str], dict[int, tuple[str, int]]]) -> None:
     paths, source = tables
-    jars = delta_jars()
-    assert jars is not None
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(SPARK_READER), jars, *paths.values()],
-        capture_output=True, text=True, timeout=900, env=env, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
     for name, path in paths.items():
-        check(name, got[path]["columns"], got[path]["rows"], source)
-        assert canonical(got[path]["rows"]) == canonical(DeltaTable(path).to_pyarrow_table().to_pylist())
+        df = spark.read.format("delta").load(path)
+        rows = [r.asDict() for r in df.collect()]
+        check(name, df.columns, rows, source)
+        assert canonical(rows) == canonical(DeltaTable(path).to_pyarrow_table().to_pylist())
