@@ -59,13 +59,59 @@ def parse_catalog(text: str) -> list[tuple[str, pa.DataType]]:
     return out
 
 
-class TablestoreOptions(BackendOptions):
-    """Options of ``backend=tablestore``."""
+class TablestoreConnection(BackendOptions):
+    """What every Tablestore reader needs to reach a table: the instance, credentials, the HTTP settings, and
+    the EMR-style ``catalog`` of value columns (its description is the reader's own)."""
 
     endpoint: str = Field(
         alias="endpoint", description="Instance endpoint, e.g. https://inst.cn-hangzhou.ots.aliyuncs.com."
     )
     instance_name: str = Field(alias="instance.name", description="Tablestore instance name.")
+    access_key_id: SecretStr | None = Field(
+        None, alias="access.key.id", description=f"Else ${ENV_ACCESS_KEY_ID}."
+    )
+    access_key_secret: SecretStr | None = Field(
+        None, alias="access.key.secret", description=f"Else ${ENV_ACCESS_KEY_SECRET}."
+    )
+    sts_token: SecretStr | None = Field(
+        None, alias="sts.token", description=f"Else ${ENV_SECURITY_TOKEN} (optional)."
+    )
+    catalog: str | None = Field(None, alias="catalog", description="EMR-style JSON schema of the value columns.")
+    socket_timeout: float = Field(30.0, alias="socket.timeoutSeconds", description="HTTP socket timeout.")
+    max_attempts: PositiveInt = Field(
+        6,
+        alias="retry.maxAttempts",
+        description="Tries of a call that fails transiently (server unavailable).",
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+    @field_validator("catalog")
+    @classmethod
+    def _check_catalog(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_catalog(v)
+            except OptionError as exc:
+                raise ValueError(str(exc).removeprefix("option 'catalog': ")) from None
+        return v
+
+    def credentials(self) -> tuple[str, str, str | None]:
+        """``(access key id, secret, sts token or None)``: options first, then the environment."""
+        return resolve_credentials(self.access_key_id, self.access_key_secret, self.sts_token)
+
+    def value_columns(self) -> list[tuple[str, pa.DataType]]:
+        return parse_catalog(self.catalog) if self.catalog else []
+
+
+class TablestoreOptions(TablestoreConnection):
+    """Options of ``backend=tablestore``."""
+
     table_name: str = Field(alias="table.name", description="The table whose changes are read.")
     tunnel_name: str | None = Field(None, alias="tunnel.name", description="Tunnel name (or give tunnel.id).")
     tunnel_id: str | None = Field(None, alias="tunnel.id", description="Tunnel id (or give tunnel.name).")
@@ -78,15 +124,6 @@ class TablestoreOptions(BackendOptions):
         False,
         alias="createTunnelIfMissing",
         description="Create the tunnel (named by tunnel.name) if it does not exist.",
-    )
-    access_key_id: SecretStr | None = Field(
-        None, alias="access.key.id", description=f"Else ${ENV_ACCESS_KEY_ID}."
-    )
-    access_key_secret: SecretStr | None = Field(
-        None, alias="access.key.secret", description=f"Else ${ENV_ACCESS_KEY_SECRET}."
-    )
-    sts_token: SecretStr | None = Field(
-        None, alias="sts.token", description=f"Else ${ENV_SECURITY_TOKEN} (optional)."
     )
     catalog: str | None = Field(
         None, alias="catalog", description='EMR-style JSON schema of the value columns: {"columns": {...}}.'
@@ -125,30 +162,6 @@ class TablestoreOptions(BackendOptions):
         "waiting tunnel.client.timeoutSeconds for them to expire. Never give two queries running at the "
         "same time the same tag.",
     )
-    socket_timeout: float = Field(30.0, alias="socket.timeoutSeconds", description="HTTP socket timeout.")
-    max_attempts: PositiveInt = Field(
-        6,
-        alias="retry.maxAttempts",
-        description="Tries of a call that fails transiently (server unavailable).",
-    )
-
-    @field_validator("endpoint")
-    @classmethod
-    def _check_endpoint(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
-
-    @field_validator("catalog")
-    @classmethod
-    def _check_catalog(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                parse_catalog(v)
-            except OptionError as exc:
-                raise ValueError(str(exc).removeprefix("option 'catalog': ")) from None
-        return v
-
     @model_validator(mode="after")
     def _check_tunnel(self) -> TablestoreOptions:
         if not self.tunnel_name and not self.tunnel_id:
@@ -159,12 +172,6 @@ class TablestoreOptions(BackendOptions):
             raise ValueError("option 'createTunnelIfMissing' needs 'tunnel.name'")
         return self
 
-    def credentials(self) -> tuple[str, str, str | None]:
-        """``(access key id, secret, sts token or None)``: options first, then the environment."""
-        return resolve_credentials(self.access_key_id, self.access_key_secret, self.sts_token)
-
-    def value_columns(self) -> list[tuple[str, pa.DataType]]:
-        return parse_catalog(self.catalog) if self.catalog else []
 
 
 def resolve_credentials(

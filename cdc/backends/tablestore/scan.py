@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from pydantic import PositiveInt, field_validator
+from pydantic import PositiveInt
 
 from cdc.backends.tablestore.client import RetrySettings, TunnelClient
-from cdc.backends.tablestore.options import parse_catalog, resolve_credentials
+from cdc.backends.tablestore.options import TablestoreConnection, parse_catalog
 from cdc.backends.tablestore.plainbuffer import (
     INF_MAX,
     INF_MIN,
@@ -39,7 +39,7 @@ from cdc.backends.tablestore.plainbuffer import (
     encode_row,
 )
 from cdc.errors import MalformedRecordError, OptionError
-from cdc.options import BackendOptions, Field, SecretStr
+from cdc.options import Field
 
 log = logging.getLogger(__name__)
 
@@ -56,23 +56,10 @@ OPERATORS = ("=", "<", ">", "<=", ">=", "in", "is null")
 _MAX_PAGE_ROWS = 5000  # GetRange returns at most this many rows a call
 
 
-class ScanOptions(BackendOptions):
-    """Options of the ``tablestore`` batch format."""
+class ScanOptions(TablestoreConnection):
+    """Options of the ``tablestore`` batch format (the connection's are shared with ``backend=tablestore``)."""
 
-    endpoint: str = Field(
-        alias="endpoint", description="Instance endpoint, e.g. https://inst.cn-hangzhou.ots.aliyuncs.com."
-    )
-    instance_name: str = Field(alias="instance.name", description="Tablestore instance name.")
     table_name: str = Field(alias="table.name", description="The table to read.")
-    access_key_id: SecretStr | None = Field(
-        None, alias="access.key.id", description="Else $ALIBABA_CLOUD_ACCESS_KEY_ID."
-    )
-    access_key_secret: SecretStr | None = Field(
-        None, alias="access.key.secret", description="Else $ALIBABA_CLOUD_ACCESS_KEY_SECRET."
-    )
-    sts_token: SecretStr | None = Field(
-        None, alias="sts.token", description="Else $ALIBABA_CLOUD_SECURITY_TOKEN (optional)."
-    )
     catalog: str | None = Field(
         None,
         alias="catalog",
@@ -101,34 +88,9 @@ class ScanOptions(BackendOptions):
         description="Take Spark's simple filters (needs spark.sql.python.filterPushdown.enabled=true too: "
         "PySpark refuses a reader that takes filters while that setting is off).",
     )
-    socket_timeout: float = Field(30.0, alias="socket.timeoutSeconds", description="HTTP socket timeout.")
-    max_attempts: PositiveInt = Field(
-        6,
-        alias="retry.maxAttempts",
-        description="Tries of a call that fails transiently (server unavailable).",
-    )
-
-    @field_validator("endpoint")
-    @classmethod
-    def _check_endpoint(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
-
-    @field_validator("catalog")
-    @classmethod
-    def _check_catalog(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                parse_catalog(v)
-            except OptionError as exc:
-                raise ValueError(str(exc).removeprefix("option 'catalog': ")) from None
-        return v
 
     def client(self) -> TunnelClient:
-        key_id, secret, token = resolve_credentials(
-            self.access_key_id, self.access_key_secret, self.sts_token
-        )
+        key_id, secret, token = self.credentials()
         return TunnelClient(
             self.endpoint,
             self.instance_name,
