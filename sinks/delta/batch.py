@@ -44,10 +44,8 @@ def after_last_truncate(batch: pa.Table, sequence_by: str) -> tuple[pa.Table, An
     return batch.filter(later), at
 
 
-def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
-    """Validate a batch of change records, drop what the table does not keep, reduce it per key (see the
-    module docstring), and add the source-only columns ``__cdc_is_delete`` and ``__cdc_now``."""
-    names = batch.column_names
+def check_columns(spec: SinkSpec, names: list[str]) -> None:
+    """The batch has the key and sequence columns and none the sink reserves (both engines' first check)."""
     missing = [c for c in (*spec.keys, spec.sequence_by) if c not in names]
     if missing:
         raise OptionError(
@@ -57,6 +55,13 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     clash = [c for c in names if c in spec.reserved[2:] or (c.startswith(HIDDEN_PREFIX) and c != IS_DELETE)]
     if clash:
         raise OptionError(f"the changes carry columns reserved by the sink: {clash}", "keys")
+
+
+def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
+    """Validate a batch of change records, drop what the table does not keep, reduce it per key (see the
+    module docstring), and add the source-only columns ``__cdc_is_delete`` and ``__cdc_now``."""
+    names = batch.column_names
+    check_columns(spec, names)
     seq_type = batch.schema.field(spec.sequence_by).type
     if not (pa.types.is_integer(seq_type) or pa.types.is_timestamp(seq_type)):
         raise OptionError(

@@ -34,14 +34,13 @@ import pyarrow as pa
 
 from cdc.errors import MalformedRecordError, OptionError
 from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, UNCHANGED, Op
-from sinks.delta.batch import prepare
+from sinks.delta.batch import check_columns, prepare
 from sinks.delta.layout import (
     ACTION,
     DEFAULT_DELETE_CONDITION,
     DELETED_AT,
     DROPPED_METADATA,
     FROM,
-    HIDDEN_PREFIX,
     IS_CURRENT,
     IS_DELETE,
     NOW,
@@ -82,15 +81,7 @@ def check(spec: SinkSpec, df: Any) -> Checked:
     from pyspark.sql import types as T
 
     names = df.columns
-    missing = [c for c in (*spec.keys, spec.sequence_by) if c not in names]
-    if missing:
-        raise OptionError(
-            f"the changes have no column(s) {missing} named by 'keys'/'sequence_by'; columns: {names}",
-            "keys" if set(missing) & set(spec.keys) else "sequence_by",
-        )
-    clash = [c for c in names if c in spec.reserved[2:] or (c.startswith(HIDDEN_PREFIX) and c != IS_DELETE)]
-    if clash:
-        raise OptionError(f"the changes carry columns reserved by the sink: {clash}", "keys")
+    check_columns(spec, names)
     seq_type = df.schema[spec.sequence_by].dataType
     if not isinstance(seq_type, T.IntegralType | T.TimestampType):
         raise OptionError(
