@@ -58,6 +58,7 @@ from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import START, before, count_between, to_key
 from cdc.backends.pulsar.reader import PulsarRangeReader
+from cdc.backends.pulsar.transactions import TransactionLog, transaction_cut
 from cdc.errors import CdcError, OptionError
 
 if TYPE_CHECKING:
@@ -106,6 +107,16 @@ class PulsarBackend(Backend):
         self._stale: set[str] = set()  # topics whose index has not caught up this round
         self._partitions: dict[str, list[Channel]] = {}
         self._verified: set[str] = set()  # topics whose partitions were checked to be served as topics
+        # debezium.transactionTopic: the END events, and this round's window of transaction orders that the
+        # cut may take (None: not opened yet this round). See cdc.backends.pulsar.transactions.
+        self._transactions: TransactionLog | None = None
+        self._window: tuple[float, float] | None = None
+        if options.debezium_transaction_topic is not None and options.envelope_avro is not None:
+            raise OptionError(
+                "option 'debezium.transactionTopic' reads the transaction blocks of JSON envelopes; the schema "
+                "registry says these are Avro: accepted with JSON converters only",
+                "debezium.transactionTopic",
+            )
 
     def _debezium_schemas(self, options: PulsarOptions) -> PulsarOptions:
         """Avro envelopes (the schema registry says so, when admin.url is given), and the row schema from the
@@ -154,6 +165,7 @@ class PulsarBackend(Backend):
                 receiver_queue_size=self.options.receiver_queue_size,
                 catch_up_ms=self.options.catch_up_ms,
                 find_truncates=self.options.debezium_truncate == "apply" and self.options.value_format == "debezium",
+                mark=(lambda data: self._saw(topic, data)) if self.options.debezium_transaction_topic else None,
             )
             self._stale.add(topic)
         if topic in self._stale:
@@ -207,6 +219,13 @@ class PulsarBackend(Backend):
                 out.append(ChannelInfo(ch.id))
         self._stale.update(topics)
         self._heads.clear()
+        if self.options.debezium_transaction_topic is not None:
+            # Before the data topics: every data event of a transaction whose END is read now is then
+            # indexed in this round (Debezium publishes a transaction's events before its END).
+            self._transaction_log().catch_up(
+                [ch.partition for ch in partitions_of(self.client, self.options.debezium_transaction_topic, self.options)]
+            )
+            self._window = None
         if self._probe is False:
             for topic in topics:
                 self._index(topic)
@@ -281,7 +300,8 @@ class PulsarBackend(Backend):
         s = to_key(start, channel)
         u = None if until is None else to_key(until, channel)
         apply_truncates = self.options.debezium_truncate == "apply" and self.options.value_format == "debezium"
-        if self._probe is not False and max_records is None and not apply_truncates:
+        transactions = self.options.debezium_transaction_topic is not None
+        if self._probe is not False and max_records is None and not apply_truncates and not transactions:
             try:
                 head = self._heads.of(ch)
             except HeadUnavailableError:
@@ -294,20 +314,59 @@ class PulsarBackend(Backend):
         index = self._index(ch.topic)
         if not index.covers(ch.partition, s):
             log.info("re-reading the ids of %s: planning from %s, before what the index still holds", ch.topic, s)
+            if self._transactions is not None:
+                self._transactions.forget(ch.topic)
             index.close()
             del self._indexes[ch.topic]
             index = self._index(ch.topic)
         keys = index.ids(ch.partition).keys
         ids = index.ids(ch.partition)
         i, j = count_between(keys, s, u, max_records)
-        if apply_truncates and j > i:
+        limit = j if max_records is None else count_between(keys, s, u, None)[1]
+        if apply_truncates and limit > i:
             # A batch ends right before a truncate: it may only start one (the sink empties the table first).
             t = bisect.bisect_right(ids.truncates, keys[i])
-            if t < len(ids.truncates) and ids.truncates[t] <= keys[j - 1]:
-                j = bisect.bisect_left(keys, ids.truncates[t])
+            if t < len(ids.truncates) and ids.truncates[t] <= keys[limit - 1]:
+                limit = bisect.bisect_left(keys, ids.truncates[t])
+                j = min(j, limit)
+        if transactions:
+            j = self._transaction_end(ch, i, j, limit)
         end = list(keys[j - 1]) if j > i else list(start)
         index.trim(ch.partition, s)
         return PlannedRange(end, j - i)
+
+    # ------------------------------------------------------------------ transaction metadata
+    def _transaction_log(self) -> TransactionLog:
+        if self._transactions is None:
+            assert self.options.debezium_transaction_topic is not None
+            self._transactions = TransactionLog(
+                self.client,
+                self.options.debezium_transaction_topic,
+                receiver_queue_size=self.options.receiver_queue_size,
+                catch_up_ms=self.options.catch_up_ms,
+            )
+        return self._transactions
+
+    def _saw(self, topic: str, data: bytes) -> str | None:
+        return self._transaction_log().saw(topic, data)
+
+    def _transaction_end(self, ch: Channel, i: int, j: int, limit: int) -> int:
+        """Where a channel's range from index ``i`` ends at a transaction boundary consistent with the round's
+        other channels (see :mod:`cdc.backends.pulsar.transactions`)."""
+        log_ = self._transaction_log()
+        if self._window is None:
+            for topic in list(self._partitions) or [ch.topic]:
+                self._index(topic)  # every data topic caught up before the frontier is taken
+            self._window = (-1.0, float(log_.advance()))
+        marks = self._index(ch.topic).ids(ch.partition).marks
+        order = log_.order
+
+        def order_at(k: int) -> float | None:
+            tx = marks[k]
+            return None if tx is None else order.get(tx, float("inf"))
+
+        end, self._window = transaction_cut(order_at, len(marks), i, j, limit, self._window)
+        return end
 
     def reader(self) -> RangeReader:
         mode = "partition" if self.partition_mode else "parent"
@@ -390,6 +449,9 @@ class PulsarBackend(Backend):
         for index in self._indexes.values():
             index.close()
         self._indexes.clear()
+        if self._transactions is not None:
+            self._transactions.close()
+            self._transactions = None
         self._subscription.close()
         if self._client is not None:
             self._client.close()

@@ -30,6 +30,7 @@ import bisect
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ class _PartitionIds:
     keys: list[Key] = field(default_factory=list)
     last: Key = (-1, -1, -1)
     truncates: list[Key] = field(default_factory=list)  # Debezium truncates (with find_truncates only)
+    marks: list[Any] = field(default_factory=list)  # what ``mark`` said of each message of keys (with mark only)
 
 
 class TopicIndex:
@@ -66,10 +68,13 @@ class TopicIndex:
         max_catch_up_s: float = 60.0,
         idle_reopen_s: float = 10.0,
         find_truncates: bool = False,
+        mark: Callable[[bytes], Any] | None = None,
     ) -> None:
         self.client = client
         # debezium.truncate=apply: the planner ends a batch right before a truncate, so the index notes them.
         self.find_truncates = find_truncates
+        # debezium.transactionTopic: each message's transaction (data topics), or its END event (that topic).
+        self.mark = mark
         self.topic = topic
         self.receiver_queue_size = receiver_queue_size
         self.catch_up_ms = catch_up_ms
@@ -236,8 +241,12 @@ class TopicIndex:
                 if k > part.last:
                     part.keys.append(k)
                     part.last = k
-                    if self.find_truncates and is_truncate(msg.data()):
-                        part.truncates.append(k)
+                    if self.find_truncates or self.mark is not None:
+                        data = msg.data()
+                        if self.find_truncates and is_truncate(data):
+                            part.truncates.append(k)
+                        if self.mark is not None:
+                            part.marks.append(self.mark(data))
                     n += 1
                     nbytes += msg.length()
                     flowing = True
@@ -270,6 +279,7 @@ class TopicIndex:
         i = bisect.bisect_right(p.keys, below)
         if i > 4096:
             del p.keys[:i]
+            del p.marks[:i]
             self.floor[partition] = max(self.floor.get(partition, (-1, -1, -1)), below)
 
     def covers(self, partition: int, start: Key) -> bool:

@@ -1,0 +1,248 @@
+"""Debezium transaction metadata (``debezium.transactionTopic``): batches that never end inside a source
+transaction.
+
+With ``provide.transaction.metadata=true`` Debezium writes a BEGIN and an END event per transaction to a
+transaction topic (``<topic.prefix>.transaction``) and adds ``transaction: {id, total_order,
+data_collection_order}`` to every change envelope. The END event counts the transaction's events per data
+collection (``data_collections: [{data_collection, event_count}]``).
+
+How batch ends are chosen
+-------------------------
+* **Commit order.** The transaction topic lists transactions in commit order: a transaction's *order* is the
+  position of its END there. Within one partition of a data topic, events are in commit order too.
+* **Complete transactions** (:class:`TransactionLog`). A transaction is complete when its END has been read
+  and, for every data collection of its END that the query's topics carry (one of its events has been
+  seen), as many events as the END counts have been indexed, over every partition of every topic of the
+  query. The *frontier* is the last order up to which every transaction is complete. A transaction whose END
+  has not arrived, or whose events are not all indexed yet, is never taken, nor anything after it.
+* **One cut per round, over every partition** (:func:`transaction_cut`). A transaction's events may be spread
+  over several partitions (Debezium partitions by key) and several topics: a batch takes, in every channel,
+  exactly the events of the transactions up to one order *K*, so a transaction is wholly in a batch or wholly
+  out. The planner plans channels one after another; each channel's range narrows the window of orders
+  ``[lo, hi]`` that *K* may still take, and the next channel's end is chosen inside it.
+* **The budget moves the end forward.** ``maxRecordsPerTrigger`` ending inside a transaction extends the
+  range to that transaction's last event (the budget is soft, as the PostgreSQL backend takes a transaction
+  larger than the budget whole): moving back instead would plan nothing, forever, once one transaction is
+  larger than a channel's share. A bound the range may not pass (``endingOffsets``, an AvailableNow target,
+  a truncate with ``debezium.truncate=apply``) moves the end back to before the transaction instead.
+* Messages outside any transaction (snapshot reads, tombstones, envelopes without metadata) are single-event
+  transactions: a batch may end before or after any of them.
+
+Assumed, as Debezium does it: a data event is published before its transaction's END event (the driver reads
+the transaction topic first, then the data topics, each planning round); a data collection is written to
+the query's topics only (any partitions). A collection whose events the query has never seen in a
+transaction cannot be waited for: when a transaction touches two topics of the query and the second topic's
+events are still unpublished when the first topic's are all indexed, that transaction may be split.
+
+The cost: the driver reads every message of the data topics (the id index, as with a record budget) and
+parses its transaction block (:func:`transaction_of`); see ``benchmarks/debezium_transactions.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from cdc.backends.pulsar.debezium import source_table, value_of
+from cdc.backends.pulsar.index import TopicIndex
+
+log = logging.getLogger(__name__)
+
+INF = math.inf
+OrderAt = Callable[[int], float | None]
+"""A partition's message at an index -> its transaction's order (``inf``: END not read yet), ``None`` for a
+message outside any transaction."""
+
+_DECODER = json.JSONDecoder()
+
+
+def transaction_of(payload: bytes) -> tuple[str, str] | None:
+    """(transaction id, data collection as ``db.schema.table``) of a change envelope; ``None`` for a message
+    outside any transaction (a tombstone, a snapshot read, an envelope without metadata, an undecodable one:
+    the executors deal with that).
+
+    Only the ``transaction`` and ``source`` blocks are decoded when each key occurs once (the row images,
+    which make most of an envelope, are skipped): a JSON key cannot occur inside a string, so a single
+    occurrence is the envelope's own."""
+    value = value_of(payload)
+    if b'"transaction"' not in value:
+        return None
+    try:
+        text = value.decode()
+        if text.count('"transaction"') == 1 and text.count('"source"') == 1:
+            tx, source = _block(text, '"transaction"'), _block(text, '"source"')
+        else:
+            doc = json.loads(text)
+            if isinstance(doc, dict) and "op" not in doc and isinstance(doc.get("payload"), dict):
+                doc = doc["payload"]
+            tx, source = doc.get("transaction"), doc.get("source")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(tx, dict) or not isinstance(tx.get("id"), str):
+        return None
+    return tx["id"], source_table({"source": source})
+
+
+def _block(text: str, key: str) -> Any:
+    at = text.index(":", text.index(key) + len(key)) + 1
+    while text[at] in " \t\r\n":
+        at += 1
+    return _DECODER.raw_decode(text, at)[0]
+
+
+def transaction_end(payload: bytes) -> tuple[str, dict[str, int]] | None:
+    """(transaction id, events per data collection) of an END event of the transaction topic; ``None`` for
+    a BEGIN event or anything else."""
+    try:
+        doc = json.loads(value_of(payload) or b"null")
+    except ValueError:
+        return None
+    if isinstance(doc, dict) and "status" not in doc and isinstance(doc.get("payload"), dict):
+        doc = doc["payload"]  # converter schemas.enable=true
+    if not isinstance(doc, dict) or doc.get("status") != "END" or not isinstance(doc.get("id"), str):
+        return None
+    counts: dict[str, int] = {}
+    for dc in doc.get("data_collections") or []:
+        if isinstance(dc, dict) and isinstance(dc.get("data_collection"), str):
+            counts[dc["data_collection"]] = int(dc.get("event_count") or 0)
+    return doc["id"], counts
+
+
+def _matches(collection: str, data_collection: str) -> bool:
+    """Whether an END's data collection (``schema.table`` for PostgreSQL, ``db.table`` for MySQL) names the
+    collection of an envelope's source (``db.schema.table``)."""
+    mine, theirs = collection.split("."), data_collection.split(".")
+    return mine[-len(theirs):] == theirs
+
+
+class TransactionLog:
+    """The transaction topic's END events and the transactions of the data messages indexed so far."""
+
+    def __init__(self, client: Any, topic: str, *, receiver_queue_size: int, catch_up_ms: int) -> None:
+        self.topic = topic
+        self.index = TopicIndex(client, topic, receiver_queue_size=receiver_queue_size, catch_up_ms=catch_up_ms,
+                                mark=self._read)
+        self.order: dict[str, int] = {}  # transaction id -> commit order (position of its END)
+        self._ids: list[str] = []  # by order
+        self._ends: list[dict[str, int] | None] = []  # by order: events per data collection; None once complete
+        self._seen: dict[str, Counter[tuple[str, str]]] = {}  # id -> (topic, collection) -> events indexed
+        self.frontier = -1  # every transaction of order <= frontier is complete
+        self._waiting: str | None = None
+
+    def _read(self, data: bytes) -> None:
+        end = transaction_end(data)
+        if end is not None and end[0] not in self.order:
+            self.order[end[0]] = len(self._ends)
+            self._ids.append(end[0])
+            self._ends.append(end[1])
+
+    def catch_up(self, partitions: list[int]) -> None:
+        """Read the END events published so far (before the data topics are caught up: see the module)."""
+        self.index.partitions = partitions
+        self.index.catch_up()
+        for p in partitions:
+            self.index.trim(p, self.index.ids(p).last)
+
+    def saw(self, topic: str, data: bytes) -> str | None:
+        """Count a data message just indexed; returns its transaction id (``None``: outside any)."""
+        found = transaction_of(data)
+        if found is None:
+            return None
+        tx, collection = found
+        if self.order.get(tx, INF) > self.frontier:
+            self._seen.setdefault(tx, Counter())[(topic, collection)] += 1
+        return tx
+
+    def forget(self, topic: str) -> None:
+        """The counts of a topic whose index is read again from its start (they would be counted twice)."""
+        for counts in self._seen.values():
+            for k in [k for k in counts if k[0] == topic]:
+                del counts[k]
+
+    def advance(self) -> int:
+        """Move the frontier past the transactions now complete; returns it."""
+        while self.frontier + 1 < len(self._ends):
+            nxt = self.frontier + 1
+            tx = self._ids[nxt]
+            if not self._complete(tx, nxt):
+                break
+            self.frontier = nxt
+            self._ends[nxt] = None
+            self._seen.pop(tx, None)
+        return self.frontier
+
+    def _complete(self, tx: str, order: int) -> bool:
+        expected = self._ends[order]
+        if expected is None:
+            return True
+        seen: Counter[str] = Counter()
+        for (_, collection), n in self._seen.get(tx, Counter()).items():
+            seen[collection] += n
+        for data_collection, count in expected.items():
+            mine = [c for c in seen if _matches(c, data_collection)]
+            have = sum(seen[c] for c in mine)
+            if mine and have < count:
+                if self._waiting != tx:
+                    self._waiting = tx
+                    log.info("transaction %s: %d of its %d %s events indexed; batches end before it until all "
+                             "are", tx, have, count, data_collection)
+                return False
+        return True
+
+    def order_of(self, tx: str | None) -> float | None:
+        return None if tx is None else self.order.get(tx, INF)
+
+    def close(self) -> None:
+        self.index.close()
+
+
+def _last_tx(order_at: OrderAt, i: int, j: int) -> float | None:
+    """The order of the last message of ``[i, j)`` inside a transaction."""
+    for k in range(j - 1, i - 1, -1):
+        o = order_at(k)
+        if o is not None:
+            return o
+    return None
+
+
+def _first_tx(order_at: OrderAt, frm: int, n: int, above: float = -INF) -> tuple[int, float]:
+    """(index, order) of the first message at or after ``frm`` inside a transaction of order > ``above``;
+    ``(n, inf)`` when none is indexed."""
+    for k in range(frm, n):
+        o = order_at(k)
+        if o is not None and o > above:
+            return k, o
+    return n, INF
+
+
+def transaction_cut(
+    order_at: OrderAt, n: int, i: int, j: int, limit: int, window: tuple[float, float]
+) -> tuple[int, tuple[float, float]]:
+    """Where a channel's range ``[i, ...)`` of its ``n`` indexed messages ends, at a transaction boundary
+    consistent with the channels planned before it in the round; returns (end index, the narrowed window).
+
+    ``j`` is where the record budget ends it, ``limit`` what it may not pass (``j <= limit``); ``window``
+    ``(lo, hi)``: the orders *K* that the round's cut may still take (``lo``: transactions other channels
+    took, which this one must take too; ``hi``: the frontier, or what other channels left out). The channel
+    takes its messages of the transactions up to *K*: the one the budget ends in (forward), or ``hi`` when
+    the budget does not bind; within ``[lo, hi]`` and before the first transaction at ``limit``."""
+    lo, hi = window
+    top = min(hi, _first_tx(order_at, limit, n)[1] - 1)
+    if top < lo:
+        log.warning("a bound (endingOffsets, or a truncate) falls inside a transaction another channel takes "
+                    "whole: that transaction is split across batches")
+    budget_ends_in = None if j >= n else _last_tx(order_at, i, j)
+    target = hi if j >= n else lo if budget_ends_in is None else budget_ends_in
+    k = min(max(target, lo), top)
+    p, _ = _first_tx(order_at, i, n, k)  # the first message this channel leaves out
+    q = p
+    while q > i and order_at(q - 1) is None:
+        q -= 1  # messages outside transactions right before it: the end may fall anywhere among them
+    end = min(max(j, q), p, limit)
+    taken = _last_tx(order_at, i, end)
+    _, left = _first_tx(order_at, end, n)
+    return end, (lo if taken is None else max(lo, taken), min(hi, left - 1))
