@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -61,7 +62,8 @@ _DECODER = json.JSONDecoder()
 
 
 def transaction_of(payload: bytes) -> tuple[str, str] | None:
-    """(transaction id, data collection as ``db.schema.table``) of a change envelope; ``None`` for a message
+    """(transaction key, data collection as ``db.schema.table``) of a change envelope: the key is the
+    transaction id, or with the PostgreSQL connector its ``txId`` part (see :func:`_postgres_xid`); ``None`` for a message
     outside any transaction (a tombstone, a snapshot read, an envelope without metadata, an undecodable one:
     the executors deal with that).
 
@@ -84,7 +86,21 @@ def transaction_of(payload: bytes) -> tuple[str, str] | None:
         return None
     if not isinstance(tx, dict) or not isinstance(tx.get("id"), str):
         return None
-    return tx["id"], source_table({"source": source})
+    key = tx["id"]
+    if isinstance(source, dict) and source.get("connector") == "postgresql":
+        key = _postgres_xid(key) or key
+    return key, source_table({"source": source})
+
+
+_PG_ID = re.compile(r"(\d+):\d+")
+
+
+def _postgres_xid(tx_id: str) -> str | None:
+    """The PostgreSQL transaction id of a Debezium PostgreSQL transaction id: ``<txId>:<lsn>``, where the LSN
+    is each event's (DBZ-5329: measured with 3.4.3.Final, every event of one transaction and its END carry
+    another one), so only the ``txId`` tells the events of a transaction."""
+    m = _PG_ID.fullmatch(tx_id)
+    return None if m is None else m.group(1)
 
 
 def _block(text: str, key: str) -> Any:
@@ -126,18 +142,23 @@ class TransactionLog:
         self.topic = topic
         self.index = TopicIndex(client, topic, receiver_queue_size=receiver_queue_size, catch_up_ms=catch_up_ms,
                                 mark=self._read)
-        self.order: dict[str, int] = {}  # transaction id -> commit order (position of its END)
-        self._ids: list[str] = []  # by order
+        self.order: dict[str, int] = {}  # transaction key -> commit order (position of its END)
+        self._keys: list[tuple[str, ...]] = []  # by order: the keys data events of the transaction may carry
         self._ends: list[dict[str, int] | None] = []  # by order: events per data collection; None once complete
-        self._seen: dict[str, Counter[tuple[str, str]]] = {}  # id -> (topic, collection) -> events indexed
+        self._seen: dict[str, Counter[tuple[str, str]]] = {}  # key -> (topic, collection) -> events indexed
         self.frontier = -1  # every transaction of order <= frontier is complete
         self._waiting: str | None = None
 
     def _read(self, data: bytes) -> None:
         end = transaction_end(data)
-        if end is not None and end[0] not in self.order:
-            self.order[end[0]] = len(self._ends)
-            self._ids.append(end[0])
+        if end is not None:
+            # Both keys a data event may carry (the END does not say which connector wrote it); a later END
+            # of the same key (a PostgreSQL txId after wraparound) is the one events from now on belong to.
+            key, xid = end[0], _postgres_xid(end[0])
+            self.order[key] = len(self._ends)
+            if xid is not None:
+                self.order[xid] = len(self._ends)
+            self._keys.append((key,) if xid is None else (key, xid))
             self._ends.append(end[1])
 
     def catch_up(self, partitions: list[int]) -> None:
@@ -148,7 +169,7 @@ class TransactionLog:
             self.index.trim(p, self.index.ids(p).last)
 
     def saw(self, topic: str, data: bytes) -> str | None:
-        """Count a data message just indexed; returns its transaction id (``None``: outside any)."""
+        """Count a data message just indexed; returns its transaction key (``None``: outside any)."""
         found = transaction_of(data)
         if found is None:
             return None
@@ -167,34 +188,33 @@ class TransactionLog:
         """Move the frontier past the transactions now complete; returns it."""
         while self.frontier + 1 < len(self._ends):
             nxt = self.frontier + 1
-            tx = self._ids[nxt]
-            if not self._complete(tx, nxt):
+            keys = self._keys[nxt]
+            if not self._complete(keys, nxt):
                 break
             self.frontier = nxt
             self._ends[nxt] = None
-            self._seen.pop(tx, None)
+            for key in keys:
+                self._seen.pop(key, None)
         return self.frontier
 
-    def _complete(self, tx: str, order: int) -> bool:
+    def _complete(self, keys: tuple[str, ...], order: int) -> bool:
         expected = self._ends[order]
         if expected is None:
             return True
         seen: Counter[str] = Counter()
-        for (_, collection), n in self._seen.get(tx, Counter()).items():
-            seen[collection] += n
+        for key in keys:
+            for (_, collection), n in self._seen.get(key, Counter()).items():
+                seen[collection] += n
         for data_collection, count in expected.items():
             mine = [c for c in seen if _matches(c, data_collection)]
             have = sum(seen[c] for c in mine)
             if mine and have < count:
-                if self._waiting != tx:
-                    self._waiting = tx
+                if self._waiting != keys[0]:
+                    self._waiting = keys[0]
                     log.info("transaction %s: %d of its %d %s events indexed; batches end before it until all "
-                             "are", tx, have, count, data_collection)
+                             "are", keys[0], have, count, data_collection)
                 return False
         return True
-
-    def order_of(self, tx: str | None) -> float | None:
-        return None if tx is None else self.order.get(tx, INF)
 
     def close(self) -> None:
         self.index.close()
