@@ -58,41 +58,57 @@ OrderAt = Callable[[int], float | None]
 """A partition's message at an index -> its transaction's order (``inf``: END not read yet), ``None`` for a
 message outside any transaction."""
 
-_DECODER = json.JSONDecoder()
-
 
 def transaction_of(payload: bytes) -> tuple[str, str] | None:
     """(transaction key, data collection as ``db.schema.table``) of a change envelope: the key is the
-    transaction id, or with the PostgreSQL connector its ``txId`` part (see :func:`_postgres_xid`); ``None`` for a message
-    outside any transaction (a tombstone, a snapshot read, an envelope without metadata, an undecodable one:
-    the executors deal with that).
+    transaction id, or with the PostgreSQL connector its ``txId`` part (see :func:`_postgres_xid`); ``None``
+    for a message outside any transaction (a tombstone, a snapshot read, an envelope without metadata, an
+    undecodable one: the executors deal with that).
 
-    Only the ``transaction`` and ``source`` blocks are decoded when each key occurs once (the row images,
-    which make most of an envelope, are skipped): a JSON key cannot occur inside a string, so a single
-    occurrence is the envelope's own."""
+    Every message of the query passes here on the driver, so the row images (most of an envelope) are not
+    decoded: when ``transaction`` and ``source`` occur once as keys (a JSON key cannot occur inside a string,
+    so that one is the envelope's own), the id is the transaction block's first field (Debezium writes it
+    first) and the names come from the flat source block. Anything else is decoded whole."""
     value = value_of(payload)
     if b'"transaction"' not in value:
         return None
+    if value.count(b'"transaction"') == 1 and value.count(b'"source"') == 1:
+        tx, source = _TX_ID.search(value), _SOURCE.search(value)
+        if tx is not None and source is not None:
+            block = source.group(1)
+            names = {k.decode(): v.decode(errors="replace") for k, v in _NAMES.findall(block)}
+            # a name the pattern skipped (escapes in it) is decoded whole instead
+            if "table" in names and all(k.decode() in names for k in _NAME_KEYS if b'"%s"' % k in block):
+                return _key(tx.group(1).decode(errors="replace"), names), source_table({"source": names})
+        elif _NO_TX.search(value) is not None:
+            return None
     try:
-        text = value.decode()
-        if text.count('"transaction"') == 1 and text.count('"source"') == 1:
-            tx, source = _block(text, '"transaction"'), _block(text, '"source"')
-        else:
-            doc = json.loads(text)
-            if isinstance(doc, dict) and "op" not in doc and isinstance(doc.get("payload"), dict):
-                doc = doc["payload"]
-            tx, source = doc.get("transaction"), doc.get("source")
-    except (ValueError, AttributeError):
+        doc = json.loads(value)
+    except ValueError:
         return None
-    if not isinstance(tx, dict) or not isinstance(tx.get("id"), str):
+    if isinstance(doc, dict) and "op" not in doc and isinstance(doc.get("payload"), dict):
+        doc = doc["payload"]
+    block = doc.get("transaction") if isinstance(doc, dict) else None
+    if not isinstance(block, dict) or not isinstance(block.get("id"), str):
         return None
-    key = tx["id"]
+    source = doc.get("source")
+    return _key(block["id"], source), source_table({"source": source})
+
+
+_TX_ID = re.compile(rb'"transaction"\s*:\s*\{\s*"id"\s*:\s*"([^"\\]*)"')
+_NO_TX = re.compile(rb'"transaction"\s*:\s*null')
+_SOURCE = re.compile(rb'"source"\s*:\s*\{([^{}]*)\}')
+_NAMES = re.compile(rb'"(db|schema|table|connector)"\s*:\s*"([^"\\]*)"')
+_NAME_KEYS = (b"db", b"schema", b"table", b"connector")
+
+
+def _key(tx_id: str, source: Any) -> str:
     if isinstance(source, dict) and source.get("connector") == "postgresql":
-        key = _postgres_xid(key) or key
-    return key, source_table({"source": source})
+        return _postgres_xid(tx_id) or tx_id
+    return tx_id
 
 
-_PG_ID = re.compile(r"(\d+):\d+")
+_PG_ID = re.compile(r"([0-9]+):[0-9]+")
 
 
 def _postgres_xid(tx_id: str) -> str | None:
@@ -101,13 +117,6 @@ def _postgres_xid(tx_id: str) -> str | None:
     another one), so only the ``txId`` tells the events of a transaction."""
     m = _PG_ID.fullmatch(tx_id)
     return None if m is None else m.group(1)
-
-
-def _block(text: str, key: str) -> Any:
-    at = text.index(":", text.index(key) + len(key)) + 1
-    while text[at] in " \t\r\n":
-        at += 1
-    return _DECODER.raw_decode(text, at)[0]
 
 
 def transaction_end(payload: bytes) -> tuple[str, dict[str, int]] | None:

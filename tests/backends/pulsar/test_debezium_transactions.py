@@ -8,6 +8,7 @@ The envelopes and transaction events follow the PostgreSQL connector's output wi
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from typing import Any
 
@@ -64,6 +65,28 @@ def test_the_transaction_block_and_end_events_are_read() -> None:
     assert transaction_of(json.dumps(tricky).encode()) == ("9", "app.public.items")
     assert transaction_end(end("571:100", items=2, other=1)) == ("571:100", {"public.items": 2, "public.other": 1})
     assert transaction_end(begin("571:100")) is None
+
+
+_NAME = st.text(min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(table=_NAME, schema=st.none() | _NAME, tx=st.none() | _NAME | st.from_regex("[0-9]{1,4}:[0-9]{1,6}", fullmatch=True), connector=st.sampled_from(["postgresql", "mysql"]),
+       row=st.dictionaries(st.sampled_from(["id", "source", "transaction", "table"]), st.none() | _NAME | st.just({})),
+       shuffle=st.randoms(use_true_random=False))
+def test_the_quick_reading_of_the_blocks_agrees_with_decoding_the_envelope(
+    table: str, schema: str | None, tx: str | None, connector: str, row: dict[str, Any], shuffle: Any,
+) -> None:
+    """Names with quotes, braces, escapes; row columns named like the blocks; fields in any order."""
+    source = {**SOURCE, "connector": connector, "table": table, "schema": schema}
+    fields = list({"before": None, "after": row, "source": source, "op": "c",
+                   "transaction": None if tx is None else {"id": tx, "total_order": 1, "data_collection_order": 1},
+                   }.items())
+    shuffle.shuffle(fields)
+    payload = json.dumps(dict(fields), ensure_ascii=shuffle.random() < 0.5).encode()
+    key = tx.split(":")[0] if tx and connector == "postgresql" and re.fullmatch("[0-9]+:[0-9]+", tx) else tx
+    expected = None if key is None else (key, ".".join(p for p in ("app", schema, table) if p))
+    assert transaction_of(payload) == expected
 
 
 # ------------------------------------------------------------------------------------ the cut, in isolation
