@@ -58,7 +58,7 @@ from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import START, before, count_between, to_key
 from cdc.backends.pulsar.reader import PulsarRangeReader
-from cdc.backends.pulsar.transactions import TransactionLog, transaction_cut
+from cdc.backends.pulsar.transactions import INF, TransactionLog, transaction_cut
 from cdc.errors import CdcError, OptionError
 
 if TYPE_CHECKING:
@@ -322,7 +322,8 @@ class PulsarBackend(Backend):
         keys = index.ids(ch.partition).keys
         ids = index.ids(ch.partition)
         i, j = count_between(keys, s, u, max_records)
-        limit = j if max_records is None else count_between(keys, s, u, None)[1]
+        # what the range may not pass; a transaction may extend it up to there past the budget
+        limit = count_between(keys, s, u, None)[1] if transactions and max_records is not None else j
         if apply_truncates and limit > i:
             # A batch ends right before a truncate: it may only start one (the sink empties the table first).
             t = bisect.bisect_right(ids.truncates, keys[i])
@@ -363,7 +364,7 @@ class PulsarBackend(Backend):
 
         def order_at(k: int) -> float | None:
             tx = marks[k]
-            return None if tx is None else order.get(tx, float("inf"))
+            return None if tx is None else order.get(tx, INF)
 
         end, self._window = transaction_cut(order_at, len(marks), i, j, limit, self._window)
         return end
