@@ -324,6 +324,7 @@ class PulsarBackend(Backend):
         i, j = count_between(keys, s, u, max_records)
         # what the range may not pass; a transaction may extend it up to there past the budget
         limit = count_between(keys, s, u, None)[1] if transactions and max_records is not None else j
+        bound = limit
         if apply_truncates and limit > i:
             # A batch ends right before a truncate: it may only start one (the sink empties the table first).
             t = bisect.bisect_right(ids.truncates, keys[i])
@@ -331,7 +332,13 @@ class PulsarBackend(Backend):
                 limit = bisect.bisect_left(keys, ids.truncates[t])
                 j = min(j, limit)
         if transactions:
-            j = self._transaction_end(ch, i, j, limit)
+            cut, window = self._transaction_end(ch, i, j, limit)
+            if cut == i and limit < bound:
+                # The truncate lies inside the transaction the range starts with: ending before it would plan
+                # nothing, forever. The transaction stays whole (the sink applies a truncate amid a batch's
+                # changes, in _seq order).
+                cut, window = self._transaction_end(ch, i, j, bound)
+            j, self._window = cut, window
         end = list(keys[j - 1]) if j > i else list(start)
         index.trim(ch.partition, s)
         return PlannedRange(end, j - i)
@@ -351,9 +358,9 @@ class PulsarBackend(Backend):
     def _saw(self, topic: str, data: bytes) -> str | None:
         return self._transaction_log().saw(topic, data)
 
-    def _transaction_end(self, ch: Channel, i: int, j: int, limit: int) -> int:
+    def _transaction_end(self, ch: Channel, i: int, j: int, limit: int) -> tuple[int, tuple[float, float]]:
         """Where a channel's range from index ``i`` ends at a transaction boundary consistent with the round's
-        other channels (see :mod:`cdc.backends.pulsar.transactions`)."""
+        other channels, and the round's window after it (see :mod:`cdc.backends.pulsar.transactions`)."""
         log_ = self._transaction_log()
         if self._window is None:
             for topic in list(self._partitions) or [ch.topic]:
@@ -366,8 +373,7 @@ class PulsarBackend(Backend):
             tx = marks[k]
             return None if tx is None else order.get(tx, INF)
 
-        end, self._window = transaction_cut(order_at, len(marks), i, j, limit, self._window)
-        return end
+        return transaction_cut(order_at, len(marks), i, j, limit, self._window)
 
     def reader(self) -> RangeReader:
         mode = "partition" if self.partition_mode else "parent"

@@ -24,7 +24,8 @@ How batch ends are chosen
   range to that transaction's last event (the budget is soft, as the PostgreSQL backend takes a transaction
   larger than the budget whole): moving back instead would plan nothing, forever, once one transaction is
   larger than a channel's share. A bound the range may not pass (``endingOffsets``, an AvailableNow target,
-  a truncate with ``debezium.truncate=apply``) moves the end back to before the transaction instead.
+  a truncate with ``debezium.truncate=apply``) moves the end back to before the transaction instead (a
+  truncate inside the transaction a range starts with cannot: that transaction is taken whole).
 * Messages outside any transaction (snapshot reads, tombstones, envelopes without metadata) are single-event
   transactions: a batch may end before or after any of them.
 

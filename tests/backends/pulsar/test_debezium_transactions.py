@@ -201,6 +201,22 @@ def test_batches_end_between_transactions_and_wait_for_an_end(plain_broker: Apac
     assert more == [["t3", "t3"]]
 
 
+def test_a_truncate_inside_a_transaction_keeps_the_transaction_whole(plain_broker: ApachePulsar,
+                                                                    plain_topic: str) -> None:
+    """debezium.truncate=apply ends a batch right before a truncate; inside a transaction (BEGIN; INSERT;
+    TRUNCATE; INSERT; COMMIT) that would split it, or, once the batch starts at the transaction, plan nothing
+    forever: the transaction is taken whole, its truncate amid the batch."""
+    url, data, txs = plain_broker.url, plain_topic, plain_topic + ".transaction"
+    truncate = json.dumps({"before": None, "after": None, "source": SOURCE, "op": "t", "ts_ms": 1700000009999,
+                           "transaction": {"id": "t2", "total_order": 2, "data_collection_order": 2}}).encode()
+    produce(url, data, [event("t1", 1, 1), event("t1", 2, 2), event("t2", 3, 1), truncate, event("t2", 4, 3)])
+    produce(url, txs, [begin("t1"), end("t1", items=2), begin("t2"), end("t2", items=3)])
+    b = backend(url, data, valueFormat="debezium", valueSchema=ROW, changeKeys="id",
+                **{"debezium.transactionTopic": txs, "debezium.truncate": "apply"})
+    got = [t.column("_op").to_pylist() for _, t in batches(b, Planner(b).initial("earliest"), 1)]
+    assert got == [["insert", "insert"], ["insert", "truncate", "insert"]]
+
+
 def test_a_transaction_spread_over_partitions_is_taken_whole(broker: ApachePulsar, topic: str) -> None:
     """Two partitions (Debezium partitions by key): each batch holds whole transactions on both, and a
     transaction with an event still missing on one partition waits on both."""
