@@ -58,7 +58,7 @@ from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import START, before, count_between, to_key
 from cdc.backends.pulsar.reader import PulsarRangeReader
-from cdc.backends.pulsar.transactions import INF, TransactionLog, transaction_cut
+from cdc.backends.pulsar.transactions import IndexedMessages, TransactionLog, transaction_cut
 from cdc.errors import CdcError, OptionError
 
 if TYPE_CHECKING:
@@ -366,14 +366,8 @@ class PulsarBackend(Backend):
             for topic in list(self._partitions) or [ch.topic]:
                 self._index(topic)  # every data topic caught up before the frontier is taken
             self._window = (-1.0, float(log_.advance()))
-        marks = self._index(ch.topic).ids(ch.partition).marks
-        order = log_.order
-
-        def order_at(k: int) -> float | None:
-            tx = marks[k]
-            return None if tx is None else order.get(tx, INF)
-
-        return transaction_cut(order_at, len(marks), i, j, limit, self._window)
+        return transaction_cut(IndexedMessages(self._index(ch.topic).ids(ch.partition), log_.order), i, j, limit,
+                               self._window)
 
     def reader(self) -> RangeReader:
         mode = "partition" if self.partition_mode else "parent"

@@ -44,11 +44,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _PartitionIds:
+class PartitionIds:
     keys: list[Key] = field(default_factory=list)
     last: Key = (-1, -1, -1)
     truncates: list[Key] = field(default_factory=list)  # Debezium truncates (with find_truncates only)
     marks: list[Any] = field(default_factory=list)  # what ``mark`` said of each message of keys (with mark only)
+    marked: list[Key] = field(default_factory=list)  # the keys whose mark is not None
 
 
 class TopicIndex:
@@ -81,7 +82,7 @@ class TopicIndex:
         self.max_catch_up_s = max_catch_up_s
         self.idle_reopen_s = idle_reopen_s
         self._progress_at = time.monotonic()
-        self.parts: dict[int, _PartitionIds] = {}
+        self.parts: dict[int, PartitionIds] = {}
         self.floor: dict[int, Key] = {}  # ids at or below the floor were trimmed (nothing before is known)
         self._readers: list[Any] = []  # one from earliest; after a stall, one per partition (see _reopen)
         self._scoped = False
@@ -237,7 +238,7 @@ class TopicIndex:
                 k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
                 part = parts.get(mid.partition())
                 if part is None:
-                    part = parts[mid.partition()] = _PartitionIds()
+                    part = parts[mid.partition()] = PartitionIds()
                 if k > part.last:
                     part.keys.append(k)
                     part.last = k
@@ -246,7 +247,10 @@ class TopicIndex:
                         if self.find_truncates and is_truncate(data):
                             part.truncates.append(k)
                         if self.mark is not None:
-                            part.marks.append(self.mark(data))
+                            mark = self.mark(data)
+                            part.marks.append(mark)
+                            if mark is not None:
+                                part.marked.append(k)
                     n += 1
                     nbytes += msg.length()
                     flowing = True
@@ -259,8 +263,8 @@ class TopicIndex:
                 self.indexed_bytes += nbytes
                 log.debug("indexed %d new message ids of %s", n, self.topic)
 
-    def ids(self, partition: int) -> _PartitionIds:
-        return self.parts.get(partition) or _PartitionIds()
+    def ids(self, partition: int) -> PartitionIds:
+        return self.parts.get(partition) or PartitionIds()
 
     def first(self, partition: int) -> Key | None:
         p = self.parts.get(partition)
@@ -280,6 +284,7 @@ class TopicIndex:
         if i > 4096:
             del p.keys[:i]
             del p.marks[:i]
+            del p.marked[: bisect.bisect_right(p.marked, below)]
             self.floor[partition] = max(self.floor.get(partition, (-1, -1, -1)), below)
 
     def covers(self, partition: int, start: Key) -> bool:

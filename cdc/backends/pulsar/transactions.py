@@ -41,23 +41,22 @@ parses its transaction block (:func:`transaction_of`); see ``benchmarks/debezium
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
 import re
+from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cdc.backends.pulsar.debezium import source_table, value_of
-from cdc.backends.pulsar.index import TopicIndex
+from cdc.backends.pulsar.index import PartitionIds, TopicIndex
 
 log = logging.getLogger(__name__)
 
 INF = math.inf
-OrderAt = Callable[[int], float | None]
-"""A partition's message at an index -> its transaction's order (``inf``: END not read yet), ``None`` for a
-message outside any transaction."""
 
 
 def transaction_of(payload: bytes) -> tuple[str, str] | None:
@@ -230,29 +229,86 @@ class TransactionLog:
         self.index.close()
 
 
-def _last_tx(order_at: OrderAt, i: int, j: int) -> float | None:
+class Messages(ABC):
+    """A partition's indexed messages as the cut sees them: each one's transaction order, and where the
+    messages inside a transaction are (a snapshot's millions of reads outside any are skipped, not scanned)."""
+
+    n: int
+
+    @abstractmethod
+    def order(self, k: int) -> float | None:
+        """The order of message ``k``'s transaction (``inf``: its END is not read yet); ``None`` outside any."""
+
+    @abstractmethod
+    def next_tx(self, x: int) -> int:
+        """The first message at or after ``x`` inside a transaction, or ``n``."""
+
+    @abstractmethod
+    def prev_tx(self, x: int) -> int:
+        """The last message before ``x`` inside a transaction, or -1."""
+
+
+class OrderList(Messages):
+    """Messages given as a list of orders (``None`` outside any transaction)."""
+
+    def __init__(self, orders: Sequence[float | None]) -> None:
+        self.orders, self.n = orders, len(orders)
+
+    def order(self, k: int) -> float | None:
+        return self.orders[k]
+
+    def next_tx(self, x: int) -> int:
+        return next((k for k in range(x, self.n) if self.orders[k] is not None), self.n)
+
+    def prev_tx(self, x: int) -> int:
+        return next((k for k in range(x - 1, -1, -1) if self.orders[k] is not None), -1)
+
+
+class IndexedMessages(Messages):
+    """A partition of the driver's id index (its ``marks`` are transaction keys); ``marked``, the ids of the
+    messages inside a transaction, finds the next and previous ones by bisection."""
+
+    def __init__(self, ids: PartitionIds, orders: Mapping[str, int]) -> None:
+        self.keys, self.marks, self.marked, self.orders = ids.keys, ids.marks, ids.marked, orders
+        self.n = len(self.keys)
+
+    def order(self, k: int) -> float | None:
+        tx = self.marks[k]
+        return None if tx is None else self.orders.get(tx, INF)
+
+    def next_tx(self, x: int) -> int:
+        if x >= self.n:
+            return self.n
+        t = bisect.bisect_left(self.marked, self.keys[x])
+        return self.n if t == len(self.marked) else bisect.bisect_left(self.keys, self.marked[t])
+
+    def prev_tx(self, x: int) -> int:
+        if x <= 0:
+            return -1
+        t = bisect.bisect_right(self.marked, self.keys[x - 1]) - 1
+        return -1 if t < 0 else bisect.bisect_left(self.keys, self.marked[t])
+
+
+def _last_tx(m: Messages, i: int, j: int) -> float | None:
     """The order of the last message of ``[i, j)`` inside a transaction."""
-    for k in range(j - 1, i - 1, -1):
-        o = order_at(k)
-        if o is not None:
-            return o
-    return None
+    k = m.prev_tx(j)
+    return m.order(k) if k >= i else None
 
 
-def _first_tx(order_at: OrderAt, frm: int, n: int, above: float = -INF) -> tuple[int, float]:
+def _first_tx(m: Messages, frm: int, above: float = -INF) -> tuple[int, float]:
     """(index, order) of the first message at or after ``frm`` inside a transaction of order > ``above``;
     ``(n, inf)`` when none is indexed."""
-    for k in range(frm, n):
-        o = order_at(k)
+    k = m.next_tx(frm)
+    while k < m.n:
+        o = m.order(k)
         if o is not None and o > above:
             return k, o
-    return n, INF
+        k = m.next_tx(k + 1)
+    return m.n, INF
 
 
-def transaction_cut(
-    order_at: OrderAt, n: int, i: int, j: int, limit: int, window: tuple[float, float]
-) -> tuple[int, tuple[float, float]]:
-    """Where a channel's range ``[i, ...)`` of its ``n`` indexed messages ends, at a transaction boundary
+def transaction_cut(m: Messages, i: int, j: int, limit: int, window: tuple[float, float]) -> tuple[int, tuple[float, float]]:
+    """Where a channel's range ``[i, ...)`` of its indexed messages ends, at a transaction boundary
     consistent with the channels planned before it in the round; returns (end index, the narrowed window).
 
     ``j`` is where the record budget ends it, ``limit`` what it may not pass (``j <= limit``); ``window``
@@ -261,18 +317,17 @@ def transaction_cut(
     takes its messages of the transactions up to *K*: the one the budget ends in (forward), or ``hi`` when
     the budget does not bind; within ``[lo, hi]`` and before the first transaction at ``limit``."""
     lo, hi = window
-    top = min(hi, _first_tx(order_at, limit, n)[1] - 1)
+    top = min(hi, _first_tx(m, limit)[1] - 1)
     if top < lo:
         log.warning("a bound (endingOffsets, or a truncate) falls inside a transaction another channel takes "
                     "whole: that transaction is split across batches")
-    budget_ends_in = None if j >= n else _last_tx(order_at, i, j)
-    target = hi if j >= n else lo if budget_ends_in is None else budget_ends_in
+    budget_ends_in = None if j >= m.n else _last_tx(m, i, j)
+    target = hi if j >= m.n else lo if budget_ends_in is None else budget_ends_in
     k = min(max(target, lo), top)
-    p, _ = _first_tx(order_at, i, n, k)  # the first message this channel leaves out
-    q = p
-    while q > i and order_at(q - 1) is None:
-        q -= 1  # messages outside transactions right before it: the end may fall anywhere among them
+    p, _ = _first_tx(m, i, k)  # the first message this channel leaves out
+    # messages outside transactions right before it: the end may fall anywhere among them
+    q = max(i, m.prev_tx(p) + 1)
     end = min(max(j, q), p, limit)
-    taken = _last_tx(order_at, i, end)
-    _, left = _first_tx(order_at, end, n)
+    taken = _last_tx(m, i, end)
+    _, left = _first_tx(m, end)
     return end, (lo if taken is None else max(lo, taken), min(hi, left - 1))

@@ -16,8 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc.backends.pulsar.index import PartitionIds
 from cdc.backends.pulsar.options import PulsarOptions
-from cdc.backends.pulsar.transactions import INF, transaction_cut, transaction_end, transaction_of
+from cdc.backends.pulsar.transactions import (
+    INF,
+    IndexedMessages,
+    OrderList,
+    transaction_cut,
+    transaction_end,
+    transaction_of,
+)
 from cdc.errors import OptionError
 from cdc.options import parse
 from cdc.planner import Planner, Taken, share_budget
@@ -92,7 +100,7 @@ def test_the_quick_reading_of_the_blocks_agrees_with_decoding_the_envelope(
 # ------------------------------------------------------------------------------------ the cut, in isolation
 def cut(orders: list[float | None], i: int, j: int, limit: int | None = None,
         window: tuple[float, float] = (-1, INF)) -> tuple[int, tuple[float, float]]:
-    return transaction_cut(orders.__getitem__, len(orders), i, j, len(orders) if limit is None else limit, window)
+    return transaction_cut(OrderList(orders), i, j, len(orders) if limit is None else limit, window)
 
 
 def test_a_budget_ending_inside_a_transaction_takes_the_rest_of_it() -> None:
@@ -134,6 +142,17 @@ def histories(draw: st.DrawFn) -> tuple[list[list[float | None]], int, int, int]
     return channels, draw(st.integers(-1, count)), draw(st.integers(1, 12)), draw(st.integers(0, 5))
 
 
+def indexed(orders: list[float | None]) -> IndexedMessages:
+    """The same messages as the driver's index holds them: ids, transaction keys, the ids inside one."""
+    ids = PartitionIds()
+    for k, o in enumerate(orders):
+        ids.keys.append((7, k, -1))
+        ids.marks.append(None if o is None else f"x{o}")
+        if o is not None:
+            ids.marked.append((7, k, -1))
+    return IndexedMessages(ids, {f"x{o}": int(o) for o in orders if o is not None and o != INF})
+
+
 @settings(max_examples=200, deadline=None)
 @given(histories())
 def test_every_round_takes_whole_complete_transactions_on_every_channel(
@@ -150,7 +169,10 @@ def test_every_round_takes_whole_complete_transactions_on_every_channel(
             c = int(cid)
             orders = channels[c]
             j = len(orders) if want is None else min(len(orders), ends[c] + want)
-            e, window = transaction_cut(orders.__getitem__, len(orders), ends[c], j, len(orders), window)
+            e, after = transaction_cut(OrderList(orders), ends[c], j, len(orders), window)
+            # the driver's index gives the same cut (it finds messages inside transactions by bisection)
+            assert transaction_cut(indexed(orders), ends[c], j, len(orders), window) == (e, after)
+            window = after
             got, ends[c] = e - ends[c], e
             return Taken(got, e == len(orders))
 
