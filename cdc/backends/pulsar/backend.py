@@ -222,9 +222,7 @@ class PulsarBackend(Backend):
         if self.options.debezium_transaction_topic is not None:
             # Before the data topics: every data event of a transaction whose END is read now is then
             # indexed in this round (Debezium publishes a transaction's events before its END).
-            self._transaction_log().catch_up(
-                [ch.partition for ch in partitions_of(self.client, self.options.debezium_transaction_topic, self.options)]
-            )
+            self._transaction_log().catch_up(self._transaction_partitions())
             self._window = None
         if self._probe is False:
             for topic in topics:
@@ -354,6 +352,20 @@ class PulsarBackend(Backend):
                 catch_up_ms=self.options.catch_up_ms,
             )
         return self._transactions
+
+    def _transaction_partitions(self) -> list[int]:
+        """The transaction topic's partitions: one, since the order of its END events is the commit order."""
+        topic = self.options.debezium_transaction_topic
+        assert topic is not None
+        chans = partitions_of(self.client, topic, self.options)
+        if len(chans) > 1:
+            raise OptionError(
+                f"option 'debezium.transactionTopic': {topic} has {len(chans)} partitions, so its END events have "
+                "no one order (their order is the commit order batches follow); accepted values: a topic with one "
+                "partition, as Debezium writes it",
+                "debezium.transactionTopic",
+            )
+        return [ch.partition for ch in chans]
 
     def _saw(self, topic: str, data: bytes) -> str | None:
         return self._transaction_log().saw(topic, data)

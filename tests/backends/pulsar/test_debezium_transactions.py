@@ -223,6 +223,16 @@ def test_batches_end_between_transactions_and_wait_for_an_end(plain_broker: Apac
     assert more == [["t3", "t3"]]
 
 
+def test_a_partitioned_transaction_topic_is_refused_naming_the_option(broker: ApachePulsar, topic: str,
+                                                                      plain_topic: str) -> None:
+    produce(broker.url, plain_topic, [event("t1", 1)])
+    b = backend(broker.url, plain_topic, valueFormat="debezium", valueSchema=ROW, changeKeys="id",
+                **{"debezium.transactionTopic": topic})  # 2 partitions
+    with pytest.raises(OptionError, match=r"'debezium.transactionTopic': .* 2 partitions") as err:
+        Planner(b).next(Planner(b).initial("earliest"), 10)
+    assert err.value.option == "debezium.transactionTopic"
+
+
 def test_a_truncate_inside_a_transaction_keeps_the_transaction_whole(plain_broker: ApachePulsar,
                                                                     plain_topic: str) -> None:
     """debezium.truncate=apply ends a batch right before a truncate; inside a transaction (BEGIN; INSERT;
