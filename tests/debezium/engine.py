@@ -4,6 +4,7 @@ PostgreSQL server, and publishing what it emits to Pulsar as Debezium's Pulsar p
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import threading
@@ -38,7 +39,8 @@ def classpath() -> str:
 class DebeziumEngine:
     """One engine process: a replication slot and publication of its own, events read from its stdout."""
 
-    def __init__(self, workdir: Path, db: Database, table: str, slot: str, *, schemas: bool) -> None:
+    def __init__(self, workdir: Path, db: Database, table: str, slot: str, *, schemas: bool,
+                 transactions: bool = False) -> None:
         props = workdir / f"{slot}.properties"
         props.write_text("\n".join([
             "name=" + slot,
@@ -60,6 +62,9 @@ class DebeziumEngine:
             "snapshot.mode=initial",
             "skipped.operations=none",  # Debezium skips truncates unless told otherwise
             f"converter.schemas.enable={'true' if schemas else 'false'}",
+            # BEGIN/END events (to pg.transaction, interleaved on stdout: is_transaction_event tells them
+            # apart) and a transaction block in every envelope
+            f"provide.transaction.metadata={'true' if transactions else 'false'}",
         ]) + "\n")
         self.schemas = schemas
         self.log = workdir / f"{slot}.log"
@@ -95,6 +100,15 @@ class DebeziumEngine:
             self.proc.kill()
             self.proc.wait(30)
         self._stderr.close()
+
+
+def is_transaction_event(event: Event) -> bool:
+    """Whether an event is a BEGIN or END of the transaction topic (``provide.transaction.metadata``)."""
+    if not event.value:
+        return False
+    doc = json.loads(event.value)
+    doc = doc.get("payload", doc) if "status" not in doc else doc
+    return isinstance(doc, dict) and doc.get("status") in ("BEGIN", "END")
 
 
 def publish(url: str, topic: str, events: Sequence[Event]) -> list[Any]:

@@ -58,6 +58,7 @@ from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import START, before, count_between, to_key
 from cdc.backends.pulsar.reader import PulsarRangeReader
+from cdc.backends.pulsar.transactions import IndexedMessages, TransactionLog, transaction_cut
 from cdc.errors import CdcError, OptionError
 
 if TYPE_CHECKING:
@@ -106,6 +107,16 @@ class PulsarBackend(Backend):
         self._stale: set[str] = set()  # topics whose index has not caught up this round
         self._partitions: dict[str, list[Channel]] = {}
         self._verified: set[str] = set()  # topics whose partitions were checked to be served as topics
+        # debezium.transactionTopic: the END events, and this round's window of transaction orders that the
+        # cut may take (None: not opened yet this round). See cdc.backends.pulsar.transactions.
+        self._transactions: TransactionLog | None = None
+        self._window: tuple[float, float] | None = None
+        if options.debezium_transaction_topic is not None and options.envelope_avro is not None:
+            raise OptionError(
+                "option 'debezium.transactionTopic' reads the transaction blocks of JSON envelopes; the schema "
+                "registry says these are Avro: accepted with JSON converters only",
+                "debezium.transactionTopic",
+            )
 
     def _debezium_schemas(self, options: PulsarOptions) -> PulsarOptions:
         """Avro envelopes (the schema registry says so, when admin.url is given), and the row schema from the
@@ -154,6 +165,7 @@ class PulsarBackend(Backend):
                 receiver_queue_size=self.options.receiver_queue_size,
                 catch_up_ms=self.options.catch_up_ms,
                 find_truncates=self.options.debezium_truncate == "apply" and self.options.value_format == "debezium",
+                mark=(lambda data: self._saw(topic, data)) if self.options.debezium_transaction_topic else None,
             )
             self._stale.add(topic)
         if topic in self._stale:
@@ -207,6 +219,11 @@ class PulsarBackend(Backend):
                 out.append(ChannelInfo(ch.id))
         self._stale.update(topics)
         self._heads.clear()
+        if self.options.debezium_transaction_topic is not None:
+            # Before the data topics: every data event of a transaction whose END is read now is then
+            # indexed in this round (Debezium publishes a transaction's events before its END).
+            self._transaction_log().catch_up(self._transaction_partitions())
+            self._window = None
         if self._probe is False:
             for topic in topics:
                 self._index(topic)
@@ -281,7 +298,8 @@ class PulsarBackend(Backend):
         s = to_key(start, channel)
         u = None if until is None else to_key(until, channel)
         apply_truncates = self.options.debezium_truncate == "apply" and self.options.value_format == "debezium"
-        if self._probe is not False and max_records is None and not apply_truncates:
+        transactions = self.options.debezium_transaction_topic is not None
+        if self._probe is not False and max_records is None and not apply_truncates and not transactions:
             try:
                 head = self._heads.of(ch)
             except HeadUnavailableError:
@@ -294,20 +312,74 @@ class PulsarBackend(Backend):
         index = self._index(ch.topic)
         if not index.covers(ch.partition, s):
             log.info("re-reading the ids of %s: planning from %s, before what the index still holds", ch.topic, s)
+            if self._transactions is not None:
+                self._transactions.forget(ch.topic)
             index.close()
             del self._indexes[ch.topic]
             index = self._index(ch.topic)
         keys = index.ids(ch.partition).keys
         ids = index.ids(ch.partition)
         i, j = count_between(keys, s, u, max_records)
-        if apply_truncates and j > i:
+        # what the range may not pass; a transaction may extend it up to there past the budget
+        limit = count_between(keys, s, u, None)[1] if transactions and max_records is not None else j
+        bound = limit
+        if apply_truncates and limit > i:
             # A batch ends right before a truncate: it may only start one (the sink empties the table first).
             t = bisect.bisect_right(ids.truncates, keys[i])
-            if t < len(ids.truncates) and ids.truncates[t] <= keys[j - 1]:
-                j = bisect.bisect_left(keys, ids.truncates[t])
+            if t < len(ids.truncates) and ids.truncates[t] <= keys[limit - 1]:
+                limit = bisect.bisect_left(keys, ids.truncates[t])
+                j = min(j, limit)
+        if transactions:
+            cut, window = self._transaction_end(ch, i, j, limit)
+            if cut == i and limit < bound:
+                # The truncate lies inside the transaction the range starts with: ending before it would plan
+                # nothing, forever. The transaction stays whole (the sink applies a truncate amid a batch's
+                # changes, in _seq order).
+                cut, window = self._transaction_end(ch, i, j, bound)
+            j, self._window = cut, window
         end = list(keys[j - 1]) if j > i else list(start)
         index.trim(ch.partition, s)
         return PlannedRange(end, j - i)
+
+    # ------------------------------------------------------------------ transaction metadata
+    def _transaction_log(self) -> TransactionLog:
+        if self._transactions is None:
+            assert self.options.debezium_transaction_topic is not None
+            self._transactions = TransactionLog(
+                self.client,
+                self.options.debezium_transaction_topic,
+                receiver_queue_size=self.options.receiver_queue_size,
+                catch_up_ms=self.options.catch_up_ms,
+            )
+        return self._transactions
+
+    def _transaction_partitions(self) -> list[int]:
+        """The transaction topic's partitions: one, since the order of its END events is the commit order."""
+        topic = self.options.debezium_transaction_topic
+        assert topic is not None
+        chans = partitions_of(self.client, topic, self.options)
+        if len(chans) > 1:
+            raise OptionError(
+                f"option 'debezium.transactionTopic': {topic} has {len(chans)} partitions, so its END events have "
+                "no one order (their order is the commit order batches follow); accepted values: a topic with one "
+                "partition, as Debezium writes it",
+                "debezium.transactionTopic",
+            )
+        return [ch.partition for ch in chans]
+
+    def _saw(self, topic: str, data: bytes) -> str | None:
+        return self._transaction_log().saw(topic, data)
+
+    def _transaction_end(self, ch: Channel, i: int, j: int, limit: int) -> tuple[int, tuple[float, float]]:
+        """Where a channel's range from index ``i`` ends at a transaction boundary consistent with the round's
+        other channels, and the round's window after it (see :mod:`cdc.backends.pulsar.transactions`)."""
+        log_ = self._transaction_log()
+        if self._window is None:
+            for topic in list(self._partitions) or [ch.topic]:
+                self._index(topic)  # every data topic caught up before the frontier is taken
+            self._window = (-1.0, float(log_.advance()))
+        return transaction_cut(IndexedMessages(self._index(ch.topic).ids(ch.partition), log_.order), i, j, limit,
+                               self._window)
 
     def reader(self) -> RangeReader:
         mode = "partition" if self.partition_mode else "parent"
@@ -390,6 +462,9 @@ class PulsarBackend(Backend):
         for index in self._indexes.values():
             index.close()
         self._indexes.clear()
+        if self._transactions is not None:
+            self._transactions.close()
+            self._transactions = None
         self._subscription.close()
         if self._client is not None:
             self._client.close()

@@ -30,6 +30,7 @@ import bisect
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,10 +44,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _PartitionIds:
+class PartitionIds:
     keys: list[Key] = field(default_factory=list)
     last: Key = (-1, -1, -1)
     truncates: list[Key] = field(default_factory=list)  # Debezium truncates (with find_truncates only)
+    marks: list[Any] = field(default_factory=list)  # what ``mark`` said of each message of keys (with mark only)
+    marked: list[Key] = field(default_factory=list)  # the keys whose mark is not None
 
 
 class TopicIndex:
@@ -66,17 +69,20 @@ class TopicIndex:
         max_catch_up_s: float = 60.0,
         idle_reopen_s: float = 10.0,
         find_truncates: bool = False,
+        mark: Callable[[bytes], Any] | None = None,
     ) -> None:
         self.client = client
         # debezium.truncate=apply: the planner ends a batch right before a truncate, so the index notes them.
         self.find_truncates = find_truncates
+        # debezium.transactionTopic: each message's transaction (data topics), or its END event (that topic).
+        self.mark = mark
         self.topic = topic
         self.receiver_queue_size = receiver_queue_size
         self.catch_up_ms = catch_up_ms
         self.max_catch_up_s = max_catch_up_s
         self.idle_reopen_s = idle_reopen_s
         self._progress_at = time.monotonic()
-        self.parts: dict[int, _PartitionIds] = {}
+        self.parts: dict[int, PartitionIds] = {}
         self.floor: dict[int, Key] = {}  # ids at or below the floor were trimmed (nothing before is known)
         self._readers: list[Any] = []  # one from earliest; after a stall, one per partition (see _reopen)
         self._scoped = False
@@ -232,12 +238,19 @@ class TopicIndex:
                 k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
                 part = parts.get(mid.partition())
                 if part is None:
-                    part = parts[mid.partition()] = _PartitionIds()
+                    part = parts[mid.partition()] = PartitionIds()
                 if k > part.last:
                     part.keys.append(k)
                     part.last = k
-                    if self.find_truncates and is_truncate(msg.data()):
-                        part.truncates.append(k)
+                    if self.find_truncates or self.mark is not None:
+                        data = msg.data()
+                        if self.find_truncates and is_truncate(data):
+                            part.truncates.append(k)
+                        if self.mark is not None:
+                            mark = self.mark(data)
+                            part.marks.append(mark)
+                            if mark is not None:
+                                part.marked.append(k)
                     n += 1
                     nbytes += msg.length()
                     flowing = True
@@ -250,8 +263,8 @@ class TopicIndex:
                 self.indexed_bytes += nbytes
                 log.debug("indexed %d new message ids of %s", n, self.topic)
 
-    def ids(self, partition: int) -> _PartitionIds:
-        return self.parts.get(partition) or _PartitionIds()
+    def ids(self, partition: int) -> PartitionIds:
+        return self.parts.get(partition) or PartitionIds()
 
     def first(self, partition: int) -> Key | None:
         p = self.parts.get(partition)
@@ -270,6 +283,8 @@ class TopicIndex:
         i = bisect.bisect_right(p.keys, below)
         if i > 4096:
             del p.keys[:i]
+            del p.marks[:i]
+            del p.marked[: bisect.bisect_right(p.marked, below)]
             self.floor[partition] = max(self.floor.get(partition, (-1, -1, -1)), below)
 
     def covers(self, partition: int, start: Key) -> bool:

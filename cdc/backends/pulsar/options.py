@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import PositiveInt, PrivateAttr, field_validator, model_validator
+from pydantic import PositiveInt, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from cdc.options import BackendOptions, Field, SecretStr
 
@@ -175,6 +175,15 @@ class PulsarOptions(ConnectionOptions):
         "`apply` it: it becomes a change record with _op `truncate` (its other columns mean nothing), which "
         "DeltaUpsertSink applies by emptying the table before the batch's later changes.",
     )
+    debezium_transaction_topic: str | None = Field(
+        None,
+        alias="debezium.transactionTopic",
+        description="valueFormat=debezium: Debezium's transaction topic (provide.transaction.metadata=true; "
+        "`<topic.prefix>.transaction`). Batches then never end inside a source transaction, over every partition "
+        "and topic of the query: a budget (maxRecordsPerTrigger) ending inside one takes the rest of it, a "
+        "transaction whose END event or events have not all arrived waits. Planning then reads every message "
+        "on the driver (see From Debezium for the cost).",
+    )
     quarantine_topic: str | None = Field(
         None, alias="quarantineTopic", description="Where onMalformed=quarantine sends undecodable messages."
     )
@@ -278,6 +287,23 @@ class PulsarOptions(ConnectionOptions):
         if self.on_malformed == "quarantine" and not self.quarantine_topic:
             raise ValueError("option 'quarantineTopic' is required with onMalformed=quarantine")
         return self
+
+    @field_validator("debezium_transaction_topic")
+    @classmethod
+    def _transaction_topic(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return None
+        if info.data.get("value_format") != "debezium":
+            raise ValueError(f"needs valueFormat=debezium (got valueFormat={info.data.get('value_format')})")
+        if not v:
+            raise ValueError("accepted values: a topic name (<name>, <tenant>/<namespace>/<name> or "
+                             "persistent://...), Debezium's <topic.prefix>.transaction; got an empty one")
+        full = normalize_topic(v)
+        read = info.data.get("topic") or info.data.get("topics") or ""
+        if full in [normalize_topic(t) for t in read.split(",") if t.strip()]:
+            raise ValueError("is one of the topics the query reads; accepted values: Debezium's transaction topic "
+                             "(<topic.prefix>.transaction), not a data topic")
+        return full
 
     def topic_list(self) -> list[str]:
         raw = self.topic or self.topics or ""
