@@ -341,6 +341,6 @@ class SCD2Machine(SinkMachine):
 
 
 TestSCD1 = SCD1Machine.TestCase
-TestSCD1.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+TestSCD1.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
 TestSCD2 = SCD2Machine.TestCase
-TestSCD2.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
+TestSCD2.settings = settings(max_examples=70, stateful_step_count=30, deadline=None)
