@@ -171,7 +171,9 @@ def _copy_csv(conn: Any, table: TableInfo, where: sql.Composable, schema: pa.Sch
     parsed = pacsv.read_csv(
         pa.py_buffer(bytes(buf)),
         read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 24),
-        convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True,
+        # PostgreSQL's CSV writes NULL as an unquoted empty field and an empty string as "": only the former
+        # is null (Arrow's default markers would turn the texts 'NULL', 'NaN' or 'N/A' into nulls).
+        convert_options=pacsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=True,
                                              quoted_strings_can_be_null=False, true_values=["t"],
                                              false_values=["f"]),
     )

@@ -269,7 +269,8 @@ def test_snapshot_rows_are_typed_like_changes(postgres_dsn: str, tmp_path: Path)
     try:
         h.execute("INSERT INTO kinds VALUES (1, 'a,\"b\"\nc', '', true, -12.345, 12345678901234567890.5, "
                   "'2024-02-29', '2024-01-02 03:04:05.123456+02', '1999-12-31 23:59:59', 0.1), "
-                  "(2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
+                  "(2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL), "
+                  "(3, 'NULL', 'N/A', false, 0, 'NaN', '2024-03-01', NULL, NULL, 'Infinity')")
         changes = [r for t in drain(h.backend()) for r in t.to_pylist()]
         snap = open_backend("postgres", {**h.options, "slot.name": "kinds_snap"})
         planner = Planner(snap)
@@ -277,9 +278,11 @@ def test_snapshot_rows_are_typed_like_changes(postgres_dsn: str, tmp_path: Path)
         rows = [r for _, t in batches(snap, start) for r in t.to_pylist()]
         slots.drop_slot(h.conn, "kinds_snap")
         strip = ("_op", "_seq", "_commit_ts", "_channel", "_position", "_unchanged")
-        assert [r["_op"] for r in rows] == ["snapshot", "snapshot"]
+        assert [r["_op"] for r in rows] == ["snapshot"] * 3
         assert [{k: v for k, v in r.items() if k not in strip} for r in rows] == [
             {k: v for k, v in r.items() if k not in strip} for r in changes]
         assert rows[0]["e"] == "" and rows[1]["e"] is None and rows[0]["s"] == 'a,"b"\nc'
+        assert (rows[2]["s"], rows[2]["e"]) == ("NULL", "N/A")  # text, not the CSV reader's null markers
     finally:
         h.close()
+
