@@ -286,3 +286,35 @@ def test_snapshot_rows_are_typed_like_changes(postgres_dsn: str, tmp_path: Path)
     finally:
         h.close()
 
+
+def test_a_snapshot_value_arrow_cannot_parse_fails_the_snapshot_instead_of_hanging(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    # The CSV of a typed chunk streams through a pipe into Arrow's parser while COPY still sends: a parse error
+    # early in a chunk far larger than the pipe's buffer must stop the COPY and surface, not block it forever.
+    import pyarrow as pa
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE odd (id int PRIMARY KEY, amount numeric(8,2), pad text)")
+        conn.execute("INSERT INTO odd VALUES (0, 'NaN', 'x')")  # no decimal128 value: Arrow refuses it
+        conn.execute("INSERT INTO odd SELECT g, g, repeat('p', 200) FROM generate_series(1, 20000) g")
+    backend = open_backend("postgres", {"dsn": postgres_dsn, "tables": "odd", "slot.name": "odd_snap",
+                                        "snapshot.path": str(tmp_path / "snap")})
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            backend.snapshot()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the snapshot hung on a parse error"
+    assert isinstance(outcome[0], pa.ArrowInvalid), outcome
+    assert not (tmp_path / "snap" / "odd_snap" / "manifest.json").exists()
+    backend.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        slots.drop_slot(conn, "odd_snap")
