@@ -269,7 +269,8 @@ def test_snapshot_rows_are_typed_like_changes(postgres_dsn: str, tmp_path: Path)
     try:
         h.execute("INSERT INTO kinds VALUES (1, 'a,\"b\"\nc', '', true, -12.345, 12345678901234567890.5, "
                   "'2024-02-29', '2024-01-02 03:04:05.123456+02', '1999-12-31 23:59:59', 0.1), "
-                  "(2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
+                  "(2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL), "
+                  "(3, 'NULL', 'N/A', false, 0, 'NaN', '2024-03-01', NULL, NULL, 'Infinity')")
         changes = [r for t in drain(h.backend()) for r in t.to_pylist()]
         snap = open_backend("postgres", {**h.options, "slot.name": "kinds_snap"})
         planner = Planner(snap)
@@ -277,9 +278,43 @@ def test_snapshot_rows_are_typed_like_changes(postgres_dsn: str, tmp_path: Path)
         rows = [r for _, t in batches(snap, start) for r in t.to_pylist()]
         slots.drop_slot(h.conn, "kinds_snap")
         strip = ("_op", "_seq", "_commit_ts", "_channel", "_position", "_unchanged")
-        assert [r["_op"] for r in rows] == ["snapshot", "snapshot"]
+        assert [r["_op"] for r in rows] == ["snapshot"] * 3
         assert [{k: v for k, v in r.items() if k not in strip} for r in rows] == [
             {k: v for k, v in r.items() if k not in strip} for r in changes]
         assert rows[0]["e"] == "" and rows[1]["e"] is None and rows[0]["s"] == 'a,"b"\nc'
+        assert (rows[2]["s"], rows[2]["e"]) == ("NULL", "N/A")  # text, not the CSV reader's null markers
     finally:
         h.close()
+
+
+def test_a_snapshot_value_arrow_cannot_parse_fails_the_snapshot_instead_of_hanging(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    # The CSV of a typed chunk streams through a pipe into Arrow's parser while COPY still sends: a parse error
+    # early in a chunk far larger than the pipe's buffer must stop the COPY and surface, not block it forever.
+    import pyarrow as pa
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE odd (id int PRIMARY KEY, amount numeric(8,2), pad text)")
+        conn.execute("INSERT INTO odd VALUES (0, 'NaN', 'x')")  # no decimal128 value: Arrow refuses it
+        conn.execute("INSERT INTO odd SELECT g, g, repeat('p', 200) FROM generate_series(1, 20000) g")
+    backend = open_backend("postgres", {"dsn": postgres_dsn, "tables": "odd", "slot.name": "odd_snap",
+                                        "snapshot.path": str(tmp_path / "snap")})
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            backend.snapshot()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the snapshot hung on a parse error"
+    assert isinstance(outcome[0], pa.ArrowInvalid), outcome
+    assert not (tmp_path / "snap" / "odd_snap" / "manifest.json").exists()
+    backend.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        slots.drop_slot(conn, "odd_snap")
