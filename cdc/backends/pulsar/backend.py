@@ -26,10 +26,11 @@ start id and drop other partitions' messages (see :mod:`cdc.backends.pulsar.inde
 *Reading (executors)* is :mod:`cdc.backends.pulsar.reader`; acknowledgement,
 :mod:`cdc.backends.pulsar.acknowledge`; writes, :mod:`cdc.backends.pulsar.writer`.
 
-Cost (``benchmarks/pulsar_source.py``, 1M messages, 2 partitions): with ``partition`` the source reads at
-the speed of one plain Reader loop over the topic (ratio ~1.0: planning 0.04 s, two partitions read in
-parallel); with ``parent`` at about half of it (the driver's id pass alone costs about the reference's
-whole read, and executors receive other partitions' messages).
+Cost (``benchmarks/pulsar_source.py``, 1M messages, 2 partitions): with ``partition`` planning takes 0.04 s
+and the two partitions are read in parallel, one Spark task each; the source reaches about 0.55 of two plain
+Reader processes (README, Performance: the executors' readers wait for messages, not for decoding); with
+``parent`` about half of that again (the driver's id pass alone costs about the reference's whole read, and
+executors receive other partitions' messages).
 """
 
 from __future__ import annotations
