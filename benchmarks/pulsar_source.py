@@ -8,7 +8,8 @@ same Arrow columns the source returns (value, key, topic, message id, publish an
 The source runs with default options (``reader.topic=auto`` picks per-partition readers and asks the broker
 for heads). The cdc figure includes planning and Spark's job overhead; Spark's session start and a warm-up
 job are excluded. Also printed: produce rate, and the source's rate as a stream with a
-``maxRecordsPerTrigger`` budget (the driver then counts messages: its id index reads them). Last line:
+``maxRecordsPerTrigger`` budget (the driver then reads the ids each budget needs, from the batch's start on
+each partition topic). Last line:
 ``ratio <reader seconds / cdc seconds>``.
 
     python benchmarks/pulsar_source.py            # 1M messages

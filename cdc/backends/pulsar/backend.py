@@ -11,10 +11,12 @@ names the partition itself), detected once per query at its first partitioned to
 asked of the broker (:mod:`cdc.backends.pulsar.heads`: the admin API's ``lastMessageId`` when ``admin.url``
 is given, else the consumer of the query's durable subscription on that partition, kept by the driver).
 When the answer has no batch index, the driver reads that one entry to find its last message. No message
-is read to plan; ``records`` is then a lower bound (the contract allows it without a budget). Executors
-open one Reader per partition topic.
+is read to plan; ``records`` is then a lower bound (the contract allows it without a budget). With a record budget the driver reads only the ids the
+budget needs, from the plan's start up to that head, on one kept Reader per partition topic
+(:mod:`cdc.backends.pulsar.budget`), so a first batch after a restart costs its budget, not the backlog.
+Executors open one Reader per partition topic.
 
-*``parent`` (pulsar-lite's auto-created partitioned topics), and any plan with a record budget.* Pulsar cannot count the messages between two
+*``parent`` (pulsar-lite's auto-created partitioned topics), and Debezium truncate checks.* Pulsar cannot count the messages between two
 ids without reading them, so the driver keeps a tailing Reader per topic that records every message id
 (:class:`~cdc.backends.pulsar.index.TopicIndex`; ids only, trimmed once planned). Each planning round reads
 the new ids up to the head and stops as soon as the broker confirms there is nothing more
@@ -24,10 +26,11 @@ start id and drop other partitions' messages (see :mod:`cdc.backends.pulsar.inde
 *Reading (executors)* is :mod:`cdc.backends.pulsar.reader`; acknowledgement,
 :mod:`cdc.backends.pulsar.acknowledge`; writes, :mod:`cdc.backends.pulsar.writer`.
 
-Cost (``benchmarks/pulsar_source.py``, 1M messages, 2 partitions): with ``partition`` the source reads at
-the speed of one plain Reader loop over the topic (ratio ~1.0: planning 0.04 s, two partitions read in
-parallel); with ``parent`` at about half of it (the driver's id pass alone costs about the reference's
-whole read, and executors receive other partitions' messages).
+Cost (``benchmarks/pulsar_source.py``, 1M messages, 2 partitions): with ``partition`` planning takes 0.04 s
+and the two partitions are read in parallel, one Spark task each; the source reaches about 0.55 of two plain
+Reader processes (README, Performance: the executors' readers wait for messages, not for decoding); with
+``parent`` about half of that again (the driver's id pass alone costs about the reference's whole read, and
+executors receive other partitions' messages).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import pyarrow as pa
 from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader
 from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import match_topics, registry_schema
+from cdc.backends.pulsar.budget import PartitionBudget
 from cdc.backends.pulsar.client import Channel, admin_client, connect, partitions_of
 from cdc.backends.pulsar.codec import Decoder
 from cdc.backends.pulsar.debezium import (
@@ -104,6 +108,7 @@ class PulsarBackend(Backend):
         self._probe: bool | None = {"partition": True, "parent": False}.get(options.reader_topic)
         self._subscription.per_partition = self._probe is not False
         self._heads = PartitionHeads(lambda: self.client, self._admin, options, self._subscription)
+        self._budget = PartitionBudget(lambda: self.client, options)
         self._stale: set[str] = set()  # topics whose index has not caught up this round
         self._partitions: dict[str, list[Channel]] = {}
         self._verified: set[str] = set()  # topics whose partitions were checked to be served as topics
@@ -299,16 +304,20 @@ class PulsarBackend(Backend):
         u = None if until is None else to_key(until, channel)
         apply_truncates = self.options.debezium_truncate == "apply" and self.options.value_format == "debezium"
         transactions = self.options.debezium_transaction_topic is not None
-        if self._probe is not False and max_records is None and not apply_truncates and not transactions:
+        if self._probe is not False and not apply_truncates and not transactions:
             try:
                 head = self._heads.of(ch)
             except HeadUnavailableError:
                 return PlannedRange(list(start), 0)  # nothing this round; the next asks again
             if head is not None:
-                # Without a record budget nothing needs counting: the range ends at the partition's last
-                # message (or the bound). ``records`` is then a lower bound (the contract allows it).
                 last = head if u is None else min(head, u)
-                return PlannedRange(list(last), 1) if last > s else PlannedRange(list(start), 0)
+                if max_records is None:
+                    # Without a record budget nothing needs counting: the range ends at the partition's last
+                    # message (or the bound). ``records`` is then a lower bound (the contract allows it).
+                    return PlannedRange(list(last), 1) if last > s else PlannedRange(list(start), 0)
+                # A budget reads only the ids it needs, from the start (see cdc.backends.pulsar.budget).
+                counted, n = self._budget.end_after(ch, s, max_records, last)
+                return PlannedRange(list(counted), n) if n else PlannedRange(list(start), 0)
         index = self._index(ch.topic)
         if not index.covers(ch.partition, s):
             log.info("re-reading the ids of %s: planning from %s, before what the index still holds", ch.topic, s)
@@ -465,6 +474,7 @@ class PulsarBackend(Backend):
         if self._transactions is not None:
             self._transactions.close()
             self._transactions = None
+        self._budget.close()
         self._subscription.close()
         if self._client is not None:
             self._client.close()

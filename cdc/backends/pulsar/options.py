@@ -321,6 +321,12 @@ class PulsarSinkOptions(ConnectionOptions):
     """Writes: ``df.write.format("cdc").option("backend", "pulsar")...`` (or format ``cdc-pulsar``)."""
 
     topic: str | None = Field(None, alias="topic", description="Target topic when the rows have no topic column.")
+    admin_url: str | None = Field(
+        None,
+        alias="admin.url",
+        description="Admin REST URL (http://host:8080), optional: a broker refuses a wrong credential with a "
+        "timeout, and the admin API's answer then makes the error name the credential option for certain.",
+    )
     value_format: Literal["bytes", "json"] = Field("bytes", alias="valueFormat")
     max_message_size: PositiveInt = Field(
         5 * 1024 * 1024,

@@ -49,7 +49,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from cdc.backends.pulsar.client import connect
+from cdc.backends.pulsar.client import connect, refusal
 from cdc.backends.pulsar.errors import MessageTooLargeError, SendError
 from cdc.backends.pulsar.options import PulsarSinkOptions, normalize_topic
 from cdc.errors import OptionError
@@ -135,16 +135,21 @@ class _Sender:
         p = self.producers.get(topic)
         if p is None:
             o = self.options
-            p = self.producers[topic] = self.client.create_producer(
-                topic,
-                batching_enabled=o.batching,
-                batching_max_messages=o.batching_max_messages,
-                batching_max_publish_delay_ms=o.batching_max_delay_ms,
-                compression_type=self._compression,
-                max_pending_messages=o.max_pending,
-                block_if_queue_full=True,
-                send_timeout_millis=o.send_timeout_ms,
-            )
+            try:
+                p = self.client.create_producer(
+                    topic,
+                    batching_enabled=o.batching,
+                    batching_max_messages=o.batching_max_messages,
+                    batching_max_publish_delay_ms=o.batching_max_delay_ms,
+                    compression_type=self._compression,
+                    max_pending_messages=o.max_pending,
+                    block_if_queue_full=True,
+                    send_timeout_millis=o.send_timeout_ms,
+                )
+            except Exception as exc:  # the C++ core raises its own types
+                # A broker that refuses the credential answers with a timeout: name the option to check.
+                raise refusal(exc, o, f"create a producer on {topic}") from None
+            self.producers[topic] = p
         return p
 
     def send(self, topic: str, payload: bytes, key: str | None, props: dict[str, str] | None, event_ms: int | None) -> None:

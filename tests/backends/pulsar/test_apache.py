@@ -5,6 +5,7 @@ subscription's backlog from the admin API."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 import uuid
 from typing import Any
@@ -69,3 +70,41 @@ def test_backlog_needs_admin_url(apache_pulsar: ApachePulsar, partitioned: str) 
     with pytest.raises(OptionError, match="admin.url"):
         backend(apache_pulsar.url, partitioned).backlog()
 
+
+
+def test_first_batch_after_a_driver_restart_costs_its_budget_not_the_backlog(
+    apache_pulsar: ApachePulsar, partitioned: str
+) -> None:
+    """A driver restarted over a backlog plans its first budgeted batch by reading about the budget's message
+    ids from the stored offset, not every id of the topic (the id index read them all before the first plan:
+    13-48 s measured on a large topic); each plan is exact, and every message is planned once."""
+    from cdc.planner import Planner
+
+    n, budget = 6000, 500
+    produce(apache_pulsar.url, partitioned, [f"m{i}".encode() for i in range(n)], [f"k{i % 13}" for i in range(n)],
+            batching=True)
+    first = backend(apache_pulsar.url, partitioned, receiverQueueSize=100)
+    planner = Planner(first)
+    start = planner.initial("earliest")
+    stored = planner.next(start, budget)  # the batch the first driver planned, then it was killed
+    assert planner.last_records == budget
+    first.close()
+
+    restarted = backend(apache_pulsar.url, partitioned, receiverQueueSize=100)
+    planner = Planner(restarted)
+    began = time.monotonic()
+    end = planner.next(stored, budget)
+    assert time.monotonic() - began < 10, "far under the 30 s operation timeout"
+    assert planner.last_records == budget
+    read_on_driver = restarted._budget.delivered + sum(i.indexed for i in restarted._indexes.values())
+    assert read_on_driver <= budget + 2 * 100 + 2 * 7, f"the driver read {read_on_driver} messages for {budget}"
+    # the batches from the stored offset cover the rest exactly once
+    reader, total, offset = restarted.reader(), 0, end
+    for r in Planner.ranges(stored, end):
+        total += sum(b.num_rows for b in reader.read(r.channel, r.start, r.end))
+    while planner.last_records:
+        nxt = planner.next(offset, budget)
+        assert planner.last_records <= budget
+        total += sum(b.num_rows for r in Planner.ranges(offset, nxt) for b in reader.read(r.channel, r.start, r.end))
+        offset = nxt
+    assert total == n - budget

@@ -212,6 +212,28 @@ def test_wrong_or_missing_token_refused_naming_the_option(
 
 
 @slow
+def test_writer_refused_for_a_wrong_token_names_the_option(secured: Secured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink's producer meets the same refusal as the reader: not a raw timeout but an error naming
+    auth.token (an OptionError when admin.url lets the admin API's 401 confirm it)."""
+    import pyarrow as pa
+
+    from cdc.backends.pulsar.writer import sink_options, write_arrow
+
+    monkeypatch.delenv("PULSAR_AUTH_TOKEN", raising=False)
+    topic = _topic(1, secured)
+    raw = {k: v for k, v in secured.options(topic=topic).items() if k in _SINK_KEYS | {"topic", "admin.url"}}
+    raw.update({"auth.token": "not-a-jwt", "pulsar.client.operation_timeout_seconds": "3"})
+    rows = pa.RecordBatch.from_pydict({"value": [b"a", b"b"]})
+    started = time.monotonic()
+    with pytest.raises(OptionError, match="'auth.token'.*refused the credential") as err:
+        write_arrow(iter([rows]), sink_options(raw))
+    assert err.value.option == "auth.token" and "not-a-jwt" not in str(err.value)
+    with pytest.raises(BackendUnavailableError, match="check option 'auth.token'"):
+        write_arrow(iter([rows]), sink_options(_without(raw, "admin.url")))
+    assert time.monotonic() - started < 20
+
+
+@slow
 def test_token_of_a_role_without_permission(secured: Secured) -> None:
     topic = _topic(1, secured)
     raw = secured.options(topic=topic, **{"auth.token": secured.signer.token("nobody")})
