@@ -105,30 +105,20 @@ from cdc.backends.tablestore.client import RetrySettings, TunnelClient
 from cdc.backends.tablestore.errors import (
     ObjectNotExistError,
     ParameterInvalidError,
-    ProtocolError,
     ResourceGoneError,
     SequenceNumberMismatchError,
     TablestoreError,
     TrimmedDataError,
-    error_for,
     tunnel_expired,
 )
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import decode_row
 from cdc.backends.tablestore.positions import FINISHED, TIME_BOUND, Pos, count_within, order_key, within
 from cdc.backends.tablestore.reader import TablestoreRangeReader, TunnelSession
-from cdc.backends.tablestore.records import (
-    COLUMN_TYPE_PREFIX,
-    RECORD_TIMESTAMP_COLUMN,
-    RECORD_TYPE_COLUMN,
-    RecordLayout,
-)
+from cdc.backends.tablestore.records import table_layout
 from cdc.errors import OptionError, PositionError
-from cdc.model import ChangeSchema
 
 log = logging.getLogger(__name__)
-
-_PK_TYPES = {"INTEGER": pa.int64(), "STRING": pa.string(), "BINARY": pa.binary()}
 
 _PAGE_CACHE_SIZE = 20_000
 
@@ -164,7 +154,7 @@ class TablestoreBackend(Backend):
             retry=RetrySettings(attempts=options.max_attempts),
         )
         self.table = options.table_name
-        self.layout = self._layout()  # first: a missing table is reported as such
+        self.layout = table_layout(self.client.ots, options)  # first: a missing table is reported as such
         self.tunnel_name, self.tunnel_id, self.tunnel_type = self._resolve_tunnel()
         self.session = TunnelSession(
             self.client, self.tunnel_id, None, options.client_timeout, self._label(), options.client_tag
@@ -230,68 +220,6 @@ class TablestoreBackend(Backend):
                 "tunnel.id",
             )
         return name, str(info.tunnel_id), str(info.tunnel_type)
-
-    def _layout(self) -> RecordLayout:
-        from tablestore.error import OTSClientError, OTSServiceError
-
-        try:
-            described = self.client.ots.describe_table(self.table)
-            meta = described.table_meta
-        except OTSServiceError as exc:
-            if exc.code == "OTSObjectNotExist":
-                raise OptionError(
-                    f"option 'table.name': table {self.table!r} does not exist", "table.name"
-                ) from None
-            raise error_for(
-                exc.code, f"DescribeTable: {exc.message}", exc.http_status, exc.request_id
-            ) from None
-        except OTSClientError as exc:
-            raise ProtocolError(f"DescribeTable: {exc}", "ProtocolError") from None
-        max_versions = getattr(described.table_options, "max_version", None) or 1
-        if max_versions > 1:
-            log.warning(
-                "table %s keeps %d versions per column: a DELETE_ONE_VERSION change is delivered as the "
-                "column becoming null, although an older version may become visible (see "
-                "__ots_column_type_<col>)",
-                self.table,
-                max_versions,
-            )
-        keys: list[tuple[str, pa.DataType]] = []
-        for entry in meta.schema_of_primary_key:
-            name, kind = entry[0], str(entry[1]).upper()
-            if kind not in _PK_TYPES:
-                raise OptionError(
-                    f"table {self.table!r}: primary-key column {name!r} has unsupported type {kind}"
-                )
-            keys.append((name, _PK_TYPES[kind]))
-        key_types = dict(keys)
-        values: list[tuple[str, pa.DataType]] = []
-        for name, t in self.options.value_columns():
-            if name in key_types:
-                if key_types[name] != t:
-                    raise OptionError(
-                        f"option 'catalog': column {name!r} is a primary-key column of type {key_types[name]}, "
-                        f"not {t}",
-                        "catalog",
-                    )
-                continue
-            values.append((name, t))
-        if not self.options.catalog:
-            log.warning(
-                "table %s: no 'catalog' option, so only the primary-key columns (%s) are read",
-                self.table,
-                ", ".join(k for k, _ in keys),
-            )
-        columns = keys + values
-        if self.options.ots_columns:
-            columns += [(RECORD_TYPE_COLUMN, pa.string()), (RECORD_TIMESTAMP_COLUMN, pa.int64())]
-            columns += [(COLUMN_TYPE_PREFIX + name, pa.string()) for name, _ in values]
-        try:
-            schema = ChangeSchema.of(columns, [k for k, _ in keys], partial=True)
-        except ValueError as exc:
-            raise OptionError(f"option 'catalog': {exc}", "catalog") from None
-        quarantine = self.options.quarantine_path if self.options.on_malformed == "quarantine" else None
-        return RecordLayout(schema, tuple(n for n, _ in values), self.options.ots_columns, quarantine)
 
     def _take_over_stale_clients(self) -> list[str]:
         """Shut down the tunnel clients a crashed run left holding channels (see :mod:`.handover`)."""
