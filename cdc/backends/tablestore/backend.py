@@ -41,6 +41,20 @@ how base ranges are exported), or null at the origin.
   response it read; that summary stays true even if the token later returns more records, so a walk
   that consumes a response whole never reads it again (``latest`` and the next plan share the work).
 
+Batch reads
+-----------
+A batch read to the head (``spark.read``, ``endingOffsets=latest``) has no offset log and nothing replays
+it, so its end need not be counted on the driver, which would read every record once more than the
+executors do (the walk runs at the server's rate: it cost as much as the whole read). Its end is left to
+the reader (rule 6 of :mod:`cdc.backend`): :meth:`batch_read_end` is the time bound "every record committed
+until now" (``last = ["~head", micros]``), the plan reads only the range's first response (data loss and
+empty channels still surface on the driver) and the executor reads up to the head, stopping at the first
+record committed after the bound. What a task retry reads: the same records, unless a record committed
+before the bound became readable only after the first attempt passed the head (the local server makes a
+record readable when it commits it); the bound is the driver's clock, so a driver clock behind the
+service's leaves out the records of that difference. A budgeted plan (``maxRecordsPerChannel``) and every
+streaming plan count their ends as above.
+
 Channels, lineage and the tunnel's own state
 --------------------------------------------
 Channel statuses: ``WAIT`` (a child whose parents are not finished), ``OPEN``, ``CLOSING``, ``CLOSE``,
@@ -113,7 +127,15 @@ from cdc.backends.tablestore.errors import (
 )
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import decode_row
-from cdc.backends.tablestore.positions import FINISHED, TIME_BOUND, Pos, count_within, order_key, within
+from cdc.backends.tablestore.positions import (
+    FINISHED,
+    HEAD_BOUND,
+    TIME_BOUND,
+    Pos,
+    count_within,
+    order_key,
+    within,
+)
 from cdc.backends.tablestore.reader import TablestoreRangeReader, TunnelSession
 from cdc.backends.tablestore.records import table_layout
 from cdc.errors import OptionError, PositionError
@@ -319,6 +341,12 @@ class TablestoreBackend(Backend):
         self._heads[channel] = end
         return end
 
+    def batch_read_end(self, channel: str) -> Position:
+        """A batch read's end at the head, left to the reader (rule 6 of :mod:`cdc.backend`): every record
+        committed until now. Only the plan's first response is read on the driver (see "Batch reads")."""
+        begin = Pos.parse(channel, self.earliest(channel))
+        return Pos(begin.token, begin.skip, begin.n, (HEAD_BOUND, time.time_ns() // 1000)).to_json()
+
     def parse_position(self, channel: str, value: Any) -> Position:
         return Pos.parse(channel, value).to_json()
 
@@ -381,6 +409,13 @@ class TablestoreBackend(Backend):
         base = self._is_base(info)
         token, skip, n, last = s.token, s.skip, s.n, s.last
         taken = 0
+        to_head = None  # a batch read's end left to the reader: stop walking once a record was taken
+        if bound is not None and bound.last is not None and bound.last[0] == HEAD_BOUND:
+            micros = bound.last[1]
+            if max_records is None:
+                to_head = Pos(s.token, s.skip, s.n, (HEAD_BOUND, micros))
+            # what the reader will take, resolved here when a budget needs the count
+            bound = None if base else Pos(bound.token, bound.skip, bound.n, (TIME_BOUND, micros))
 
         def stop(finished: bool = False) -> PlannedRange:
             if taken == 0 and not finished:
@@ -414,6 +449,9 @@ class TablestoreBackend(Backend):
                         return stop(finished=True)
                     token, skip = summary.next_token, 0
                     continue
+            if to_head is not None and taken > 0:
+                end = Pos(to_head.token, to_head.skip, n, to_head.last)
+                return PlannedRange(end.to_json(), taken, False)  # a lower bound (rule 2)
             page = self.session.read(channel, token)
             records = page.records
             self._seen_records += len(records)
@@ -554,6 +592,6 @@ class TablestoreBackend(Backend):
 def _commit_time(position: Position, channel: str, base: bool) -> datetime | None:
     """The commit time of the record before ``position``, from its ordering key (stream records only)."""
     last = Pos.parse(channel, position).last
-    if base or last is None or last[0] == TIME_BOUND or len(last) != 3:
+    if base or last is None or last[0] in (TIME_BOUND, HEAD_BOUND) or len(last) != 3:
         return None
     return datetime.fromtimestamp(last[1] / 1_000_000, UTC)
