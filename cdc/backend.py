@@ -20,6 +20,10 @@ Rules every backend keeps (the shared contract suite, :mod:`cdc.testing.contract
 4. ``acknowledge`` is best effort: it may lose a race or fail; correctness never depends on it.
 5. Driver-side objects may hold connections; the :class:`RangeReader` from :meth:`Backend.reader`
    is pickled to executors and must open its own connections there.
+6. A batch read (``spark.read``, no offset log: nothing replays it) that ends at the head plans to
+   :meth:`Backend.batch_read_end`. A backend that finds its head only by reading every record may return
+   a position there that its reader resolves while reading (the range then holds every record committed
+   before the call, and none after), and ``plan`` without a budget may return it as the end unread.
 
 Example (the local backend)::
 
@@ -147,6 +151,10 @@ class Backend(ABC):
     @abstractmethod
     def reader(self) -> RangeReader:
         """A picklable reader for executors."""
+
+    def batch_read_end(self, channel: str) -> Position:
+        """The end of a batch read's range that runs to the channel's head (rule 6). Default: :meth:`latest`."""
+        return self.latest(channel)
 
     def parse_position(self, channel: str, value: Any) -> Position:
         """Validate a user-given position (from ``startingOffsets`` JSON); backends override."""

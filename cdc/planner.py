@@ -285,14 +285,18 @@ class Planner:
         """Per-channel upper bounds from ``endingOffsets`` (batch) or a frozen AvailableNow target."""
         return self._bounds(spec)[0]
 
-    def _bounds(self, spec: str, at: datetime | None = None) -> tuple[dict[str, Position], set[str]]:
-        """The bounds of :meth:`until` (or, given ``at``, by time), and the channels whose bound was given."""
+    def _bounds(
+        self, spec: str, at: datetime | None = None, *, batch: bool = False
+    ) -> tuple[dict[str, Position], set[str]]:
+        """The bounds of :meth:`until` (or, given ``at``, by time), and the channels whose bound was given.
+        A ``batch`` read's ``latest`` is the backend's :meth:`~cdc.backend.Backend.batch_read_end` (rule 6)."""
         if at is not None:
             bounds = {c.id: self.backend.position_at(c.id, at) for c in self.backend.list_channels()}
             return bounds, set(bounds)
+        head = self.backend.batch_read_end if batch else self.backend.latest
         text = spec.strip()
         if text.lower() == "latest":
-            return {c.id: self.backend.latest(c.id) for c in self.backend.list_channels()}, set()
+            return {c.id: head(c.id) for c in self.backend.list_channels()}, set()
         try:
             given = json.loads(text)
         except json.JSONDecodeError:
@@ -306,7 +310,7 @@ class Planner:
         known = {c.id for c in self.backend.list_channels()}
         for ch in known:
             value = given.get(ch, "latest")
-            out[ch] = self.backend.latest(ch) if value == "latest" else self.backend.parse_position(ch, value)
+            out[ch] = head(ch) if value == "latest" else self.backend.parse_position(ch, value)
         unknown = sorted(set(given) - known)
         if unknown:
             raise OptionError(f"option 'endingOffsets': unknown channels {unknown}", "endingOffsets")
@@ -320,7 +324,7 @@ class Planner:
         holds a record, or is no longer held. Only a channel whose range came out empty can have such a
         bound, and only a given position can be one (``latest`` is never before a start the backend accepted).
         """
-        bounds, given = self._bounds(ending, at)
+        bounds, given = self._bounds(ending, at, batch=True)
         end = self.next(start, None, bounds, respect_lineage=False)
         begin, stop = Offset.from_json(start), Offset.from_json(end)
         option = "endingOffsets" if at is None else "endingTimestamp"

@@ -41,6 +41,20 @@ how base ranges are exported), or null at the origin.
   response it read; that summary stays true even if the token later returns more records, so a walk
   that consumes a response whole never reads it again (``latest`` and the next plan share the work).
 
+Batch reads
+-----------
+A batch read to the head (``spark.read``, ``endingOffsets=latest``) has no offset log and nothing replays
+it, so its end need not be counted on the driver, which would read every record once more than the
+executors do (the walk runs at the server's rate: it cost as much as the whole read). Its end is left to
+the reader (rule 6 of :mod:`cdc.backend`): :meth:`batch_read_end` is the time bound "every record committed
+until now" (``last = ["~head", micros]``), the plan reads only the range's first response (data loss and
+empty channels still surface on the driver) and the executor reads up to the head, stopping at the first
+record committed after the bound. What a task retry reads: the same records, unless a record committed
+before the bound became readable only after the first attempt passed the head (the local server makes a
+record readable when it commits it); the bound is the driver's clock, so a driver clock behind the
+service's leaves out the records of that difference. A budgeted plan (``maxRecordsPerChannel``) and every
+streaming plan count their ends as above.
+
 Channels, lineage and the tunnel's own state
 --------------------------------------------
 Channel statuses: ``WAIT`` (a child whose parents are not finished), ``OPEN``, ``CLOSING``, ``CLOSE``,
@@ -105,30 +119,28 @@ from cdc.backends.tablestore.client import RetrySettings, TunnelClient
 from cdc.backends.tablestore.errors import (
     ObjectNotExistError,
     ParameterInvalidError,
-    ProtocolError,
     ResourceGoneError,
     SequenceNumberMismatchError,
     TablestoreError,
     TrimmedDataError,
-    error_for,
     tunnel_expired,
 )
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import decode_row
-from cdc.backends.tablestore.positions import FINISHED, TIME_BOUND, Pos, count_within, order_key, within
-from cdc.backends.tablestore.reader import TablestoreRangeReader, TunnelSession
-from cdc.backends.tablestore.records import (
-    COLUMN_TYPE_PREFIX,
-    RECORD_TIMESTAMP_COLUMN,
-    RECORD_TYPE_COLUMN,
-    RecordLayout,
+from cdc.backends.tablestore.positions import (
+    FINISHED,
+    HEAD_BOUND,
+    TIME_BOUND,
+    Pos,
+    count_within,
+    order_key,
+    within,
 )
+from cdc.backends.tablestore.reader import TablestoreRangeReader, TunnelSession
+from cdc.backends.tablestore.records import table_layout
 from cdc.errors import OptionError, PositionError
-from cdc.model import ChangeSchema
 
 log = logging.getLogger(__name__)
-
-_PK_TYPES = {"INTEGER": pa.int64(), "STRING": pa.string(), "BINARY": pa.binary()}
 
 _PAGE_CACHE_SIZE = 20_000
 
@@ -164,7 +176,7 @@ class TablestoreBackend(Backend):
             retry=RetrySettings(attempts=options.max_attempts),
         )
         self.table = options.table_name
-        self.layout = self._layout()  # first: a missing table is reported as such
+        self.layout = table_layout(self.client.ots, options)  # first: a missing table is reported as such
         self.tunnel_name, self.tunnel_id, self.tunnel_type = self._resolve_tunnel()
         self.session = TunnelSession(
             self.client, self.tunnel_id, None, options.client_timeout, self._label(), options.client_tag
@@ -230,68 +242,6 @@ class TablestoreBackend(Backend):
                 "tunnel.id",
             )
         return name, str(info.tunnel_id), str(info.tunnel_type)
-
-    def _layout(self) -> RecordLayout:
-        from tablestore.error import OTSClientError, OTSServiceError
-
-        try:
-            described = self.client.ots.describe_table(self.table)
-            meta = described.table_meta
-        except OTSServiceError as exc:
-            if exc.code == "OTSObjectNotExist":
-                raise OptionError(
-                    f"option 'table.name': table {self.table!r} does not exist", "table.name"
-                ) from None
-            raise error_for(
-                exc.code, f"DescribeTable: {exc.message}", exc.http_status, exc.request_id
-            ) from None
-        except OTSClientError as exc:
-            raise ProtocolError(f"DescribeTable: {exc}", "ProtocolError") from None
-        max_versions = getattr(described.table_options, "max_version", None) or 1
-        if max_versions > 1:
-            log.warning(
-                "table %s keeps %d versions per column: a DELETE_ONE_VERSION change is delivered as the "
-                "column becoming null, although an older version may become visible (see "
-                "__ots_column_type_<col>)",
-                self.table,
-                max_versions,
-            )
-        keys: list[tuple[str, pa.DataType]] = []
-        for entry in meta.schema_of_primary_key:
-            name, kind = entry[0], str(entry[1]).upper()
-            if kind not in _PK_TYPES:
-                raise OptionError(
-                    f"table {self.table!r}: primary-key column {name!r} has unsupported type {kind}"
-                )
-            keys.append((name, _PK_TYPES[kind]))
-        key_types = dict(keys)
-        values: list[tuple[str, pa.DataType]] = []
-        for name, t in self.options.value_columns():
-            if name in key_types:
-                if key_types[name] != t:
-                    raise OptionError(
-                        f"option 'catalog': column {name!r} is a primary-key column of type {key_types[name]}, "
-                        f"not {t}",
-                        "catalog",
-                    )
-                continue
-            values.append((name, t))
-        if not self.options.catalog:
-            log.warning(
-                "table %s: no 'catalog' option, so only the primary-key columns (%s) are read",
-                self.table,
-                ", ".join(k for k, _ in keys),
-            )
-        columns = keys + values
-        if self.options.ots_columns:
-            columns += [(RECORD_TYPE_COLUMN, pa.string()), (RECORD_TIMESTAMP_COLUMN, pa.int64())]
-            columns += [(COLUMN_TYPE_PREFIX + name, pa.string()) for name, _ in values]
-        try:
-            schema = ChangeSchema.of(columns, [k for k, _ in keys], partial=True)
-        except ValueError as exc:
-            raise OptionError(f"option 'catalog': {exc}", "catalog") from None
-        quarantine = self.options.quarantine_path if self.options.on_malformed == "quarantine" else None
-        return RecordLayout(schema, tuple(n for n, _ in values), self.options.ots_columns, quarantine)
 
     def _take_over_stale_clients(self) -> list[str]:
         """Shut down the tunnel clients a crashed run left holding channels (see :mod:`.handover`)."""
@@ -391,6 +341,12 @@ class TablestoreBackend(Backend):
         self._heads[channel] = end
         return end
 
+    def batch_read_end(self, channel: str) -> Position:
+        """A batch read's end at the head, left to the reader (rule 6 of :mod:`cdc.backend`): every record
+        committed until now. Only the plan's first response is read on the driver (see "Batch reads")."""
+        begin = Pos.parse(channel, self.earliest(channel))
+        return Pos(begin.token, begin.skip, begin.n, (HEAD_BOUND, time.time_ns() // 1000)).to_json()
+
     def parse_position(self, channel: str, value: Any) -> Position:
         return Pos.parse(channel, value).to_json()
 
@@ -453,6 +409,13 @@ class TablestoreBackend(Backend):
         base = self._is_base(info)
         token, skip, n, last = s.token, s.skip, s.n, s.last
         taken = 0
+        to_head = None  # a batch read's end left to the reader: stop walking once a record was taken
+        if bound is not None and bound.last is not None and bound.last[0] == HEAD_BOUND:
+            micros = bound.last[1]
+            if max_records is None:
+                to_head = Pos(s.token, s.skip, s.n, (HEAD_BOUND, micros))
+            # what the reader will take, resolved here when a budget needs the count
+            bound = None if base else Pos(bound.token, bound.skip, bound.n, (TIME_BOUND, micros))
 
         def stop(finished: bool = False) -> PlannedRange:
             if taken == 0 and not finished:
@@ -486,6 +449,9 @@ class TablestoreBackend(Backend):
                         return stop(finished=True)
                     token, skip = summary.next_token, 0
                     continue
+            if to_head is not None and taken > 0:
+                end = Pos(to_head.token, to_head.skip, n, to_head.last)
+                return PlannedRange(end.to_json(), taken, False)  # a lower bound (rule 2)
             page = self.session.read(channel, token)
             records = page.records
             self._seen_records += len(records)
@@ -626,6 +592,6 @@ class TablestoreBackend(Backend):
 def _commit_time(position: Position, channel: str, base: bool) -> datetime | None:
     """The commit time of the record before ``position``, from its ordering key (stream records only)."""
     last = Pos.parse(channel, position).last
-    if base or last is None or last[0] == TIME_BOUND or len(last) != 3:
+    if base or last is None or last[0] in (TIME_BOUND, HEAD_BOUND) or len(last) != 3:
         return None
     return datetime.fromtimestamp(last[1] / 1_000_000, UTC)

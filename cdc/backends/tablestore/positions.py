@@ -10,7 +10,8 @@ at the origin. A finished channel's position has the token ``"finished"``.
 Ordering keys (:func:`order_key`) are strictly increasing within a channel: ``[epoch, timestamp,
 row_index]`` from a stream record's sequence info, the primary key of a base-data record (base ranges are
 exported in key order). Bounds (``until``) compare them, so a bound holds whatever origin it was computed
-from; a bound may also be a time (``last = ["~time", micros]``, see :data:`TIME_BOUND`).
+from; a bound may also be a time (``last = ["~time", micros]``, see :data:`TIME_BOUND`). A batch read's
+end may be left to its reader (``last = ["~head", micros]``, see :data:`HEAD_BOUND`).
 
 Positions are JSON: they live in Spark's offset log, binary key values as ``{"hex": ...}``.
 """
@@ -28,6 +29,10 @@ from cdc.errors import MalformedRecordError, PositionError
 FINISHED = pb.FINISHED_TOKEN
 TIME_BOUND = "~time"
 """``last = ["~time", micros]`` in a bound: every stream record whose sequence timestamp is <= micros."""
+HEAD_BOUND = "~head"
+"""``last = ["~head", micros]`` in a batch read's end (:meth:`.backend.TablestoreBackend.batch_read_end`): the
+reader takes every record up to the head it finds that was committed until micros (a base-data channel: every
+record); ``n`` counts the records the plan saw, a lower bound. Never in a streaming offset."""
 
 _POSITION_KEYS = {"token", "skip", "n", "last"}
 
@@ -89,7 +94,7 @@ def within(key: tuple[Any, ...], bound: tuple[Any, ...] | None) -> bool:
     """Whether a record with ordering ``key`` lies at or before the bound's ``last``."""
     if bound is None:
         return False
-    if bound[0] == TIME_BOUND:
+    if bound[0] == TIME_BOUND or bound[0] == HEAD_BOUND:
         return bool(key[1] <= bound[1])  # stream keys are (epoch, timestamp, row_index)
     return bool(key <= bound)
 

@@ -6,6 +6,11 @@ the record sequence after a token never changes, these are the planned records e
 its responses differently now (the reader never needs to meet the end's token). The last record's key must
 equal ``end.last``: a mismatch (a server that broke the token rule) is an error, never a silently
 different batch. Records that expired since planning fail the read (the batch can no longer be produced).
+
+A batch read's end may be left to the reader (``last = ["~head", micros]``, see
+:data:`~.positions.HEAD_BOUND`): it then takes the records up to the head it finds, stopping at the first
+one committed after micros (a base-data channel: up to its end), and at least the ``end.n - start.n``
+records the plan saw.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from cdc.backends.tablestore import handover
 from cdc.backends.tablestore.client import RecordPage, TunnelClient
 from cdc.backends.tablestore.errors import ResourceGoneError, TunnelExpiredError, tunnel_expired
 from cdc.backends.tablestore.plainbuffer import decode_row
-from cdc.backends.tablestore.positions import FINISHED, Pos, order_key
+from cdc.backends.tablestore.positions import FINISHED, HEAD_BOUND, TIME_BOUND, Pos, count_within, order_key
 from cdc.backends.tablestore.records import RecordLayout
 from cdc.errors import PositionError
 
@@ -104,16 +109,20 @@ class TablestoreRangeReader(RangeReader):
         self.base_channels = base_channels
         self.query_tag = query_tag
 
+    def _session(self) -> TunnelSession:
+        return TunnelSession(self.client, self.tunnel_id, self.client_id, self.timeout_s, query_tag=self.query_tag)
+
     def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
         s, e = Pos.parse(channel, start), Pos.parse(channel, end)
         count = e.n - s.n
         if count < 0:
             raise PositionError(f"channel {channel!r}: range end {end!r} lies before its start {start!r}")
+        if e.last is not None and e.last[0] == HEAD_BOUND:
+            yield from self._read_to_head(channel, s, count, e.last[1])
+            return
         if count == 0:
             return
-        session = TunnelSession(
-            self.client, self.tunnel_id, self.client_id, self.timeout_s, query_tag=self.query_tag
-        )
+        session = self._session()
         base = channel in self.base_channels
         token, skip, produced = s.token, s.skip, 0
         last_record: Any = None
@@ -159,3 +168,40 @@ class TablestoreRangeReader(RangeReader):
                     f"channel {channel!r}: the range [{start!r}, {end!r}) now ends at record {got!r}, not the "
                     f"planned {e.last!r} (the server broke the token rule)"
                 )
+
+    def _read_to_head(self, channel: str, s: Pos, planned: int, micros: int) -> Iterator[pa.RecordBatch]:
+        """A batch read's range whose end is left to the reader (see the module docstring)."""
+        session = self._session()
+        base = channel in self.base_channels
+        bound = (TIME_BOUND, micros)
+        token, skip, produced = s.token, s.skip, 0
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tablestore-prefetch") as pool:
+            pending: Future[RecordPage] | None = None
+            while True:
+                page = pending.result() if pending is not None else session.read(channel, token)
+                pending = None
+                records = page.records
+                if skip > len(records):
+                    if page.finished or page.next_token == token:
+                        raise PositionError(
+                            f"channel {channel!r}: position {s.to_json()!r} lies past the channel's last record"
+                        )
+                    skip -= len(records)
+                    token = page.next_token
+                    continue
+                avail = len(records) - skip
+                take = avail if base or avail == 0 else count_within(records, skip, base, bound)
+                last_page = take < avail or page.finished or page.next_token == token
+                if not last_page:
+                    pending = pool.submit(session.read, channel, page.next_token)
+                if take:
+                    yield self.layout.to_batch(channel, base, s.n + produced, list(records[skip : skip + take]))
+                    produced += take
+                if last_page:
+                    break
+                token, skip = page.next_token, 0
+        if produced < planned:
+            raise PositionError(
+                f"channel {channel!r}: only {produced} records from {s.to_json()!r} to the head, fewer than the "
+                f"{planned} seen when planned (the server broke the token rule)"
+            )

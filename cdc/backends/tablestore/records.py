@@ -37,8 +37,10 @@ import pyarrow as pa
 
 from cdc.backends.tablestore import plainbuffer
 from cdc.backends.tablestore import tunnel_pb as pb
+from cdc.backends.tablestore.errors import ProtocolError, error_for
+from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, Row, decode_row
-from cdc.errors import MalformedRecordError
+from cdc.errors import MalformedRecordError, OptionError
 from cdc.model import ChangeSchema, Op
 
 log = logging.getLogger(__name__)
@@ -251,3 +253,70 @@ def _safe_name(channel: str) -> str:
 def _mismatch(name: str, value: Any, table: pa.Schema) -> MalformedRecordError:
     t = table.field(name).type
     return MalformedRecordError(f"column {name!r}: value of type {type(value).__name__} does not fit {t}")
+
+
+_PK_TYPES = {"INTEGER": pa.int64(), "STRING": pa.string(), "BINARY": pa.binary()}
+
+
+def table_layout(ots: Any, options: TablestoreOptions) -> RecordLayout:
+    """The layout of the table's records (DescribeTable through the SDK client ``ots``, the catalog)."""
+    from tablestore.error import OTSClientError, OTSServiceError
+
+    try:
+        described = ots.describe_table(options.table_name)
+        meta = described.table_meta
+    except OTSServiceError as exc:
+        if exc.code == "OTSObjectNotExist":
+            raise OptionError(
+                f"option 'table.name': table {options.table_name!r} does not exist", "table.name"
+            ) from None
+        raise error_for(
+            exc.code, f"DescribeTable: {exc.message}", exc.http_status, exc.request_id
+        ) from None
+    except OTSClientError as exc:
+        raise ProtocolError(f"DescribeTable: {exc}", "ProtocolError") from None
+    max_versions = getattr(described.table_options, "max_version", None) or 1
+    if max_versions > 1:
+        log.warning(
+            "table %s keeps %d versions per column: a DELETE_ONE_VERSION change is delivered as the "
+            "column becoming null, although an older version may become visible (see "
+            "__ots_column_type_<col>)",
+            options.table_name,
+            max_versions,
+        )
+    keys: list[tuple[str, pa.DataType]] = []
+    for entry in meta.schema_of_primary_key:
+        name, kind = entry[0], str(entry[1]).upper()
+        if kind not in _PK_TYPES:
+            raise OptionError(
+                f"table {options.table_name!r}: primary-key column {name!r} has unsupported type {kind}"
+            )
+        keys.append((name, _PK_TYPES[kind]))
+    key_types = dict(keys)
+    values: list[tuple[str, pa.DataType]] = []
+    for name, t in options.value_columns():
+        if name in key_types:
+            if key_types[name] != t:
+                raise OptionError(
+                    f"option 'catalog': column {name!r} is a primary-key column of type {key_types[name]}, "
+                    f"not {t}",
+                    "catalog",
+                )
+            continue
+        values.append((name, t))
+    if not options.catalog:
+        log.warning(
+            "table %s: no 'catalog' option, so only the primary-key columns (%s) are read",
+            options.table_name,
+            ", ".join(k for k, _ in keys),
+        )
+    columns = keys + values
+    if options.ots_columns:
+        columns += [(RECORD_TYPE_COLUMN, pa.string()), (RECORD_TIMESTAMP_COLUMN, pa.int64())]
+        columns += [(COLUMN_TYPE_PREFIX + name, pa.string()) for name, _ in values]
+    try:
+        schema = ChangeSchema.of(columns, [k for k, _ in keys], partial=True)
+    except ValueError as exc:
+        raise OptionError(f"option 'catalog': {exc}", "catalog") from None
+    quarantine = options.quarantine_path if options.on_malformed == "quarantine" else None
+    return RecordLayout(schema, tuple(n for n, _ in values), options.ots_columns, quarantine)
