@@ -313,6 +313,7 @@ class DeltaUpsertSink:
         if state.schema() is None:
             state.create(state_schema(spec, prepared.schema))
         heads = state.read(*key_range_condition(spec, prepared))
+        fresh: pa.Table | None = None  # the guarded changes, computed once (stage_scd1 is the guard itself)
         if main_done is None or main_done < batch_id:
             # The main table first, computed from the state before the batch: a crash before the state's
             # commit leaves that state as it was, so the replay recomputes the state's commit alone.
@@ -322,14 +323,14 @@ class DeltaUpsertSink:
                 main.add_columns(added)
                 schema = pa.schema([*schema, *added])
             if spec.scd_type == 1:
-                source = stage_scd1(spec, prepared, heads)
+                source = fresh = stage_scd1(spec, prepared, heads)
             else:
                 current = main.read(*current_condition(spec, prepared))
                 source = main_source(stage_scd2(spec, prepared, key_heads(spec, heads, current)))
             metrics = main.merge(source, merge_plan(spec, source, schema), app, batch_id)
             log.info("batch %d: merged %d changes into %s: %s", batch_id, source.num_rows, self.path, metrics)
         if state_done is None or state_done < batch_id:
-            heads_after = state_source(spec, guard(spec, prepared, heads))
+            heads_after = state_source(spec, guard(spec, prepared, heads) if fresh is None else fresh)
             state.merge(heads_after, state_plan(spec, heads_after), app, batch_id)
         if self.compact_every and (batch_id + 1) % self.compact_every == 0:
             self.maintain(now)
