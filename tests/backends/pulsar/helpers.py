@@ -31,7 +31,13 @@ def produce(
             topic, batching_enabled=batching, batching_max_messages=7, batching_max_publish_delay_ms=5,
             block_if_queue_full=True,
         )
-        ids: list[Any] = []
+        # Callbacks complete in broker order, not send order (partitions answer independently): keep each
+        # id at its message's index.
+        ids: list[Any] = [None] * len(payloads)
+
+        def done(i: int) -> Any:
+            return lambda res, mid: ids.__setitem__(i, (res, mid))
+
         for i, payload in enumerate(payloads):
             kwargs: dict[str, Any] = {}
             if keys is not None and keys[i] is not None:
@@ -40,10 +46,10 @@ def produce(
                 kwargs["properties"] = properties
             if event_ms is not None:
                 kwargs["event_timestamp"] = event_ms
-            producer.send_async(payload, lambda res, mid: ids.append((res, mid)), **kwargs)
+            producer.send_async(payload, done(i), **kwargs)
         producer.flush()
         producer.close()
-        assert len(ids) == len(payloads) and all(r == pulsar.Result.Ok for r, _ in ids), ids[:3]
+        assert all(x is not None and x[0] == pulsar.Result.Ok for x in ids), ids[:3]
         return [m for _, m in ids]
     finally:
         client.close()
