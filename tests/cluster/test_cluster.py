@@ -30,11 +30,11 @@ from orders_demo import SCHEMA, OrderSource  # noqa: E402
 pytestmark = pytest.mark.slow
 
 def _driver(cluster: Any, conf: dict[str, str], log: LocalLog, table: Path, ck: Path, mode: str,
-            logfile: Path, engine: str = "delta-rs") -> subprocess.Popen[bytes]:
+            logfile: Path, engine: str = "delta-rs", max_records: int = 800) -> subprocess.Popen[bytes]:
     with open(logfile, "ab") as out:
         return subprocess.Popen(
             [sys.executable, str(DRIVER), json.dumps({**cluster.session_conf(), **conf}), str(log.path), str(table),
-             str(ck), mode, engine],
+             str(ck), mode, engine, str(max_records)],
             env={**os.environ, "PYSPARK_PYTHON": sys.executable}, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -116,12 +116,17 @@ def test_orders_pipeline_on_the_cluster_through_worker_and_driver_kills(spark_cl
 
 
 def test_orders_pipeline_on_the_cluster_with_delta_spark(spark_cluster: Any, tmp_path: Path) -> None:
-    """The MERGE runs in the cluster (delta-spark); the table equals the source across two runs."""
+    """The MERGE runs in the cluster (delta-spark); the table equals the source across two runs. One batch per
+    run (a delta-spark MERGE on 1-core workers costs tens of seconds; several batches per run are the delta-rs
+    tests' part): the first creates the table from the snapshot, the second merges changes into it."""
     conf = {
         # The jars `make delta-spark` resolved (make test runs it first); delta_jars() names the command if not.
         "spark.jars": ",".join(str(j) for j in delta_jars()),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # Delta's log reads sized to this cluster's 2 cores (its default of 50 partitions is for large ones;
+        # the README's cluster section says so): as configure_delta does for local[...].
+        "spark.databricks.delta.snapshotPartitions": "2",
     }
     log = LocalLog.create(tmp_path / "orders-log", SCHEMA, keys=["order_id"], channels=2)
     source = OrderSource(log, seed=29)
@@ -129,7 +134,7 @@ def test_orders_pipeline_on_the_cluster_with_delta_spark(spark_cluster: Any, tmp
     for _ in range(2):
         for _ in range(3):
             source.burst(400)
-        run = _driver(spark_cluster, conf, log, table, ck, "once", driver_log, engine="delta-spark")
+        run = _driver(spark_cluster, conf, log, table, ck, "once", driver_log, engine="delta-spark", max_records=5000)
         assert run.wait(300) == 0, driver_log.read_text()[-3000:]
         assert _live(table) == source.rows
     txns = _txns(table)

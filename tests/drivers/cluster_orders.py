@@ -1,7 +1,7 @@
 """The orders pipeline as a driver on the test Spark cluster, run as a child process that tests/cluster kills
 with SIGKILL. Not a test module.
 
-Usage: python cluster_orders.py CONF_JSON LOG TABLE CHECKPOINT forever|once [ENGINE]
+Usage: python cluster_orders.py CONF_JSON LOG TABLE CHECKPOINT forever|once [ENGINE [MAX_RECORDS_PER_TRIGGER]]
 
 CONF_JSON holds the session settings (``SparkCluster.session_conf()`` plus the trace settings). The source is
 ``cdc-traced`` (``tests/cluster/traced_source.py``: ``cdc`` with its executor reads traced); the sink is
@@ -20,6 +20,7 @@ from pathlib import Path
 def main() -> None:
     conf_json, log_path, table, checkpoint, mode = sys.argv[1:6]
     engine = sys.argv[6] if len(sys.argv) > 6 else "delta-rs"
+    max_records = sys.argv[7] if len(sys.argv) > 7 else "800"
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -37,7 +38,7 @@ def main() -> None:
     spark.dataSource.register(TracedCdcDataSource)
     sink = DeltaUpsertSink(table, keys=["order_id"], compact_every=5, engine=engine)
     changes = (spark.readStream.format("cdc-traced").option("backend", "local").option("path", log_path)
-               .option("startingOffsets", "snapshot").option("maxRecordsPerTrigger", "800").load())
+               .option("startingOffsets", "snapshot").option("maxRecordsPerTrigger", max_records).load())
     writer = changes.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
     if mode == "once":
         writer.trigger(availableNow=True).start().awaitTermination()

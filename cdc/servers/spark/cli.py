@@ -8,9 +8,17 @@ import sys
 import time
 
 import click
+from rich.console import Console
+from rich.status import Status
 
 from cdc.servers.spark.cluster import SparkCluster
 from cdc.servers.spark.connect import ConnectServer
+
+
+def _waiting(what: str) -> Status:
+    """A spinner on the terminal while a JVM starts (seconds to tens of seconds on a busy machine); nothing
+    when stderr is piped."""
+    return Console(stderr=True).status(f"starting {what} (waiting until it serves)...")
 
 
 def _serve_until_interrupted(running: object) -> None:
@@ -31,7 +39,8 @@ def _serve_until_interrupted(running: object) -> None:
 def cluster_main(workers: int, cores: int, memory: str, data_dir: str | None) -> None:
     cluster = SparkCluster(workers, cores=cores, memory=memory, data_dir=data_dir)
     try:
-        cluster.start()
+        with _waiting(f"a Spark master and {workers} workers"):
+            cluster.start()
         click.echo(f"Spark cluster at {cluster.url} ({workers} workers, web UI {cluster.webui_url}) in "
                    f"{cluster.last_start_s:.1f} s; logs {cluster.data_dir}; Ctrl-C to stop", err=True)
         click.echo(f"  spark-submit --master {cluster.url} " + " ".join(
@@ -48,7 +57,8 @@ def cluster_main(workers: int, cores: int, memory: str, data_dir: str | None) ->
 def connect_main(port: int, master: str, data_dir: str | None) -> None:
     server = ConnectServer(data_dir, port=port or None, master=master)
     try:
-        server.start()
+        with _waiting("a Spark Connect server"):
+            server.start()
         click.echo(f"Spark Connect at {server.url} in {server.last_start_s:.1f} s (log {server.logfile}); "
                    "Ctrl-C to stop", err=True)
         _serve_until_interrupted(lambda: server.running)
