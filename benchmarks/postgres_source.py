@@ -128,9 +128,9 @@ def main(rows: int, changes: int, quick: bool) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             for slot in ("snap", "snapd", "warmup", "alone"):
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-            # Opening the backend creates its publication, then its slot: a slot decodes only with a
+            # Opening the backend creates its publication, prepare_start() its slot: a slot decodes only with a
             # publication that existed before the changes.
-            open_backend("postgres", {**base, "slot.name": "changes"}).list_channels()
+            open_backend("postgres", {**base, "slot.name": "changes"}).prepare_start()
             for lo in range(0, changes, 10_000):
                 conn.execute("UPDATE bench SET n = n + 1 WHERE id > %s AND id <= %s", (lo, lo + 10_000))
         seconds, n = cdc_noop(spark, {**base, "slot.name": "changes", "startingOffsets": "earliest"})

@@ -169,6 +169,13 @@ class Backend(ABC):
             "startingTimestamp",
         )
 
+    def prepare_start(self) -> None:  # noqa: B027 - optional hook
+        """Called when a query asks for its initial offset, before any position is read, unless it starts
+        with a snapshot (:meth:`snapshot` then sets up the start itself). A backend that must create state
+        to hold a query's changes (PostgreSQL's replication slot) creates it here: ``list_channels`` and
+        ``latest`` also serve reads that must create nothing (Trigger.AvailableNow's target, which Spark
+        asks for before the initial offset; lag; status). Idempotent: a restarted driver asks again."""
+
     def snapshot(self) -> SnapshotInfo:
         """Take a snapshot for the full-plus-incremental hand-off; backends that can, override."""
         raise OptionError(

@@ -232,16 +232,21 @@ class Planner:
     # ------------------------------------------------------------------ start positions
     def initial(self, spec: str, at: datetime | None = None) -> OffsetJson:
         """The offset a new query starts from: ``earliest``, ``latest``, ``snapshot`` or JSON per channel; or,
-        given ``at`` (``startingTimestamp``), each channel's first record committed at or after it."""
+        given ``at`` (``startingTimestamp``), each channel's first record committed at or after it.
+
+        A snapshot start asks the backend for nothing before :meth:`~cdc.backend.Backend.snapshot`, which
+        sets the change log's start up itself (PostgreSQL creates its slot there, with the export); every
+        other start lets the backend prepare first (:meth:`~cdc.backend.Backend.prepare_start`)."""
+        text = spec.strip()
+        default = text.lower()
+        if at is None and default == "snapshot":
+            return self._initial_snapshot().to_json()
+        self.backend.prepare_start()
         channels = self.backend.list_channels()
         if at is not None:
             return Offset({ch.id: ChannelOffset(self.backend.position_at(ch.id, at)) for ch in channels},
                           initial=True).to_json()
-        text = spec.strip()
         per_channel: dict[str, Any] = {}
-        default = text.lower()
-        if default == "snapshot":
-            return self._initial_snapshot().to_json()
         if default not in ("earliest", "latest"):
             try:
                 given = json.loads(text)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from cdc.backend import ChannelInfo, SnapshotInfo
 from cdc.backends.local import LocalBackend, LocalLog, LocalOptions
 from cdc.errors import DataLossError, OptionError
 from cdc.planner import Planner, positions
@@ -391,3 +393,38 @@ def test_a_batch_end_before_its_start_is_refused_naming_both(tmp_path: Path) -> 
     log.truncate("c0", 5)  # an ending position no longer held lies before any start the log still holds
     with pytest.raises(OptionError, match="endingOffsets position 1 is before"):
         planner.batch_end(planner.initial('{"c0": 6}'), '{"c0": 1}')
+
+
+class _Recording(LocalBackend):
+    """The local backend, recording which of the calls a start depends on it receives, in order."""
+
+    calls: list[str]
+
+    def prepare_start(self) -> None:
+        self.calls.append("prepare_start")
+
+    def list_channels(self) -> Sequence[ChannelInfo]:
+        self.calls.append("list_channels")
+        return super().list_channels()
+
+    def snapshot(self) -> SnapshotInfo:
+        self.calls.append("snapshot")
+        return super().snapshot()
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [("snapshot", ["snapshot"]), ("earliest", ["prepare_start", "list_channels"]),
+     ("latest", ["prepare_start", "list_channels"]), ('{"c0": 0}', ["prepare_start", "list_channels"])],
+)
+def test_a_start_prepares_the_backend_first_and_a_snapshot_start_asks_nothing_before_the_snapshot(
+    tmp_path: Path, spec: str, expected: list[str]
+) -> None:
+    # A backend that must create state for a query's start (PostgreSQL's slot) creates it in prepare_start, or
+    # in snapshot() with the snapshot's export: a call before snapshot() that created it would waste a creation.
+    log, _ = make(tmp_path)
+    log.append(rows(4))
+    backend = _Recording(LocalOptions.model_validate({"path": str(log.path)}))
+    backend.calls = []
+    Planner(backend).initial(spec)
+    assert backend.calls == expected

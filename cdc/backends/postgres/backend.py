@@ -23,7 +23,12 @@ Spark never replays), with ``pg_replication_slot_advance``. A needed position th
 
 **Slot and publication.** Named by ``slot.name`` / ``publication.name`` or derived stably from the
 database, tables and publication; both are created when missing (idempotent: Spark asks a restarted
-source for its initial offset again). The publication covers the query's tables.
+source for its initial offset again). The publication covers the query's tables. The slot is created
+once, when the query first asks for its initial offset: by :meth:`prepare_start`, or with
+``startingOffsets=snapshot`` by :meth:`snapshot`, with the exported snapshot (a plain slot made first
+would have to be dropped for the export, and each creation waits for the transactions running then to
+end). Listing the channel and reading the head (the flushed WAL) need no slot and create none: Spark
+asks for Trigger.AvailableNow's target before the initial offset.
 
 **Tables.** Each table must have a primary key (else :class:`~.errors.NoPrimaryKeyError` naming it). One
 table: typed columns; several: ``_table``, ``_key``, ``_row`` JSON columns (:mod:`.records`). Unchanged
@@ -84,8 +89,10 @@ class PostgresBackend(Backend):
     def schema(self) -> pa.Schema:
         return self.layout.arrow_schema()
 
-    def list_channels(self) -> Sequence[ChannelInfo]:
+    def prepare_start(self) -> None:
         slots.ensure_slot(self.conn, self.slot)
+
+    def list_channels(self) -> Sequence[ChannelInfo]:
         return [ChannelInfo(CHANGES)]
 
     def earliest(self, channel: str) -> Position:
@@ -99,7 +106,6 @@ class PostgresBackend(Backend):
     def latest(self, channel: str) -> Position:
         if channel.startswith(CHUNK_PREFIX):
             return self._chunk_rows(channel)
-        slots.ensure_slot(self.conn, self.slot)
         return pack(slots.flush_lsn(self.conn))
 
     def heads(self, positions: Mapping[str, Position]) -> dict[str, ChannelHead]:

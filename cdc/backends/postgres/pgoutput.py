@@ -2,8 +2,9 @@
 
 The message formats are PostgreSQL's "Logical Replication Message Formats" (protocol documentation,
 chapter 55.9). Only what a change record needs is kept: transaction boundaries (Begin carries the commit
-LSN and time), relation descriptions (sent before a relation's first change in every decoding session)
-and the row changes. Column values stay in PostgreSQL's text form here; :mod:`.catalog` converts them.
+LSN and time) and relation descriptions (sent before a relation's first change in every decoding
+session). Row changes are decoded by :mod:`.changes`, straight into Arrow columns; their values stay in
+PostgreSQL's text form until Arrow's casts or :mod:`.catalog`'s parsers convert them.
 """
 
 from __future__ import annotations
@@ -72,22 +73,11 @@ class Relation:
 
 
 @dataclass(frozen=True)
-class Change:
-    """An insert (``I``), update (``U``) or delete (``D``) of relation ``relid``. ``old`` is the old key
-    (``K``) or old row (``O``) when the message carries one; ``new`` the new row (not for deletes)."""
-
-    kind: str
-    relid: int
-    old: tuple[Value, ...] | None
-    new: tuple[Value, ...] | None
-
-
-@dataclass(frozen=True)
 class Truncate:
     relids: tuple[int, ...]
 
 
-Message = Begin | Commit | Relation | Change | Truncate | None
+Message = Begin | Commit | Relation | Truncate | None
 
 
 def _timestamp(micros: int) -> datetime:
@@ -120,28 +110,6 @@ class _Buffer:
         self.pos = end + 1
         return text
 
-    def tuple_data(self) -> tuple[Value, ...]:
-        # The hot loop of change reads: locals and int.from_bytes instead of struct calls per column.
-        data, pos = self.data, self.pos
-        n = int.from_bytes(data[pos : pos + 2], "big", signed=True)
-        pos += 2
-        out: list[Value] = []
-        append = out.append
-        for _ in range(n):
-            kind = data[pos]
-            pos += 1
-            if kind == 0x6E:  # 'n'
-                append(None)
-            elif kind == 0x75:  # 'u'
-                append(UNCHANGED)
-            else:  # 't' (text) or 'b' (binary; not requested, so never sent)
-                length = int.from_bytes(data[pos : pos + 4], "big")
-                pos += 4
-                append(data[pos : pos + length])
-                pos += length
-        self.pos = pos
-        return tuple(out)
-
 
 def kind_of(data: bytes) -> str:
     """The message type, without decoding the message."""
@@ -160,7 +128,8 @@ def records_of(data: bytes) -> int:
 
 
 def decode(data: bytes) -> Message:
-    """One message; ``None`` for the kinds a change record has no use for (origin, type, message)."""
+    """One message other than a row change (:mod:`.changes` decodes those, column-wise, in its hot loop);
+    ``None`` for the kinds a change record has no use for (origin, type, message) and for row changes."""
     buf = _Buffer(data)
     kind = buf.byte()
     if kind == 0x42:  # 'B'
@@ -183,22 +152,6 @@ def decode(data: bytes) -> Message:
             type_oid, typmod = buf.unpack("!Ii")
             cols.append(Column(col, type_oid, typmod, bool(flags & 1)))
         return Relation(oid, namespace, name, tuple(cols))
-    if kind == 0x49:  # 'I'
-        (relid,) = buf.unpack("!I")
-        buf.byte()  # 'N'
-        return Change("I", relid, None, buf.tuple_data())
-    if kind == 0x55:  # 'U'
-        (relid,) = buf.unpack("!I")
-        marker = buf.byte()
-        old = None
-        if marker in (0x4B, 0x4F):  # 'K', 'O'
-            old = buf.tuple_data()
-            buf.byte()  # 'N'
-        return Change("U", relid, old, buf.tuple_data())
-    if kind == 0x44:  # 'D'
-        (relid,) = buf.unpack("!I")
-        buf.byte()  # 'K' or 'O'
-        return Change("D", relid, buf.tuple_data(), None)
     if kind == 0x54:  # 'T'
         (n,) = buf.unpack("!i")
         buf.byte()

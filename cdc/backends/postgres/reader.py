@@ -1,7 +1,7 @@
 """Reading planned ranges on executors: the executor side of ``backend=postgres`` (picklable).
 
 The change channel's range ``[start, end)`` is read by peeking the slot up to ``lsn_of(end)``
-(:func:`.slot.transactions`) and keeping the records whose positions lie in the range; the slot is not
+(:func:`.slot.peek`) and decoding the records whose positions lie in the range (:mod:`.changes`); the slot is not
 moved, so a replay reads the same records. The slot having moved past ``start`` (dropped, or consumed by
 someone else) fails the read with :class:`~cdc.errors.DataLossError`, never a silently shorter batch.
 Snapshot chunks are Arrow files materialised while the exported snapshot was held (:mod:`.snapshot`).
@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from cdc.backend import Position, RangeReader
 from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres.changes import decode_changes
 from cdc.backends.postgres.positions import lsn_of
 from cdc.backends.postgres.records import Layout
 from cdc.backends.postgres.snapshot import CHUNK_PREFIX, chunk_file
@@ -38,11 +39,12 @@ class PostgresRangeReader(RangeReader):
             return
         if int(end) <= int(start):
             return
+        if lsn_of(int(end)) <= lsn_of(int(start)):
+            return  # no transaction commits in the range
         with slots.connect(self.dsn.get_secret_value()) as conn:
             slots.check_held(conn, self.slot, int(start))
-            txns = slots.transactions(conn, self.slot, self.publication, int(start), lsn_of(int(end)))
-            records = (r for t in txns for r in t.records if r.position < int(end))
-            yield from self.layout.batches(records, CHANGES)
+            messages = slots.peek(conn, self.slot, self.publication, lsn_of(int(end)))
+            yield from decode_changes(messages, self.layout, CHANGES, int(start), int(end))
 
 
 def read_chunk(snapshot_dir: str | None, channel: str, start: int, end: int) -> Iterator[pa.RecordBatch]:

@@ -14,15 +14,17 @@ becomes a delete of the old key and an insert of the new one.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdc.backends.postgres.catalog import (
+    BOOL,
     DATE,
     FLOAT4,
     FLOAT8,
@@ -102,11 +104,14 @@ class Layout:
             self._parsers[key] = ValueParser(type_oid, arrow_type(type_oid, typmod))
         return self._parsers[key]
 
-    def _column(self, oid: int, typmod: int, arrow: pa.DataType, raw: Sequence[Any]) -> Any:
+    def column(self, oid: int, typmod: int, arrow: pa.DataType, raw: Sequence[bytes | None]) -> pa.Array:
         """A column of text values as ``arrow``: cast by Arrow where its parser reads PostgreSQL's text form
-        (numbers, decimals, dates, timestamps with offsets; naive ones as UTC), else value by value."""
+        (numbers, decimals, dates, timestamps with offsets; naive ones as UTC; booleans 't'/'f'), else value
+        by value with psycopg's loader."""
         if pa.types.is_string(arrow):
             return pa.array(raw, pa.binary()).cast(pa.string())
+        if oid == BOOL:
+            return pc.equal(pa.array(raw, pa.binary()), pa.scalar(b"t", pa.binary()))
         if oid in _ARROW_CASTS:
             try:
                 text = pa.array(raw, pa.binary()).cast(pa.string())
@@ -116,7 +121,7 @@ class Layout:
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 pass  # e.g. 'infinity', a BC date, 'NaN' numeric: PostgreSQL's own parser decides
         parse = self._parser(oid, typmod)
-        return [None if v is None else parse(v) for v in raw]
+        return pa.array([None if v is None else parse(v) for v in raw], arrow)
 
     def check(self, rel: Relation) -> None:
         """In the typed layout, refuse a relation whose columns are not the ones the query started with."""
@@ -131,18 +136,11 @@ class Layout:
                 t.name,
             )
 
-    def batches(self, records: Iterable[Record], channel: str, size: int = 8192) -> Iterator[pa.RecordBatch]:
-        chunk: list[Record] = []
-        for r in records:
-            chunk.append(r)
-            if len(chunk) >= size:
-                yield self.batch(chunk, channel)
-                chunk = []
-        if chunk:
-            yield self.batch(chunk, channel)
-
     def batch(self, records: Sequence[Record], channel: str, seq: int | None = None) -> pa.RecordBatch:
-        """An Arrow batch of ``records``; ``seq`` replaces each record's position as ``_seq`` (snapshots)."""
+        """An Arrow batch of ``records`` in the JSON layout; ``seq`` replaces each record's position as
+        ``_seq`` (snapshots). Typed change records are built column-wise by :mod:`.changes`."""
+        if self.typed:
+            raise TypeError("Layout.batch builds the JSON layout; typed changes are built by changes.decode_changes")
         schema = self.arrow_schema()
         cols: dict[str, Any] = {
             "_op": [r.op.value for r in records],
@@ -152,40 +150,25 @@ class Layout:
             "_position": [r.position for r in records],
         }
         unchanged: list[list[str] | None] = []
-        if self.typed:
-            for rel in {id(r.relation): r.relation for r in records}.values():
-                self.check(rel)
-            table = self.tables[0]
-            # Column-wise: the text values of a column are cast by Arrow's C++ parsers at once.
-            columns = list(zip(*(r.values for r in records), strict=True))
-            unchanged = [None for _ in records]
-            for (name, oid, typmod), text in zip(table.columns, columns, strict=True):
-                if UNCHANGED in text:
-                    for i, v in enumerate(text):
-                        if v is UNCHANGED:
-                            unchanged[i] = (unchanged[i] or []) + [name]
-                    text = tuple(None if v is UNCHANGED else v for v in text)
-                cols[name] = self._column(oid, typmod, schema.field(name).type, text)
-        else:
-            tables, keys, rows = [], [], []
-            for r in records:
-                key: dict[str, Any] = {}
-                row: dict[str, Any] = {}
-                gone = []
-                for col, raw in zip(r.relation.columns, r.values, strict=True):
-                    if raw is UNCHANGED:
-                        gone.append(col.name)
-                        continue
-                    value = self._parser(col.type_oid, col.typmod)(raw) if isinstance(raw, bytes) else None
-                    if col.is_key:
-                        key[col.name] = value
-                    if r.op is not Op.DELETE or col.is_key:
-                        row[col.name] = value
-                tables.append(r.relation.qualified)
-                keys.append(json.dumps(key, default=_json_default, separators=(",", ":")))
-                rows.append(None if r.op is Op.DELETE else json.dumps(row, default=_json_default, separators=(",", ":")))
-                unchanged.append(gone or None)
-            cols.update({JSON_TABLE: tables, JSON_KEY: keys, JSON_ROW: rows})
+        tables, keys, rows = [], [], []
+        for r in records:
+            key: dict[str, Any] = {}
+            row: dict[str, Any] = {}
+            gone = []
+            for col, raw in zip(r.relation.columns, r.values, strict=True):
+                if raw is UNCHANGED:
+                    gone.append(col.name)
+                    continue
+                value = self._parser(col.type_oid, col.typmod)(raw) if isinstance(raw, bytes) else None
+                if col.is_key:
+                    key[col.name] = value
+                if r.op is not Op.DELETE or col.is_key:
+                    row[col.name] = value
+            tables.append(r.relation.qualified)
+            keys.append(json.dumps(key, default=_json_default, separators=(",", ":")))
+            rows.append(None if r.op is Op.DELETE else json.dumps(row, default=_json_default, separators=(",", ":")))
+            unchanged.append(gone or None)
+        cols.update({JSON_TABLE: tables, JSON_KEY: keys, JSON_ROW: rows})
         cols["_unchanged"] = unchanged
         arrays = [cols[f.name] if isinstance(cols[f.name], pa.Array) else pa.array(cols[f.name], type=f.type)
                   for f in schema]

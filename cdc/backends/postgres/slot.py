@@ -1,6 +1,6 @@
 """The replication slot and publication of a query, and reading its changes by peeking.
 
-Reads never consume the slot: :func:`transactions` peeks (``pg_logical_slot_peek_binary_changes``) every
+Reads never consume the slot: :func:`peek` (``pg_logical_slot_peek_binary_changes``) returns every
 transaction that commits before an LSN bound, from the slot's confirmed position on, so the same range
 reads the same changes until the slot is advanced, which only :func:`advance` does (from ``acknowledge``,
 i.e. Spark's commit of a batch that ended there).
@@ -9,19 +9,15 @@ i.e. Spark's commit of a batch that ended there).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from cdc.backends.postgres.pgoutput import Begin, Change, Commit, Relation, Truncate, decode
 from cdc.backends.postgres.positions import format_lsn, lsn_of, pack, parse_lsn
-from cdc.backends.postgres.records import Record
 from cdc.errors import DataLossError
-from cdc.model import Op
 
 log = logging.getLogger(__name__)
 
@@ -108,62 +104,16 @@ def advance(conn: psycopg.Connection[Any], slot: str, position: int) -> None:
     conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(target)))
 
 
-@dataclass
-class Transaction:
-    commit_lsn: int
-    records: list[Record]
-
-
-def transactions(
-    conn: psycopg.Connection[Any], slot: str, publication: str, start: int, end_lsn: int
-) -> Iterator[Transaction]:
-    """The transactions committed in ``[lsn_of(start), end_lsn)`` with their change records at positions
-    ``>= start``, in commit order. Transactions without a change of the published tables are left out."""
-    if end_lsn <= lsn_of(start):
-        return
+def peek(conn: psycopg.Connection[Any], slot: str, publication: str, end_lsn: int) -> Iterable[tuple[bytes]]:
+    """The slot's messages (one per row) of every transaction committed before ``end_lsn``, from its
+    confirmed position on, without consuming them (:mod:`.changes` decodes them)."""
     # Binary results: the messages arrive as bytes, not as hex text to parse.
     cur = conn.cursor(binary=True)
-    rows = cur.execute(
+    return cur.execute(
         "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', '1', "
         "'publication_names', %s)",
         (slot, format_lsn(end_lsn), publication),
     )
-    relations: dict[int, Relation] = {}
-    begin: Begin | None = None
-    records: list[Record] = []
-    skipping = False
-    first = lsn_of(start)
-    for (data,) in rows:
-        if skipping:
-            # A transaction before the range (a batch planned but not yet acknowledged): only its
-            # relation messages matter, its rows are not decoded.
-            kind = data[0]
-            if kind == 0x52:  # 'R'
-                rel = decode(bytes(data))
-                assert isinstance(rel, Relation)
-                relations[rel.oid] = rel
-            elif kind == 0x43:  # 'C'
-                skipping = False
-            continue
-        msg = decode(bytes(data))
-        if isinstance(msg, Begin):
-            if msg.commit_lsn < first:
-                skipping = True
-                continue
-            begin, records = msg, []
-        elif isinstance(msg, Relation):
-            relations[msg.oid] = msg
-        elif isinstance(msg, Change) and begin is not None:
-            _append(records, begin, relations[msg.relid], msg)
-        elif isinstance(msg, Truncate):
-            log.warning("TRUNCATE of %s is not a row change and is not delivered",
-                        [relations[r].qualified for r in msg.relids if r in relations])
-        elif isinstance(msg, Commit) and begin is not None:
-            if records and lsn_of(start) <= begin.commit_lsn < end_lsn:
-                kept = [r for r in records if r.position >= start]
-                if kept:
-                    yield Transaction(begin.commit_lsn, kept)
-            begin = None
 
 
 _SIZES = """
@@ -183,7 +133,7 @@ ORDER BY commit_lsn
 def transaction_sizes(
     conn: psycopg.Connection[Any], slot: str, publication: str, start: int, end_lsn: int
 ) -> Iterator[tuple[int, int]]:
-    """(commit LSN, records) of the transactions :func:`transactions` yields, counted by PostgreSQL from each
+    """(commit LSN, records) of the transactions a read decodes (:mod:`.changes`), counted by PostgreSQL from each
     message's first bytes (:func:`.pgoutput.records_of`), so planning sends one row per transaction to Python
     and decodes no row. An update under ``REPLICA IDENTITY FULL`` that changes the key counts as one record
     here and reads as two (a delete and an insert): the count only sizes batches, whose budget is soft."""
@@ -195,29 +145,3 @@ def transaction_sizes(
         n = int(records) - (skip if commit_lsn == first else 0)
         if n > 0:
             yield int(commit_lsn), n
-
-
-def _append(records: list[Record], begin: Begin, rel: Relation, change: Change) -> None:
-    def add(op: Op, values: tuple[Any, ...]) -> None:
-        records.append(Record(op, pack(begin.commit_lsn, len(records)), begin.commit_time, rel, values))
-
-    keys = rel.key_indexes
-    if change.kind == "I" and change.new is not None:
-        add(Op.INSERT, change.new)
-    elif change.kind == "U" and change.new is not None:
-        old = change.old
-        if old is not None and any(old[i] != change.new[i] for i in keys):
-            add(Op.DELETE, _key_only(old, keys))
-            add(Op.INSERT, change.new)
-        else:
-            add(Op.UPDATE, change.new)
-    elif change.kind == "D" and change.old is not None:
-        add(Op.DELETE, _key_only(change.old, keys))
-
-
-def _key_only(values: tuple[Any, ...], keys: tuple[int, ...]) -> tuple[Any, ...]:
-    return tuple(v if i in keys else None for i, v in enumerate(values))
-
-
-def commit_time_of(records: list[Record]) -> datetime:
-    return records[0].commit_time

@@ -30,7 +30,7 @@ class PostgresHarness(Harness):
         self.next_id = 0
         self.txn_size = 1
         self.backends: list[Backend] = []
-        self.backend().list_channels()  # creates the slot: changes from here on are held
+        self.backend().prepare_start()  # creates the slot: changes from here on are held
 
     def backend(self) -> Backend:
         b = open_backend("postgres", self.options)
