@@ -298,11 +298,12 @@ def test_module_commands_start_a_broker_and_drop_a_subscription(lite_topic: str)
     from cdc.servers.ports import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "cdc", "server", "pulsar", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "cdc", "server", "pulsar", "--lite", "--port", str(port),
                              "--partitions", "2"], stderr=subprocess.PIPE)
     try:
         line = proc.stderr.readline().decode() if proc.stderr else ""
         assert f"pulsar://127.0.0.1:{port}" in line
+        assert proc.stderr is not None and "NOT Apache Pulsar" in proc.stderr.readline().decode()
         with socket.create_connection(("127.0.0.1", port), timeout=2):
             pass
         url = f"pulsar://127.0.0.1:{port}"
