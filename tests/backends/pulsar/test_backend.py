@@ -223,7 +223,8 @@ def test_debezium_envelopes_map_to_the_change_model(broker: ApachePulsar, topic:
 
 
 def test_average_record_bytes_comes_from_the_indexed_payloads(broker: ApachePulsar, topic: str) -> None:
-    """maxBytesPerTrigger's estimate: the payload bytes of the messages the driver indexed, per message."""
+    """maxBytesPerTrigger's estimate: the payload bytes of the messages the driver read to plan, per message
+    (with no budget read yet, the sample at each partition's start, which here is every message)."""
     b = backend(broker.url, topic)
     assert b.average_record_bytes() == 0.0  # nothing indexed yet: no estimate, no limit
     produce(broker.url, topic, [b"a" * 100] * 30 + [b"b" * 400] * 10, [f"k{i}" for i in range(40)], batching=True)
