@@ -49,7 +49,9 @@ def _serve(broker: ServerProcess, name: str, ready: Callable[[], str]) -> None:
     """Start ``broker`` with a spinner, print ``ready()``, run until SIGINT/SIGTERM, stop it cleanly."""
     from rich.console import Console
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # SIGTERM stops the broker too (finally below)
+    # SIGTERM and a closed terminal stop the broker too (finally below), which also removes a temporary data dir.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda *_: sys.exit(0))
     keep_data = False  # a broker that failed keeps its directory, logs included, even a temporary one
     try:
         # The wait takes seconds (Apache Pulsar: a JVM, tens of seconds on a busy machine): a spinner on a
