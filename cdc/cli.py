@@ -67,8 +67,8 @@ class _Servers(_LazyGroup):
     lazy = {
         "tablestore": ("cdc.servers.tablestore.cli", "main", "The local Tablestore server; split/merge partitions.",
                        False),
-        "pulsar": ("cdc.servers.pulsar.broker", "main",
-                   "pulsar-lite (a Pulsar-protocol dev broker, not Apache Pulsar) on loopback.", False),
+        "pulsar": ("cdc.servers.pulsar.cli", "main",
+                   "Apache Pulsar standalone on loopback (--lite: pulsar-lite, which is not Apache Pulsar).", False),
         "spark-cluster": ("cdc.servers.spark.cli", "cluster_main", "A Spark standalone master and workers on loopback.",
                           False),
         "spark-connect": ("cdc.servers.spark.cli", "connect_main", "A Spark Connect server on loopback.", False),

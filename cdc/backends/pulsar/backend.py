@@ -13,7 +13,8 @@ is given, else the consumer of the query's durable subscription on that partitio
 When the answer has no batch index, the driver reads that one entry to find its last message. No message
 is read to plan; ``records`` is then a lower bound (the contract allows it without a budget). With a record budget the driver reads only the ids the
 budget needs, from the plan's start up to that head, on one kept Reader per partition topic
-(:mod:`cdc.backends.pulsar.budget`), so a first batch after a restart costs its budget, not the backlog.
+(:mod:`cdc.backends.pulsar.budget`), so a first batch after a restart costs its budget, not the backlog;
+``maxBytesPerTrigger`` is such a budget too, its record size estimated from what those Readers read.
 Executors open one Reader per partition topic.
 
 *``parent`` (pulsar-lite's auto-created partitioned topics), and Debezium truncate checks.* Pulsar cannot count the messages between two
@@ -70,6 +71,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
+
+SIZE_SAMPLE = 100
+"""Messages per partition that maxBytesPerTrigger's first estimate reads when plans end at the broker's heads."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -304,7 +308,7 @@ class PulsarBackend(Backend):
         u = None if until is None else to_key(until, channel)
         apply_truncates = self.options.debezium_truncate == "apply" and self.options.value_format == "debezium"
         transactions = self.options.debezium_transaction_topic is not None
-        if self._probe is not False and not apply_truncates and not transactions:
+        if self._plans_from_heads:
             try:
                 head = self._heads.of(ch)
             except HeadUnavailableError:
@@ -394,14 +398,35 @@ class PulsarBackend(Backend):
         mode = "partition" if self.partition_mode else "parent"
         return PulsarRangeReader(self.options.model_copy(update={"reader_topic": mode}))
 
+    @property
+    def _plans_from_heads(self) -> bool:
+        """Whether plans end at the heads the broker names (budgets counted by :class:`PartitionBudget`)
+        rather than on the id index: partition mode, unless a Debezium truncate or transaction check needs
+        every id."""
+        apply_truncates = self.options.debezium_truncate == "apply" and self.options.value_format == "debezium"
+        transactions = self.options.debezium_transaction_topic is not None
+        return self._probe is not False and not apply_truncates and not transactions
+
     def average_record_bytes(self) -> float | None:
-        """Payload bytes per message over every message the driver has indexed (the index reads each
-        message's size along with its id; metadata and the decoded columns are not counted). A topic
-        without an index yet gets one first (with reader.topic=partition indexes exist only for record
-        budgets, which is what this estimate is for); existing ones are not caught up again here: the
-        planning round that follows does that, and an estimate may lag it."""
+        """Payload bytes per message (metadata and the decoded columns are not counted) over the messages
+        the driver read to plan. When plans end at the broker's heads, those are the messages the record
+        budgets read, and before any was read a sample of :data:`SIZE_SAMPLE` messages at each partition's
+        start: a first batch after a restart then costs its budget, not the backlog. Otherwise every
+        message the id index read (it reads each message's size along with its id); a topic without an
+        index yet gets one first, and existing ones are not caught up again here: the planning round that
+        follows does that, and an estimate may lag it."""
         if not self._partitions:
             self.list_channels()
+        if self._plans_from_heads:
+            if not self._budget.delivered:
+                for ch in (ch for chans in self._partitions.values() for ch in chans):
+                    try:
+                        head = self._heads.of(ch)
+                    except HeadUnavailableError:
+                        continue  # this partition is left out of the first estimate
+                    if head is not None:
+                        self._budget.sample(ch, head, SIZE_SAMPLE)
+            return self._budget.average_bytes()
         for topic in self._partitions:
             if topic not in self._indexes:
                 self._index(topic)

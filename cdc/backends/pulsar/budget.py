@@ -10,6 +10,11 @@ Here each partition gets a Reader on its own topic opened at the plan's start, a
 ids it needs: at most the budget, never past the head the broker names (``getLastMessageId``, so no wait
 for silence at the head). The Reader is kept for the next round, which starts where this plan ended, so
 each message id is read once on the driver, as with the index.
+
+``maxBytesPerTrigger`` is a record budget too, through the payload bytes per message of what these readers
+read (:meth:`PartitionBudget.average_bytes`). Before the first plan of a query they have read nothing, so
+the first estimate reads a small sample at each partition's start (:meth:`PartitionBudget.sample`) instead
+of the index's every id.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 from cdc.backends.pulsar.client import Channel
 from cdc.backends.pulsar.options import PulsarOptions
-from cdc.backends.pulsar.positions import Key
+from cdc.backends.pulsar.positions import NONE, Key
 from cdc.backends.pulsar.reader import _open_reader
 
 log = logging.getLogger(__name__)
@@ -43,6 +48,7 @@ class PartitionBudget:
         self._options = options.model_copy(update={"reader_topic": "partition"})
         self._cursors: dict[str, _Cursor] = {}
         self.delivered = 0  # messages received on the driver (what a budget costs there)
+        self.payload_bytes = 0  # their payloads' bytes: maxBytesPerTrigger's estimate of a record's size
 
     def end_after(self, ch: Channel, start: Key, want: int, head: Key) -> tuple[Key, int]:
         """The id of the ``want``-th message after ``start`` (at most ``head``, the partition's last message
@@ -64,7 +70,7 @@ class PartitionBudget:
         silent_since: float | None = None
         while n < want and last < head:
             try:
-                mid = raw.read_next(50).message_id()
+                msg = raw.read_next(50)
             except pulsar.Timeout:
                 now = time.monotonic()
                 silent_since = silent_since or now
@@ -74,6 +80,8 @@ class PartitionBudget:
                 continue
             silent_since = None
             self.delivered += 1
+            self.payload_bytes += msg.length()
+            mid = msg.message_id()
             k = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
             if k <= last:
                 continue  # the start entry read inclusively, or a redelivery
@@ -85,6 +93,32 @@ class PartitionBudget:
             n += 1
         cursor.last = last
         return last, n
+
+    def average_bytes(self) -> float:
+        """Payload bytes per message over every message these readers and samples received (``0.0``: none
+        yet). Metadata and the decoded columns are not counted, as in the id index's estimate."""
+        return self.payload_bytes / self.delivered if self.delivered else 0.0
+
+    def sample(self, ch: Channel, head: Key, count: int) -> None:
+        """Read up to ``count`` messages from the start of ``ch`` (never past ``head``, its last message) into
+        :meth:`average_bytes`, on a Reader of their own: the plans' readers open where the query stands."""
+        import pulsar
+
+        reader, _ = _open_reader(self._client(), self._options, ch, NONE)
+        try:
+            raw = getattr(reader, "_reader", reader)
+            for _ in range(count):
+                try:
+                    msg = raw.read_next(self._options.catch_up_ms * 10)
+                except pulsar.Timeout:
+                    break  # silent short of the head (trimmed by retention meanwhile): what was read will do
+                self.delivered += 1
+                self.payload_bytes += msg.length()
+                mid = msg.message_id()
+                if (mid.ledger_id(), mid.entry_id(), mid.batch_index()) >= head:
+                    break
+        finally:
+            reader.close()
 
     def _close(self, channel: str) -> None:
         cursor = self._cursors.pop(channel, None)

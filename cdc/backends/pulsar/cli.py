@@ -3,7 +3,7 @@
     cdc pulsar drop-subscription --service-url pulsar://localhost:6650 \\
         --topics orders,payments --subscription cdc-orders-to-delta
 
-The embedded development broker is ``cdc server pulsar`` (``cdc pulsar broker`` is its hidden alias for
+The development broker is ``cdc server pulsar`` (``cdc pulsar broker`` is its hidden alias for
 one release).
 """
 
@@ -14,7 +14,7 @@ import click
 from cdc.backends.pulsar.backend import drop_subscription
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.options import parse
-from cdc.servers.pulsar.broker import main as broker_main
+from cdc.servers.pulsar.cli import main as broker_main
 
 
 @click.group(help="Pulsar tools of cdc-tunnel.")

@@ -11,22 +11,18 @@ script crashes) and ``restart()`` on the same data. ::
 
 From a shell::
 
-    cdc server pulsar --port 6650 --data-dir ./pulsar-data --partitions 2
+    cdc server pulsar --lite --port 6650 --data-dir ./pulsar-data --partitions 2
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-import click
 
 from cdc.errors import CdcError
 from cdc.servers.ports import free_port
@@ -181,41 +177,3 @@ class EmbeddedBroker(ServerProcess):
 
     def __repr__(self) -> str:
         return f"EmbeddedBroker(url={self.url!r}, data_dir={str(self.data_dir)!r}, running={self.running})"
-
-
-@click.command(
-    "pulsar",
-    help="Run pulsar-lite on 127.0.0.1 until interrupted: an alpha broker that speaks the Pulsar protocol, NOT Apache "
-    "Pulsar (no admin API, schema registry or per-partition topics; it redelivers and can stall readers). For "
-    "development only; the tests run Apache Pulsar standalone (cdc.servers.pulsar.ApachePulsar).",
-)
-@click.option("--port", type=int, default=6650, show_default=True, help="Broker port (0 = a free port).")
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Data directory (kept); a temporary one (removed on exit) when omitted.",
-)
-@click.option("--partitions", type=int, default=0, show_default=True, help="Partitions of auto-created topics.")
-@click.option("--max-message-size", type=int, default=5 * 1024 * 1024, show_default=True)
-def main(port: int, data_dir: str | None, partitions: int, max_message_size: int) -> None:
-    broker = EmbeddedBroker(data_dir, port=port or None, partitions=partitions, max_message_size=max_message_size)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the broker on SIGTERM too (finally below)
-    from rich.console import Console
-
-    # The start-up wait can take seconds on a busy machine: a spinner on the terminal (nothing when piped).
-    with Console(stderr=True).status("starting pulsar-lite (waiting until it serves)..."):
-        broker.start()
-    click.echo(f"pulsar-lite running at {broker.url} (data: {broker.data_dir}); Ctrl-C to stop", err=True)
-    try:
-        while broker.running:
-            time.sleep(0.5)
-        click.echo("pulsar-lite exited", err=True)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        broker.stop()
-
-
-if __name__ == "__main__":
-    main()

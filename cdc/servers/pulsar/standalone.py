@@ -285,15 +285,21 @@ class ApachePulsar(ServerProcess):
         command = self._command(pulsar_lib(), self._write_config())
         started = time.monotonic()
         with open(self.data_dir / "stdout.log", "ab") as out:
-            self._process = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=str(self.data_dir),
-                start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
-                preexec_fn=die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
-            )
+            try:
+                self._process = subprocess.Popen(
+                    command,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=str(self.data_dir),
+                    start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the broker's
+                    preexec_fn=die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+                )
+            except FileNotFoundError:
+                raise BrokerError(
+                    f"Apache Pulsar runs on Java 17, and {command[0]!r} was not found: set JAVA_HOME or put java "
+                    "on PATH"
+                ) from None
         try:
             for attempt in Retrying(
                 stop=stop_after_delay(timeout),

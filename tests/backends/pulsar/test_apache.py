@@ -108,3 +108,42 @@ def test_first_batch_after_a_driver_restart_costs_its_budget_not_the_backlog(
         total += sum(b.num_rows for r in Planner.ranges(offset, nxt) for b in reader.read(r.channel, r.start, r.end))
         offset = nxt
     assert total == n - budget
+
+
+def test_a_byte_budget_after_a_driver_restart_costs_its_budget_not_the_backlog(
+    apache_pulsar: ApachePulsar, partitioned: str
+) -> None:
+    """maxBytesPerTrigger, through the source as Spark drives it: the record size comes from a sample at each
+    partition's start before the first plan, then from the messages the budgets read; no id index is built
+    (it read every id of the topic first), so a restarted driver's first batch costs its budget."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from cdc.backends.pulsar.backend import SIZE_SAMPLE
+    from cdc.source import CdcStreamReader, _Config
+
+    n, size, budget, queue = 6000, 200, 500, 100
+    produce(apache_pulsar.url, partitioned, [f"{i:0{size}d}".encode() for i in range(n)],
+            [f"k{i % 13}" for i in range(n)], batching=True)
+    config = _Config({"backend": "pulsar", "service.url": apache_pulsar.url, "topic": partitioned,
+                      "receiverQueueSize": str(queue), "maxBytesPerTrigger": str(budget * size)})
+    schema = from_arrow_schema(backend(apache_pulsar.url, partitioned).schema())
+
+    first = CdcStreamReader(config, schema)
+    stored = first.latestOffset(first.initialOffset(), ReadAllAvailable())  # then this driver was killed
+    assert first.planner.last_records == budget
+    first.backend.close()
+
+    restarted = CdcStreamReader(config, schema)
+    began = time.monotonic()
+    end = restarted.latestOffset(stored, ReadAllAvailable())
+    assert time.monotonic() - began < 10, "far under the 30 s operation timeout"
+    assert restarted.planner.last_records == budget  # 200-byte payloads: the estimate is exact
+    b: Any = restarted.backend
+    try:
+        read_on_driver = b._budget.delivered + sum(i.indexed for i in b._indexes.values())
+        assert read_on_driver <= 2 * SIZE_SAMPLE + budget + 2 * queue + 2 * 7, (
+            f"the driver read {read_on_driver} messages for {budget}")
+        assert restarted.latestOffset(end, ReadAllAvailable()) != end and restarted.planner.last_records == budget
+    finally:
+        b.close()

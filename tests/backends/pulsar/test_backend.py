@@ -223,7 +223,8 @@ def test_debezium_envelopes_map_to_the_change_model(broker: ApachePulsar, topic:
 
 
 def test_average_record_bytes_comes_from_the_indexed_payloads(broker: ApachePulsar, topic: str) -> None:
-    """maxBytesPerTrigger's estimate: the payload bytes of the messages the driver indexed, per message."""
+    """maxBytesPerTrigger's estimate: the payload bytes of the messages the driver read to plan, per message
+    (with no budget read yet, the sample at each partition's start, which here is every message)."""
     b = backend(broker.url, topic)
     assert b.average_record_bytes() == 0.0  # nothing indexed yet: no estimate, no limit
     produce(broker.url, topic, [b"a" * 100] * 30 + [b"b" * 400] * 10, [f"k{i}" for i in range(40)], batching=True)
@@ -298,11 +299,12 @@ def test_module_commands_start_a_broker_and_drop_a_subscription(lite_topic: str)
     from cdc.servers.ports import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "cdc", "server", "pulsar", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "cdc", "server", "pulsar", "--lite", "--port", str(port),
                              "--partitions", "2"], stderr=subprocess.PIPE)
     try:
         line = proc.stderr.readline().decode() if proc.stderr else ""
         assert f"pulsar://127.0.0.1:{port}" in line
+        assert proc.stderr is not None and "NOT Apache Pulsar" in proc.stderr.readline().decode()
         with socket.create_connection(("127.0.0.1", port), timeout=2):
             pass
         url = f"pulsar://127.0.0.1:{port}"

@@ -195,7 +195,7 @@ def test_wrong_or_missing_token_refused_naming_the_option(
     topic = _topic(1, secured)
     bad = "not-a-jwt" if token == "wrong" else None
     # with the admin API known, its 401 makes the refusal certain: a terminal error naming the option
-    raw = secured.options(topic=topic, **{"auth.token": bad, "pulsar.client.operation_timeout_seconds": "3"})
+    raw = secured.options(topic=topic, **{"auth.token": bad, "pulsar.client.operation_timeout_seconds": "1"})
     started = time.monotonic()
     with pytest.raises(OptionError, match="'auth.token'.*refused the credential") as err:
         PulsarBackend(parse(PulsarOptions, raw, what="b")).list_channels()
@@ -222,7 +222,7 @@ def test_writer_refused_for_a_wrong_token_names_the_option(secured: Secured, mon
     monkeypatch.delenv("PULSAR_AUTH_TOKEN", raising=False)
     topic = _topic(1, secured)
     raw = {k: v for k, v in secured.options(topic=topic).items() if k in _SINK_KEYS | {"topic", "admin.url"}}
-    raw.update({"auth.token": "not-a-jwt", "pulsar.client.operation_timeout_seconds": "3"})
+    raw.update({"auth.token": "not-a-jwt", "pulsar.client.operation_timeout_seconds": "1"})
     rows = pa.RecordBatch.from_pydict({"value": [b"a", b"b"]})
     started = time.monotonic()
     with pytest.raises(OptionError, match="'auth.token'.*refused the credential") as err:

@@ -1,6 +1,6 @@
-"""The cdc source over Pulsar inside real Spark: streaming with live producers, a broker killed with
-SIGKILL and restarted mid-stream plus a query restart (exactly once, in order per partition), batch reads,
-and the Pulsar sink (batch and streaming)."""
+"""The cdc source over Pulsar inside real Spark: streaming with live producers (exactly once, in order per
+partition), batch reads, and the Pulsar sink (batch and streaming). A broker SIGKILL mid-stream and a driver
+restart are tests/backends/pulsar/test_restarts.py's, in a driver process of its own."""
 
 from __future__ import annotations
 
@@ -114,36 +114,6 @@ def test_stream_with_producer_writing_during_the_query(registered: Any, broker: 
     finally:
         query.stop()
     _check_exactly_once_in_order(rows, 1200)
-
-
-@pytest.mark.slow
-def test_broker_killed_and_query_restarted_exactly_once(
-    registered: Any, broker: ApachePulsar, topic: str, tmp_path: Path
-) -> None:
-    """The session's broker SIGKILLed mid-stream and restarted (one restart: seconds on Apache Pulsar)."""
-    spark = registered
-    out, cp = tmp_path / "out", tmp_path / "cp"
-    b = broker
-    produce(b.url, topic, *_payloads(0, 300), batching=True)
-    query = _stream(spark, b.url, topic, cp, out)
-    try:
-        _wait_rows(spark, out, 1)
-        b.kill()  # SIGKILL mid-stream
-        b.start()  # same ports, same data
-        produce(b.url, topic, *_payloads(300, 600))
-        _wait_rows(spark, out, 600)
-    finally:
-        query.stop()
-    produce(b.url, topic, *_payloads(600, 900), batching=True)  # while no query runs
-    query = _stream(spark, b.url, topic, cp, out)  # the query restarts from its checkpoint
-    try:
-        produce(b.url, topic, *_payloads(900, 1000))
-        rows = _wait_rows(spark, out, 1000)
-        time.sleep(1.5)
-        rows = _rows(spark, out)
-    finally:
-        query.stop()
-    _check_exactly_once_in_order(rows, 1000)
 
 
 def test_batch_read_with_ending_offsets(registered: Any, broker: ApachePulsar, topic: str) -> None:
