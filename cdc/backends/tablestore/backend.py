@@ -137,7 +137,7 @@ from cdc.backends.tablestore.positions import (
     within,
 )
 from cdc.backends.tablestore.reader import TablestoreRangeReader, TunnelSession
-from cdc.backends.tablestore.records import table_layout
+from cdc.backends.tablestore.records import skip_past_page, table_layout
 from cdc.errors import OptionError, PositionError
 
 log = logging.getLogger(__name__)
@@ -462,14 +462,7 @@ class TablestoreBackend(Backend):
                     channel, token, _PageSummary(len(records), page.next_token, last_key, page.finished)
                 )
             if skip > len(records):
-                # The server now cuts responses shorter than when the position was planned: the gap
-                # lies further along the chain.
-                if page.finished or page.next_token == token:
-                    raise PositionError(
-                        f"channel {channel!r}: position {start!r} lies past the channel's last record"
-                    )
-                skip -= len(records)
-                token = page.next_token
+                token, skip = skip_past_page(channel, start, page, token, skip)
                 continue
             avail = len(records) - skip
             allowed = avail

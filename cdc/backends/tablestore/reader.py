@@ -29,7 +29,7 @@ from cdc.backends.tablestore.client import RecordPage, TunnelClient
 from cdc.backends.tablestore.errors import ResourceGoneError, TunnelExpiredError, tunnel_expired
 from cdc.backends.tablestore.plainbuffer import decode_row
 from cdc.backends.tablestore.positions import FINISHED, HEAD_BOUND, TIME_BOUND, Pos, count_within, order_key
-from cdc.backends.tablestore.records import RecordLayout
+from cdc.backends.tablestore.records import RecordLayout, skip_past_page
 from cdc.errors import PositionError
 
 log = logging.getLogger(__name__)
@@ -137,13 +137,8 @@ class TablestoreRangeReader(RangeReader):
                 page = pending.result() if pending is not None else session.read(channel, token)
                 pending = None
                 records = page.records
-                if skip > len(records):  # responses are cut shorter than when planned: keep skipping
-                    if page.finished or page.next_token == token:
-                        raise PositionError(
-                            f"channel {channel!r}: position {start!r} lies past the channel's last record"
-                        )
-                    skip -= len(records)
-                    token = page.next_token
+                if skip > len(records):
+                    token, skip = skip_past_page(channel, start, page, token, skip)
                     continue
                 take = list(records[skip : skip + count - produced])
                 more = produced + len(take) < count
@@ -182,12 +177,7 @@ class TablestoreRangeReader(RangeReader):
                 pending = None
                 records = page.records
                 if skip > len(records):
-                    if page.finished or page.next_token == token:
-                        raise PositionError(
-                            f"channel {channel!r}: position {s.to_json()!r} lies past the channel's last record"
-                        )
-                    skip -= len(records)
-                    token = page.next_token
+                    token, skip = skip_past_page(channel, s.to_json(), page, token, skip)
                     continue
                 avail = len(records) - skip
                 take = avail if base or avail == 0 else count_within(records, skip, base, bound)

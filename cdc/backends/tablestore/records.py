@@ -37,10 +37,11 @@ import pyarrow as pa
 
 from cdc.backends.tablestore import plainbuffer
 from cdc.backends.tablestore import tunnel_pb as pb
+from cdc.backends.tablestore.client import RecordPage
 from cdc.backends.tablestore.errors import ProtocolError, error_for
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, Row, decode_row
-from cdc.errors import MalformedRecordError, OptionError
+from cdc.errors import MalformedRecordError, OptionError, PositionError
 from cdc.model import ChangeSchema, Op
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,20 @@ class RecordLayout:
             out.append(record_ts)
             out.extend(map(kinds.get, value_columns))
         return out
+
+
+def skip_past_page(channel: str, position: Any, page: RecordPage, token: str, skip: int) -> tuple[str, int]:
+    """The token and skip after ``page`` (read at ``token``), for a gap ``skip`` > ``len(page.records)``.
+
+    The server may cut its responses shorter than when ``position`` was planned: the gap then lies
+    further along the ``next_token`` chain, and the records of this page count towards the skip. A
+    channel that ends (or whose head is reached) before the gap raises :class:`PositionError` naming
+    ``position``.
+    """
+    if page.finished or page.next_token == token:
+        raise PositionError(f"channel {channel!r}: position {position!r} lies past the channel's last record")
+    return page.next_token, skip - len(page.records)
+
 
 def _safe_name(channel: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in channel)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from cdc.backends.tablestore import errors as E
 from cdc.backends.tablestore import tunnel_pb as pb
+from cdc.backends.tablestore.client import RecordPage
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import (
     DELETE_ALL_VERSION,
@@ -24,7 +25,7 @@ from cdc.backends.tablestore.plainbuffer import (
     encode_row,
 )
 from cdc.backends.tablestore.positions import Pos
-from cdc.backends.tablestore.records import RecordLayout
+from cdc.backends.tablestore.records import RecordLayout, skip_past_page
 from cdc.errors import (
     DataLossError,
     MalformedRecordError,
@@ -184,6 +185,20 @@ def test_positions_round_trip_through_json(token: str, skip: int, n: int, last: 
 def test_bad_positions_are_rejected(bad: object) -> None:
     with pytest.raises(PositionError):
         Pos.parse("c", bad)
+
+
+def test_a_gap_past_a_shorter_response_moves_along_the_chain() -> None:
+    page = RecordPage([pb.Record(action_type=pb.PUT_ROW, record=b"")] * 3, "t2")
+    assert skip_past_page("c", {"token": "t1"}, page, "t1", 5) == ("t2", 2)
+
+
+@pytest.mark.parametrize("next_token", [pb.FINISHED_TOKEN, "t1"], ids=["channel ended", "at the head"])
+def test_a_gap_past_the_channels_last_record_is_an_error(next_token: str) -> None:
+    page = RecordPage([pb.Record(action_type=pb.PUT_ROW, record=b"")] * 3, next_token)
+    position = {"token": "t1", "skip": 5, "n": 9, "last": None}
+    with pytest.raises(PositionError) as info:
+        skip_past_page("c", position, page, "t1", 5)
+    assert str(info.value) == f"channel 'c': position {position!r} lies past the channel's last record"
 
 
 # ------------------------------------------------------------------ records
