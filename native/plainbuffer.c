@@ -31,13 +31,16 @@ typedef struct {
 static NameSlot name_slots[NAME_SLOTS];
 
 
+/* Python's formatting (%R is repr), so a cell name with a quote, a backslash or a NUL reads exactly as the
+   Python reader's {name!r} does: the two readers raise the same text for the same bytes. */
 static int fail(Stream *s, const char *fmt, ...) {
-    char message[512];
     va_list args;
     va_start(args, fmt);
-    PyOS_vsnprintf(message, sizeof message, fmt, args);
+    PyObject *message = PyUnicode_FromFormatV(fmt, args);
     va_end(args);
-    PyErr_Format(pb_ErrorType, "malformed PlainBuffer at byte %zd of %zd: %s", s->pos, s->end, message);
+    if (message == NULL) return -1;
+    PyErr_Format(pb_ErrorType, "malformed PlainBuffer at byte %zd of %zd: %U", s->pos, s->end, message);
+    Py_DECREF(message);
     return -1;
 }
 
@@ -126,8 +129,6 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
     c->name = cell_name(s, index, size, &crc);
     if (c->name == NULL) return -1;
     s->pos += size;
-    const char *name_utf8 = PyUnicode_AsUTF8(c->name);
-    if (name_utf8 == NULL) return -1;
     int t = next_tag(s);
     if (t == TAG_CELL_VALUE) {
         if (s->pos + 5 > s->end) return truncated();
@@ -138,7 +139,7 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
         s->pos = start + 1;
         crc = crc_table[crc ^ vtype];
         if (vtype == VT_INTEGER || vtype == VT_DOUBLE) {
-            if (s->pos + 8 > s->end) return fail(s, "truncated (value of cell '%s')", name_utf8);
+            if (s->pos + 8 > s->end) return fail(s, "truncated (value of cell %R)", c->name);
             if (vtype == VT_INTEGER) {
                 c->value = PyLong_FromLongLong(rd_i64(s->buf + s->pos));
             } else {
@@ -155,7 +156,7 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
             int32_t vsize = rd_i32(s->buf + s->pos);
             Py_ssize_t stop = s->pos + 4 + (Py_ssize_t)vsize;
             if (vsize < 0 || stop > s->end)
-                return fail(s, "truncated (value of cell '%s' needs %d bytes)", name_utf8, vsize);
+                return fail(s, "truncated (value of cell %R needs %d bytes)", c->name, vsize);
             crc = crc_bytes(crc, s->buf + s->pos, stop - s->pos);
             const char *data = (const char *)s->buf + s->pos + 4;
             s->pos = stop;
@@ -166,7 +167,7 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
                 c->value = PyUnicode_DecodeUTF8(data, vsize, "strict");
                 if (c->value == NULL) {
                     PyErr_Clear();
-                    return fail(s, "string value of cell '%s' is not valid UTF-8", name_utf8);
+                    return fail(s, "string value of cell %R is not valid UTF-8", c->name);
                 }
             }
         } else if (vtype == VT_BOOLEAN) {
@@ -179,10 +180,10 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
             Py_INCREF(c->value);
             c->is_special = 1;
         } else {
-            return fail(s, "cell '%s' has unsupported value type 0x%02x", name_utf8, vtype);
+            return fail(s, "cell %R has unsupported value type 0x%02x", c->name, vtype);
         }
         if (s->pos - start != length)
-            return fail(s, "cell '%s' value length prefix %d does not match its %zd bytes", name_utf8, length,
+            return fail(s, "cell %R value length prefix %d does not match its %zd bytes", c->name, length,
                         s->pos - start);
         t = next_tag(s);
     }
@@ -192,7 +193,7 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
         t = next_tag(s);
     }
     if (t == TAG_CELL_TIMESTAMP) {
-        if (s->pos + 8 > s->end) return fail(s, "truncated (timestamp of cell '%s')", name_utf8);
+        if (s->pos + 8 > s->end) return fail(s, "truncated (timestamp of cell %R)", c->name);
         c->timestamp = rd_i64(s->buf + s->pos);
         c->has_timestamp = 1;
         crc = crc_bytes(crc, s->buf + s->pos, 8);
@@ -200,11 +201,11 @@ static int read_cell(Stream *s, Py_ssize_t index, CellOut *c, int *tag) {
         t = next_tag(s);
     }
     if (c->cell_type >= 0) crc = crc_table[crc ^ c->cell_type];
-    if (t != TAG_CELL_CHECKSUM) return fail(s, "expected the checksum of cell '%s', got tag 0x%02x", name_utf8, t);
+    if (t != TAG_CELL_CHECKSUM) return fail(s, "expected the checksum of cell %R, got tag 0x%02x", c->name, t);
     if (s->pos >= s->end) return truncated();
     int stored = s->buf[s->pos++];
     if (stored != crc)
-        return fail(s, "checksum mismatch in cell '%s': stored 0x%02x, computed 0x%02x", name_utf8, stored, crc);
+        return fail(s, "checksum mismatch in cell %R: stored 0x%02x, computed 0x%02x", c->name, stored, crc);
     c->crc = crc;
     *tag = next_tag(s);
     return 0;
@@ -287,8 +288,8 @@ int pb_read_row(Stream *s, Py_ssize_t index, RowOut *r) {
         }
         r->npk++;
         if (c->value == NULL || c->cell_type >= 0 || c->has_timestamp || c->is_float)
-            return fail(s, "row %zd: primary-key cell '%s' must hold exactly one key value", index,
-                        PyUnicode_AsUTF8(c->name));
+            return fail(s, "row %zd: primary-key cell %R must hold exactly one key value", index,
+                        c->name);
         row_crc = crc_table[row_crc ^ c->crc];
     }
     if (tag == TAG_ROW_DATA) {
@@ -302,8 +303,8 @@ int pb_read_row(Stream *s, Py_ssize_t index, RowOut *r) {
             }
             r->ncells++;
             if (c->is_special)
-                return fail(s, "row %zd: data cell '%s' holds a primary-key placeholder", index,
-                            PyUnicode_AsUTF8(c->name));
+                return fail(s, "row %zd: data cell %R holds a primary-key placeholder", index,
+                            c->name);
             row_crc = crc_table[row_crc ^ c->crc];
         }
     }

@@ -147,3 +147,23 @@ def test_the_compiled_path_lays_out_well_formed_records(ots: bool) -> None:
     assert batch.column("_unchanged").to_pylist() == [None, ["name", "score", "flag", "blob"], None]
     assert batch.column("score").to_pylist() == [2.0, None, None]
     assert lay._compiled_columns("ch", True, 0, recs) is not None  # base data too
+
+
+@pytest.mark.parametrize("name", ["plain", "a\x00b", "it's", 'q"uo\\te', "ü\n"])
+def test_both_readers_name_a_cell_the_same_way_in_errors(name: str) -> None:
+    """Error texts name the cell by its repr in both readers: the compiled one once cut a name at a NUL byte
+    and quoted it without escaping (hypothesis found the NUL: the test above compared the two texts)."""
+    assert plainbuffer.COMPILED, "the compiled PlainBuffer reader is not built: run `make native`"
+    data = bytearray(encode_row(Row((("id", 1),), (Cell(name, "x"),))))
+    data[-3] ^= 0x5A  # the cell's checksum
+    errors = []
+    for compiled in (True, False):
+        saved, plainbuffer.COMPILED = plainbuffer.COMPILED, compiled
+        try:
+            with pytest.raises(Exception) as caught:
+                plainbuffer.decode_row(bytes(data))
+            errors.append(str(caught.value))
+        finally:
+            plainbuffer.COMPILED = saved
+    assert errors[0] == errors[1]
+    assert f"cell {name!r}" in errors[0], errors[0]
