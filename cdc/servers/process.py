@@ -10,7 +10,10 @@ import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +26,14 @@ def die_with_parent() -> None:
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def starting(what: str) -> Status:
+    """A spinner on the terminal while a server starts (a JVM: seconds to tens of seconds on a busy machine);
+    nothing when stderr is piped. For the ``cdc server`` commands."""
+    from rich.console import Console
+
+    return Console(stderr=True).status(f"starting {what} (waiting until it serves)...")
 
 
 class ServerProcess(ABC):

@@ -173,8 +173,8 @@ class PulsarBackend(Backend):
                 topic,
                 receiver_queue_size=self.options.receiver_queue_size,
                 catch_up_ms=self.options.catch_up_ms,
-                find_truncates=self.options.debezium_truncate == "apply" and self.options.value_format == "debezium",
-                mark=(lambda data: self._saw(topic, data)) if self.options.debezium_transaction_topic else None,
+                find_truncates=self._applies_truncates,
+                mark=(lambda data: self._saw(topic, data)) if self._keeps_transactions else None,
             )
             self._stale.add(topic)
         if topic in self._stale:
@@ -228,7 +228,7 @@ class PulsarBackend(Backend):
                 out.append(ChannelInfo(ch.id))
         self._stale.update(topics)
         self._heads.clear()
-        if self.options.debezium_transaction_topic is not None:
+        if self._keeps_transactions:
             # Before the data topics: every data event of a transaction whose END is read now is then
             # indexed in this round (Debezium publishes a transaction's events before its END).
             self._transaction_log().catch_up(self._transaction_partitions())
@@ -306,8 +306,7 @@ class PulsarBackend(Backend):
         ch = self._channel(channel)
         s = to_key(start, channel)
         u = None if until is None else to_key(until, channel)
-        apply_truncates = self.options.debezium_truncate == "apply" and self.options.value_format == "debezium"
-        transactions = self.options.debezium_transaction_topic is not None
+        apply_truncates, transactions = self._applies_truncates, self._keeps_transactions
         if self._plans_from_heads:
             try:
                 head = self._heads.of(ch)
@@ -399,13 +398,21 @@ class PulsarBackend(Backend):
         return PulsarRangeReader(self.options.model_copy(update={"reader_topic": mode}))
 
     @property
+    def _applies_truncates(self) -> bool:
+        """Batches end before Debezium truncates (``debezium.truncate=apply``): planning checks every message."""
+        return self.options.debezium_truncate == "apply" and self.options.value_format == "debezium"
+
+    @property
+    def _keeps_transactions(self) -> bool:
+        """Batches end between source transactions (``debezium.transactionTopic``)."""
+        return self.options.debezium_transaction_topic is not None
+
+    @property
     def _plans_from_heads(self) -> bool:
         """Whether plans end at the heads the broker names (budgets counted by :class:`PartitionBudget`)
         rather than on the id index: partition mode, unless a Debezium truncate or transaction check needs
         every id."""
-        apply_truncates = self.options.debezium_truncate == "apply" and self.options.value_format == "debezium"
-        transactions = self.options.debezium_transaction_topic is not None
-        return self._probe is not False and not apply_truncates and not transactions
+        return self._probe is not False and not self._applies_truncates and not self._keeps_transactions
 
     def average_record_bytes(self) -> float | None:
         """Payload bytes per message (metadata and the decoded columns are not counted) over the messages

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import click
 
-from cdc.servers.process import ServerProcess
+from cdc.servers.process import ServerProcess, starting
 from cdc.servers.pulsar.broker import BrokerError, EmbeddedBroker
 from cdc.servers.pulsar.standalone import ApachePulsar, pulsar_lib, pulsar_version
 
@@ -54,9 +54,7 @@ def _serve(broker: ServerProcess, name: str, ready: Callable[[], str]) -> None:
         signal.signal(signum, lambda *_: sys.exit(0))
     keep_data = False  # a broker that failed keeps its directory, logs included, even a temporary one
     try:
-        # The wait takes seconds (Apache Pulsar: a JVM, tens of seconds on a busy machine): a spinner on a
-        # terminal, nothing when stderr is piped.
-        with Console(stderr=True).status(f"starting {name} (waiting until it serves)..."):
+        with starting(name):
             broker.start()
         click.echo(ready(), err=True)
         while broker.running:

@@ -8,17 +8,10 @@ import sys
 import time
 
 import click
-from rich.console import Console
-from rich.status import Status
 
+from cdc.servers.process import starting
 from cdc.servers.spark.cluster import SparkCluster
 from cdc.servers.spark.connect import ConnectServer
-
-
-def _waiting(what: str) -> Status:
-    """A spinner on the terminal while a JVM starts (seconds to tens of seconds on a busy machine); nothing
-    when stderr is piped."""
-    return Console(stderr=True).status(f"starting {what} (waiting until it serves)...")
 
 
 def _serve_until_interrupted(running: object) -> None:
@@ -39,7 +32,7 @@ def _serve_until_interrupted(running: object) -> None:
 def cluster_main(workers: int, cores: int, memory: str, data_dir: str | None) -> None:
     cluster = SparkCluster(workers, cores=cores, memory=memory, data_dir=data_dir)
     try:
-        with _waiting(f"a Spark master and {workers} workers"):
+        with starting(f"a Spark master and {workers} workers"):
             cluster.start()
         click.echo(f"Spark cluster at {cluster.url} ({workers} workers, web UI {cluster.webui_url}) in "
                    f"{cluster.last_start_s:.1f} s; logs {cluster.data_dir}; Ctrl-C to stop", err=True)
@@ -57,7 +50,7 @@ def cluster_main(workers: int, cores: int, memory: str, data_dir: str | None) ->
 def connect_main(port: int, master: str, data_dir: str | None) -> None:
     server = ConnectServer(data_dir, port=port or None, master=master)
     try:
-        with _waiting("a Spark Connect server"):
+        with starting("a Spark Connect server"):
             server.start()
         click.echo(f"Spark Connect at {server.url} in {server.last_start_s:.1f} s (log {server.logfile}); "
                    "Ctrl-C to stop", err=True)
