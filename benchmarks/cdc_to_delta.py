@@ -11,6 +11,10 @@ A 1M-row table receives batches of 100k changes (50% updates, 40% inserts, 10% d
   copy of the same 1M-row table with a plain upsert MERGE (no Spark, no sequence guard, no tombstones); run
   before and after the pipeline, and the mean is the reference (the machine's load drifts).
 
+* **hand-over alone**: the same stream into a ``foreachBatch`` that only collects the batch as Arrow (what
+  the sink does before it merges) and merges nothing: the ceiling of any driver-side sink on this machine
+  (Spark's micro-batch, its offset and commit logs, the source's read and the collect).
+
 With ``--engine delta-spark`` the same run also streams the same batches through
 
 * **our pipeline on delta-spark**: ``DeltaUpsertSink(engine="delta-spark")``, the batch prepared and merged
@@ -249,6 +253,9 @@ def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | Non
         rs_sink = DeltaUpsertSink(rs_table, keys=["id"], compact_every=None, pipelined=not sync)
         timings["rs"] = stream(spark, work, "rs", rs_sink, warmup, changes, batch, verbose, rs_sink.flush)
         groups = commit_groups(rs_table)
+        from sinks.delta.sink import _collect
+
+        timings["collect"] = stream(spark, work, "collect", lambda df, _: _collect(df), warmup, changes, batch, verbose)
         if engine == "delta-spark":
             ds_table = str(work / "pipeline-spark")
             initial_table(ds_table, initial, sink_layout=True)
@@ -281,6 +288,7 @@ def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | Non
         "rs": f"our pipeline on delta-rs: cdc source -> DeltaUpsertSink(pipelined={not sync})",
         "spark": "our pipeline on delta-spark: cdc source -> DeltaUpsertSink(engine='delta-spark')",
         "hand": "hand-written delta-spark foreachBatch MERGE (Delta docs' upsert pattern)",
+        "collect": "hand-over alone: cdc source -> foreachBatch collecting to Arrow, no merge",
     }
     for key, (t, startup, sizes) in timings.items():
         print(f"{labels[key]}: {t:.2f} s, {total / t:,.0f} changes/s, ratio to delta-rs alone {t_alone / t:.3f} "

@@ -1,0 +1,152 @@
+"""The ceiling of any snapshot design on this machine: Spark tasks that ``COPY`` their own chunk straight from
+PostgreSQL, against ``COPY ... TO`` of the whole table by one connection, in the same run.
+
+Issue 14 asks the snapshot for >= 0.5x ``COPY ... TO``. Our snapshot exports the slot's snapshot and
+materialises chunk files while the export is held, then Spark reads them (so a replay reads the same rows;
+see ``cdc/backends/postgres/snapshot.py``). The design that could be faster would overlap the two: the
+executors read PostgreSQL directly. This script measures that design's upper bound, stripped of everything
+the real source must add: no exported snapshot, no replication slot, no chunk file kept for replays, no
+change-model columns, no planning round trips: a minimal Python data source whose tasks each run
+``COPY (SELECT ... WHERE ctid in their page range) TO STDOUT (FORMAT csv)`` and yield the rows parsed by
+Arrow's CSV reader (the parse overlapping the COPY, as ours does), into Spark's ``noop`` sink, with 2 and 4
+tasks, twice each. ``COPY`` is measured before and after (the mean is the reference).
+
+Last line: ``ratio <best direct read rows/s / COPY rows/s>``. If it is below 0.5, no overlap of export and
+read reaches 0.5x on this machine.
+
+    python benchmarks/postgres_snapshot_bound.py            # 1M rows
+    python benchmarks/postgres_snapshot_bound.py --rows 200000
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
+
+NAMES = ["id", "name", "amount", "at", "n"]
+
+
+class DirectReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        tasks, pages = int(self.options["tasks"]), int(self.options["pages"])
+        step = -(-pages // tasks)
+        return [InputPartition((i * step, (i + 1) * step if i < tasks - 1 else None)) for i in range(tasks)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        import threading
+
+        import psycopg
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        lo, hi = partition.value  # type: ignore[attr-defined]
+        where = f"ctid >= '({lo},0)'::tid" + ("" if hi is None else f" AND ctid < '({hi},0)'::tid")
+        types = {"id": pa.int64(), "name": pa.string(), "amount": pa.decimal128(12, 2),
+                 "at": pa.timestamp("us", tz="UTC"), "n": pa.int32()}
+        read_end, write_end = os.pipe()
+        out: dict[str, Any] = {}
+
+        def parse() -> None:
+            with os.fdopen(read_end, "rb") as stream:
+                out["table"] = pacsv.read_csv(
+                    pa.PythonFile(stream, mode="r"),
+                    read_options=pacsv.ReadOptions(column_names=NAMES, block_size=1 << 20),
+                    convert_options=pacsv.ConvertOptions(column_types=types),
+                )
+
+        parser = threading.Thread(target=parse)
+        parser.start()
+        query = f"COPY (SELECT {', '.join(NAMES)} FROM bench WHERE {where}) TO STDOUT (FORMAT csv)"
+        with psycopg.connect(self.options["dsn"]) as conn, os.fdopen(write_end, "wb") as pipe:
+            conn.execute("SET timezone = 'UTC'")
+            with conn.cursor() as cur, cur.copy(query) as copy:
+                for block in copy:
+                    pipe.write(block)
+        parser.join()
+        yield from out["table"].to_batches(65_536)
+
+
+class DirectSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "pg_direct_bound"
+
+    def schema(self) -> str:
+        return "id bigint, name string, amount decimal(12,2), at timestamp, n int"
+
+    def reader(self, schema: Any) -> DirectReader:
+        return DirectReader(dict(self.options))
+
+
+def copy_rows_per_s(dsn: str, rows: int) -> float:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        start = time.perf_counter()
+        with cur.copy("COPY (SELECT * FROM bench) TO STDOUT") as copy:
+            for _ in copy:
+                pass
+        return rows / (time.perf_counter() - start)
+
+
+@click.command()
+@click.option("--rows", default=1_000_000, show_default=True)
+def main(rows: int) -> None:
+    import psycopg
+
+    from cdc.servers.postgres import PostgresServer
+    from tests.conftest import spark_builder
+
+    with PostgresServer() as pg:
+        dsn = pg.create_database("bench")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            # The table of postgres_source.py.
+            conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, name text, amount numeric(12,2), "
+                         "at timestamptz, n int)")
+            conn.execute("INSERT INTO bench SELECT g, 'customer-' || g, g * 1.25, now(), g %% 1000 "
+                         "FROM generate_series(1, %s) g", (rows,))
+            conn.execute("VACUUM ANALYZE bench")
+            row = conn.execute("SELECT pg_relation_size('bench') / current_setting('block_size')::int").fetchone()
+            assert row is not None
+            pages = int(row[0])
+        copy_before = copy_rows_per_s(dsn, rows)
+        spark = spark_builder("postgres-snapshot-bound").getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(DirectSource)
+
+        def run(tasks: int, table_pages: int) -> float:
+            start = time.perf_counter()
+            (spark.read.format("pg_direct_bound").option("dsn", dsn).option("tasks", str(tasks))
+             .option("pages", str(table_pages)).load().write.format("noop").mode("overwrite").save())
+            return time.perf_counter() - start
+
+        run(2, 20)  # warm-up: Python workers and imports
+        best = 0.0
+        for tasks in (2, 4, 2, 4):
+            seconds = run(tasks, pages)
+            best = max(best, rows / seconds)
+            print(f"direct read, {tasks} tasks: {rows / seconds:,.0f} rows/s ({seconds:.2f} s)")
+        spark.stop()
+        copy_after = copy_rows_per_s(dsn, rows)
+        copy_rate = (copy_before + copy_after) / 2
+        print(f"COPY TO: {copy_rate:,.0f} rows/s (before {copy_before:,.0f}, after {copy_after:,.0f})")
+        print(f"best direct read: {best:,.0f} rows/s; 0.5x COPY would be {copy_rate / 2:,.0f} rows/s")
+        print(f"ratio {best / copy_rate:.3f}")
+
+
+if __name__ == "__main__":
+    main()
