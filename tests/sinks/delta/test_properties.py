@@ -18,6 +18,8 @@ tombstones and sequences are checked in the state table.
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -78,7 +80,9 @@ class SinkMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.path = tempfile.mkdtemp(prefix="delta-prop-")
+        # The table in a folder of its own, which teardown removes (with the twin delta-spark table beside it).
+        self.dir = tempfile.mkdtemp(prefix="delta-prop-")
+        self.path = os.path.join(self.dir, "table")
         self.sink = self._new_sink()
         self.seq = 0
         self.source: dict[tuple[Any, ...], tuple[Any, ...]] = {}
@@ -96,6 +100,9 @@ class SinkMachine(RuleBasedStateMachine):
         self.purged = False
         self.any_partial = False
         self.lossy = False  # a partial history delivered out of order across batches: the table may lag the source
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def _new_sink(self) -> DeltaUpsertSink:
         return DeltaUpsertSink(
