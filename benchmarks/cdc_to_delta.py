@@ -22,6 +22,10 @@ With ``--engine delta-spark`` the same run also streams the same batches through
 * **hand-written delta-spark MERGE**: the ``foreachBatch`` upsert of Delta's docs (``DeltaTable.forPath(...)
   .merge(...).whenMatchedDelete/Update/whenNotMatchedInsert``) into a plain 1M-row table.
 
+With ``--cluster`` the driver runs on a Spark standalone cluster started by the script (a master and two
+one-core workers on loopback, as the cluster tests start it), with both engines (it implies ``--engine
+delta-spark``): the figures behind the default engine on a cluster.
+
 Prints changes/s for each, the ratios, peak memory, and last ``ratio <our pipeline/standalone>`` (the
 pipeline of ``--engine``).
 """
@@ -38,6 +42,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -117,12 +122,21 @@ def standalone(path: str, initial: pa.Table, warmup: pa.Table, batches: list[pa.
     return time.perf_counter() - start
 
 
-def spark_session() -> object:
-    """One local session (Delta configured, as in the tests) for every streaming variant of the run."""
+def spark_session(cluster: Any = None) -> object:
+    """One session (Delta configured, as in the tests) for every streaming variant of the run: local[2], or a
+    driver here on ``cluster`` (a started :class:`cdc.servers.spark.cluster.SparkCluster`)."""
     import cdc
     from tests.conftest import spark_builder
 
-    builder = spark_builder("cdc-to-delta-bench").config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    if cluster is None:
+        builder = spark_builder("cdc-to-delta-bench")
+    else:
+        from sinks.delta.session import configure_delta
+
+        # Executors of 900 MB (the workers offer 1 GB each): a delta-spark MERGE into the 1M-row table.
+        builder = configure_delta(cluster.session_builder("cdc-to-delta-bench", {"spark.executor.memory": "900m"}),
+                                  local=False).config("spark.databricks.delta.snapshotPartitions", "2")
+    builder = builder.config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     cdc.register(spark)
@@ -230,7 +244,11 @@ def stream(
 @click.option("--batches", type=int, default=None, help="Number of 100k-change batches (default 10).")
 @click.option("--table-rows", type=int, default=1_000_000, show_default=True)
 @click.option("--batch", type=int, default=100_000, show_default=True)
-def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | None, table_rows: int, batch: int) -> None:
+@click.option("--cluster", is_flag=True,
+              help="Run the driver on a Spark standalone cluster started here (master and 2 one-core workers on "
+                   "loopback, as tests/cluster) instead of local[2]; implies --engine delta-spark.")
+def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | None, table_rows: int, batch: int,
+         cluster: bool) -> None:
     from sinks.delta import DeltaUpsertSink
 
     n = batches or (2 if quick else 10)
@@ -240,13 +258,19 @@ def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | Non
     total = n * batch
     work = Path(tempfile.mkdtemp(prefix="cdc-to-delta-"))
     timings: dict[str, tuple[float, float, list[int]]] = {}
+    spark_cluster: Any = None
     try:
         # Standalone before and after the pipelines (the mean is the reference): the machine's load drifts.
         reset_peak_rss()
         t_before = standalone(str(work / "standalone-1"), initial, warmup, changes)
         alone_peak = peak_rss_mb()
         reset_peak_rss()
-        spark = spark_session()
+        if cluster:
+            from cdc.servers.spark.cluster import SparkCluster
+
+            engine = "delta-spark"
+            spark_cluster = SparkCluster(workers=2, cores=1, memory="1g").start()
+        spark = spark_session(spark_cluster if cluster else None)
         jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[attr-defined]
         rs_table = str(work / "pipeline-rs")
         initial_table(rs_table, initial, sink_layout=True)
@@ -266,6 +290,9 @@ def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | Non
             timings["hand"] = stream(spark, work, "hand", hand_written(hand_table), warmup, changes, batch, verbose)
         jvm_peak = peak_rss_mb(jvm_pid)
         spark.stop()  # type: ignore[attr-defined]
+        if spark_cluster is not None:
+            spark_cluster.stop()
+            spark_cluster = None
         driver_peak = peak_rss_mb()
         t_after = standalone(str(work / "standalone-2"), initial, warmup, changes)
         t_alone = (t_before + t_after) / 2
@@ -279,9 +306,12 @@ def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | Non
             at += size
         t_grouped = standalone(str(work / "standalone-grouped"), initial, warmup, grouped)
     finally:
+        if spark_cluster is not None:
+            spark_cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
     alone_rate = total / t_alone
-    print(f"table {table_rows} rows, {n} batches x {batch} changes (50% update, 40% insert, 10% delete)")
+    where = "a standalone cluster (master + 2 one-core workers on loopback)" if cluster else "local[2]"
+    print(f"table {table_rows} rows, {n} batches x {batch} changes (50% update, 40% insert, 10% delete); Spark: {where}")
     print(f"delta-rs alone (standalone merge): {t_alone:.2f} s (runs before/after the pipelines: {t_before:.2f} s, "
           f"{t_after:.2f} s), {alone_rate:,.0f} changes/s, peak RSS {alone_peak:.0f} MB")
     labels = {
