@@ -270,7 +270,7 @@ def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | Non
 
             engine = "delta-spark"
             spark_cluster = SparkCluster(workers=2, cores=1, memory="1g").start()
-        spark = spark_session(spark_cluster if cluster else None)
+        spark = spark_session(spark_cluster)
         jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[attr-defined]
         rs_table = str(work / "pipeline-rs")
         initial_table(rs_table, initial, sink_layout=True)

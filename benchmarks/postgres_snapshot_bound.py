@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
+from postgres_source import copy_rows_per_s, create_bench_table  # noqa: E402 (this script's folder)
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
 
 NAMES = ["id", "name", "amount", "at", "n"]
@@ -92,17 +93,6 @@ class DirectSource(DataSource):
         return DirectReader(dict(self.options))
 
 
-def copy_rows_per_s(dsn: str, rows: int) -> float:
-    import psycopg
-
-    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
-        start = time.perf_counter()
-        with cur.copy("COPY (SELECT * FROM bench) TO STDOUT") as copy:
-            for _ in copy:
-                pass
-        return rows / (time.perf_counter() - start)
-
-
 @click.command()
 @click.option("--rows", default=1_000_000, show_default=True)
 def main(rows: int) -> None:
@@ -113,13 +103,8 @@ def main(rows: int) -> None:
 
     with PostgresServer() as pg:
         dsn = pg.create_database("bench")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            # The table of postgres_source.py.
-            conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, name text, amount numeric(12,2), "
-                         "at timestamptz, n int)")
-            conn.execute("INSERT INTO bench SELECT g, 'customer-' || g, g * 1.25, now(), g %% 1000 "
-                         "FROM generate_series(1, %s) g", (rows,))
-            conn.execute("VACUUM ANALYZE bench")
+        create_bench_table(dsn, rows)  # the table of postgres_source.py
+        with psycopg.connect(dsn) as conn:
             row = conn.execute("SELECT pg_relation_size('bench') / current_setting('block_size')::int").fetchone()
             assert row is not None
             pages = int(row[0])

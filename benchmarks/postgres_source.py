@@ -31,6 +31,18 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+def create_bench_table(dsn: str, rows: int) -> None:
+    """The benchmark's table ``bench`` (id, text, numeric, timestamptz, int) with ``rows`` rows, vacuumed."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, name text, amount numeric(12,2), "
+                     "at timestamptz, n int)")
+        conn.execute("INSERT INTO bench SELECT g, 'customer-' || g, g * 1.25, now(), g %% 1000 "
+                     "FROM generate_series(1, %s) g", (rows,))
+        conn.execute("VACUUM ANALYZE bench")
+
+
 def copy_rows_per_s(dsn: str, rows: int) -> float:
     import psycopg
 
@@ -89,12 +101,7 @@ def main(rows: int, changes: int, quick: bool) -> None:
         rows, changes = 200_000, 50_000
     with PostgresServer() as pg, tempfile.TemporaryDirectory() as tmp:
         dsn = pg.create_database("bench")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, name text, amount numeric(12,2), "
-                         "at timestamptz, n int)")
-            conn.execute("INSERT INTO bench SELECT g, 'customer-' || g, g * 1.25, now(), g %% 1000 "
-                         "FROM generate_series(1, %s) g", (rows,))
-            conn.execute("VACUUM ANALYZE bench")
+        create_bench_table(dsn, rows)
         copy_rate = copy_rows_per_s(dsn, rows)
         print(f"COPY TO: {copy_rate:,.0f} rows/s")
         spark = spark_builder("postgres-source-benchmark").getOrCreate()
