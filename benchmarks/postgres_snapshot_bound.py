@@ -8,7 +8,8 @@ executors read PostgreSQL directly. This script measures that design's upper bou
 the real source must add: no exported snapshot, no replication slot, no chunk file kept for replays, no
 change-model columns, no planning round trips: a minimal Python data source whose tasks each run
 ``COPY (SELECT ... WHERE ctid in their page range) TO STDOUT (FORMAT csv)`` and yield the rows parsed by
-Arrow's CSV reader (the parse overlapping the COPY, as ours does), into Spark's ``noop`` sink, with 2 and 4
+Arrow's CSV reader, through the snapshot's own chunk read (``snapshot._copy_csv``: the parse overlapping the
+COPY), into Spark's ``noop`` sink, with 2 and 4
 tasks, twice each. ``COPY`` is measured before and after (the mean is the reference).
 
 Last line: ``ratio <best direct read rows/s / COPY rows/s>``. If it is below 0.5, no overlap of export and
@@ -35,12 +36,10 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 from postgres_source import copy_rows_per_s, create_bench_table  # noqa: E402 (this script's folder)
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
 
-NAMES = ["id", "name", "amount", "at", "n"]
-
 
 class DirectReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
-        self.options = options
+    def __init__(self, options: dict[str, str], table: Any) -> None:
+        self.options, self.table = options, table
 
     def partitions(self) -> list[InputPartition]:
         tasks, pages = int(self.options["tasks"]), int(self.options["pages"])
@@ -48,37 +47,19 @@ class DirectReader(DataSourceReader):
         return [InputPartition((i * step, (i + 1) * step if i < tasks - 1 else None)) for i in range(tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        import threading
-
         import psycopg
-        import pyarrow as pa
-        import pyarrow.csv as pacsv
+        from psycopg import sql
+
+        from cdc.backends.postgres.snapshot import _copy_csv
 
         lo, hi = partition.value  # type: ignore[attr-defined]
-        where = f"ctid >= '({lo},0)'::tid" + ("" if hi is None else f" AND ctid < '({hi},0)'::tid")
-        types = {"id": pa.int64(), "name": pa.string(), "amount": pa.decimal128(12, 2),
-                 "at": pa.timestamp("us", tz="UTC"), "n": pa.int32()}
-        read_end, write_end = os.pipe()
-        out: dict[str, Any] = {}
-
-        def parse() -> None:
-            with os.fdopen(read_end, "rb") as stream:
-                out["table"] = pacsv.read_csv(
-                    pa.PythonFile(stream, mode="r"),
-                    read_options=pacsv.ReadOptions(column_names=NAMES, block_size=1 << 20),
-                    convert_options=pacsv.ConvertOptions(column_types=types),
-                )
-
-        parser = threading.Thread(target=parse)
-        parser.start()
-        query = f"COPY (SELECT {', '.join(NAMES)} FROM bench WHERE {where}) TO STDOUT (FORMAT csv)"
-        with psycopg.connect(self.options["dsn"]) as conn, os.fdopen(write_end, "wb") as pipe:
-            conn.execute("SET timezone = 'UTC'")
-            with conn.cursor() as cur, cur.copy(query) as copy:
-                for block in copy:
-                    pipe.write(block)
-        parser.join()
-        yield from out["table"].to_batches(65_536)
+        where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({lo},0)"))
+        if hi is not None:
+            where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({hi},0)"))
+        # The snapshot's own chunk read: COPY ... (FORMAT csv) parsed by Arrow while PostgreSQL still sends.
+        with psycopg.connect(self.options["dsn"]) as conn:
+            data = _copy_csv(conn, self.table, where, self.table.arrow_schema())
+        yield from data.to_batches(65_536)
 
 
 class DirectSource(DataSource):
@@ -86,11 +67,21 @@ class DirectSource(DataSource):
     def name(cls) -> str:
         return "pg_direct_bound"
 
-    def schema(self) -> str:
-        return "id bigint, name string, amount decimal(12,2), at timestamp, n int"
+    def _table(self) -> Any:
+        import psycopg
+
+        from cdc.backends.postgres.catalog import describe
+
+        with psycopg.connect(self.options["dsn"]) as conn:
+            return describe(conn, "public.bench")
+
+    def schema(self) -> Any:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return from_arrow_schema(self._table().arrow_schema())
 
     def reader(self, schema: Any) -> DirectReader:
-        return DirectReader(dict(self.options))
+        return DirectReader(dict(self.options), self._table())
 
 
 @click.command()
