@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from cdc.lazy import lazy_exports
+
 if TYPE_CHECKING:
     from cdc.backend import Backend, ChannelInfo, PlannedRange, RangeReader, open_backend, register_backend
     from cdc.errors import CdcError, DataLossError, OptionError
@@ -33,27 +35,22 @@ __all__ = [
 
 # ``import cdc`` alone loads nothing heavy (pydantic, pyarrow, pyspark): the public names are imported on
 # first use, so a wire-format module such as ``cdc.backends.tablestore.plainbuffer`` stays light.
-_LAZY = {
-    "Backend": "cdc.backend",
-    "ChannelInfo": "cdc.backend",
-    "PlannedRange": "cdc.backend",
-    "RangeReader": "cdc.backend",
-    "open_backend": "cdc.backend",
-    "register_backend": "cdc.backend",
-    "CdcError": "cdc.errors",
-    "DataLossError": "cdc.errors",
-    "OptionError": "cdc.errors",
-    "ChangeSchema": "cdc.model",
-    "Op": "cdc.model",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Backend": "cdc.backend",
+        "ChannelInfo": "cdc.backend",
+        "PlannedRange": "cdc.backend",
+        "RangeReader": "cdc.backend",
+        "open_backend": "cdc.backend",
+        "register_backend": "cdc.backend",
+        "CdcError": "cdc.errors",
+        "DataLossError": "cdc.errors",
+        "OptionError": "cdc.errors",
+        "ChangeSchema": "cdc.model",
+        "Op": "cdc.model",
+    },
+)
 
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

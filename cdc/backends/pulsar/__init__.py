@@ -13,24 +13,15 @@ The names below are imported on first use (PEP 562), so that importing, say, :mo
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cdc.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cdc.backends.pulsar.backend import PulsarBackend, drop_subscription
     from cdc.backends.pulsar.errors import SchemaMismatchError, StallError
     from cdc.backends.pulsar.options import PulsarOptions, PulsarSinkOptions
     from cdc.backends.pulsar.reader import PulsarRangeReader
-
-_LAZY = {
-    "PulsarBackend": "cdc.backends.pulsar.backend",
-    "drop_subscription": "cdc.backends.pulsar.backend",
-    "PulsarOptions": "cdc.backends.pulsar.options",
-    "PulsarSinkOptions": "cdc.backends.pulsar.options",
-    "PulsarRangeReader": "cdc.backends.pulsar.reader",
-    "SchemaMismatchError": "cdc.backends.pulsar.errors",
-    "StallError": "cdc.backends.pulsar.errors",
-}
 
 __all__ = [
     "PulsarBackend",
@@ -42,13 +33,15 @@ __all__ = [
     "drop_subscription",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "PulsarBackend": ".backend",
+        "drop_subscription": ".backend",
+        "PulsarOptions": ".options",
+        "PulsarSinkOptions": ".options",
+        "PulsarRangeReader": ".reader",
+        "SchemaMismatchError": ".errors",
+        "StallError": ".errors",
+    },
+)

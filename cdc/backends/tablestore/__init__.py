@@ -26,8 +26,9 @@ loads neither the backend, its client, pydantic nor the ``tablestore`` SDK.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cdc.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cdc.backends.tablestore.backend import TablestoreBackend
@@ -36,21 +37,11 @@ if TYPE_CHECKING:
 
 __all__ = ["TablestoreBackend", "TablestoreOptions", "TunnelClient"]
 
-_LAZY = {
-    "TablestoreBackend": "cdc.backends.tablestore.backend",
-    "TablestoreOptions": "cdc.backends.tablestore.options",
-    "TunnelClient": "cdc.backends.tablestore.client",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "TablestoreBackend": ".backend",
+        "TablestoreOptions": ".options",
+        "TunnelClient": ".client",
+    },
+)
