@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from cdc.backends.pulsar import debezium
 from cdc.backends.pulsar.errors import SequenceRangeError
-from cdc.errors import OptionError
+from cdc.errors import OptionError, SchemaChangedError
 from cdc.model import ChangeSchema, Op
 
 KEY, TOPIC, MESSAGE_ID, PUBLISH_TIME, EVENT_TIME, PROPERTIES = (
@@ -367,9 +367,9 @@ class Decoder:
         try:
             text = debezium.record_schema_of(schema)
         except ValueError as exc:
-            raise debezium.SchemaChangedError(f"its schema no longer gives the row's columns: {exc}") from None
+            raise SchemaChangedError(f"its schema no longer gives the row's columns: {exc}") from None
         if text != self.events_schema:
-            raise debezium.SchemaChangedError(
+            raise SchemaChangedError(
                 f"its row schema {text} differs from the one the query read from the topic when it was "
                 f"defined, {self.events_schema}; restart the query to read the new schema (or give option "
                 "valueSchema)"

@@ -22,11 +22,8 @@ import struct
 from datetime import datetime
 from typing import Any
 
-from cdc.errors import OptionError, TerminalError
-
-
-class TruncateError(TerminalError):
-    """A Debezium truncate event (``op: t``): emptying a table is not a row change the query can apply."""
+from cdc.errors import OptionError
+from cdc.lazy import lazy_exports
 
 
 class TruncateEvent(Exception):
@@ -39,9 +36,10 @@ class TruncateEvent(Exception):
         self.commit = commit
 
 
-class SchemaChangedError(TerminalError):
-    """A message's envelope schema differs from the one the query read from the topic when it was defined."""
-
+# Moved to cdc.errors (shared by every backend that reads Debezium events); the old names warn for a release.
+__getattr__, __dir__ = lazy_exports(
+    __name__, {}, moved={"SchemaChangedError": "cdc.errors", "TruncateError": "cdc.errors"}
+)
 
 _U32 = struct.Struct(">i")
 

@@ -27,11 +27,17 @@ import pyarrow.compute as pc
 from cdc.backend import Position, RangeReader
 from cdc.backends.pulsar.client import Channel, connect, reader_settings
 from cdc.backends.pulsar.codec import PROPERTIES, TS, Decoder, Malformed, sequence_of
-from cdc.backends.pulsar.debezium import SchemaChangedError, TruncateError, TruncateEvent
+from cdc.backends.pulsar.debezium import TruncateEvent
 from cdc.backends.pulsar.errors import StallError
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import Key, is_start, to_key
-from cdc.errors import BackendUnavailableError, DataLossError, MalformedRecordError
+from cdc.errors import (
+    BackendUnavailableError,
+    DataLossError,
+    MalformedRecordError,
+    SchemaChangedError,
+    TruncateError,
+)
 from cdc.model import METADATA_COLUMNS, Op
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ import pytest
 
 from cdc.backend import open_backend
 from cdc.backends.postgres import slot as slots
-from cdc.backends.postgres.errors import NoPrimaryKeyError, SchemaChangedError
+from cdc.backends.postgres.errors import NoPrimaryKeyError
+from cdc.errors import SchemaChangedError
 from cdc.errors import DataLossError, OptionError
 from cdc.planner import Planner
 from cdc.testing import batches, drain, read_range

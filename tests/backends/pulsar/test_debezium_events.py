@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from cdc.backends.pulsar.codec import Decoder
-from cdc.backends.pulsar.debezium import SchemaChangedError, TruncateError, TruncateEvent, record_schema_of
+from cdc.backends.pulsar.debezium import TruncateEvent, record_schema_of
+from cdc.errors import SchemaChangedError, TruncateError
 from cdc.errors import OptionError
 from cdc.servers.pulsar import EmbeddedBroker
 from tests.backends.pulsar.helpers import backend, drain, produce
