@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
+from cdc.channels import Position as Position
 from cdc.errors import OptionError
 from cdc.options import BackendOptions
 
@@ -53,8 +54,6 @@ if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
     from pyspark.sql.types import StructType
 
-Position = Any
-"""A JSON-safe value (int, str, list or dict of those) that addresses a gap between records."""
 
 
 @dataclass(frozen=True)

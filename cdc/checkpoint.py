@@ -27,7 +27,8 @@ from typing import Any
 from pyarrow import fs
 
 from cdc.errors import OffsetError, TerminalError
-from cdc.offsets import Offset, Position
+from cdc.channels import Position
+from cdc.offsets import Offset
 
 _BATCH_FILE = re.compile(r"^\d+$")
 

@@ -37,20 +37,26 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from cdc.backend import Backend, ChannelInfo, Position
+from cdc.backend import Backend, ChannelInfo
+from cdc.channels import ChannelRange, Position
 from cdc.errors import DataLossError, OptionError
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class ChannelRange:
-    """One channel's range in a batch: ``[start, end)``."""
-
-    channel: str
-    start: Position
-    end: Position
+__all__ = [
+    "ChannelPlan",
+    "ChannelRange",
+    "Planner",
+    "Taken",
+    "batch_ranges",
+    "describe",
+    "eligible_channels",
+    "end_offset",
+    "parents_done",
+    "positions",
+    "share_budget",
+]
 
 
 @dataclass(frozen=True)
@@ -63,13 +69,14 @@ class Taken:
 
 @dataclass(frozen=True)
 class ChannelPlan:
-    """A channel's range in the batch being planned: ``[begin, end)``."""
+    """A channel's range ``[start, end)`` while the batch is being planned (the channel is the key it is
+    kept under), and what planning learned of it."""
 
-    begin: Position
+    start: Position
     end: Position
     finished: bool = False
     skipped: bool = False
-    """``begin`` jumped forward past data the backend no longer holds (``failOnDataLoss=false``)."""
+    """``start`` jumped forward past data the backend no longer holds (``failOnDataLoss=false``)."""
 
 
 def _channel_sort_key(cid: str) -> tuple[int, str]:
@@ -184,8 +191,8 @@ def end_offset(
     if not new and not any(p.skipped for p in plans.values()) and entries == start.without_from():
         return None
     for cid, p in plans.items():
-        if p.skipped or (cid in new and p.begin != p.end):
-            entries[cid] = replace(entries[cid], from_=p.begin)
+        if p.skipped or (cid in new and p.start != p.end):
+            entries[cid] = replace(entries[cid], from_=p.start)
     if start.initial:
         for cid, e in entries.items():
             if e.from_ is None:
@@ -200,13 +207,13 @@ def batch_ranges(start: Offset, end: Offset) -> list[ChannelRange]:
     out = []
     for cid, e in end.channels.items():
         if e.from_ is not None:
-            begin = e.from_
+            first = e.from_
         elif cid in start.channels:
-            begin = start.channels[cid].pos
+            first = start.channels[cid].pos
         else:
             continue  # registered in this batch with nothing to read
-        if begin != e.pos:
-            out.append(ChannelRange(cid, begin, e.pos))
+        if first != e.pos:
+            out.append(ChannelRange(cid, first, e.pos))
     out.sort(key=lambda r: _channel_sort_key(r.channel))
     return out
 
@@ -410,4 +417,4 @@ def positions(offset: OffsetJson) -> dict[str, Position]:
 
 
 def describe(ranges: Sequence[ChannelRange]) -> str:
-    return ", ".join(f"{r.channel}[{r.start!r}, {r.end!r})" for r in ranges) or "nothing"
+    return ", ".join(map(str, ranges)) or "nothing"

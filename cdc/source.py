@@ -33,7 +33,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from cdc.backend import Backend, Position, RangeReader, backend_class
+from cdc.backend import Backend, RangeReader, backend_class
+from cdc.channels import ChannelRange, Position
 from cdc.errors import CdcError, OptionError
 from cdc.lag import measure, to_report
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
@@ -45,16 +46,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ChannelPartition(InputPartition):
-    """One channel range of one batch; pickled to an executor."""
+    """One channel range of one batch and the reader that reads it; pickled to an executor.
 
-    channel: str
-    start: Position
-    end: Position
+    A plain dataclass, as :class:`pyspark.sql.datasource.InputPartition` documents its subclasses."""
+
+    range: ChannelRange
     reader: RangeReader
-
-    def __init__(self, channel: str, start: Position, end: Position, reader: RangeReader) -> None:
-        super().__init__(channel)
-        self.channel, self.start, self.end, self.reader = channel, start, end, reader
 
 
 def _conform(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -117,13 +114,14 @@ class _ReaderBase:
         ranges = Planner.ranges(start, end)
         log.debug("batch ranges: %s", describe(ranges))
         reader = self.backend.reader()
-        return [ChannelPartition(r.channel, r.start, r.end, reader) for r in ranges]
+        return [ChannelPartition(r, reader) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, ChannelPartition):
             # PySpark hands a batch read that planned no partition one InputPartition(None) all the same.
             return iter(())
-        return _conform(partition.reader.read(partition.channel, partition.start, partition.end), self._arrow_schema)
+        r = partition.range
+        return _conform(partition.reader.read(r.channel, r.start, r.end), self._arrow_schema)
 
 
 class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
