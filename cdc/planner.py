@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -54,6 +54,7 @@ __all__ = [
     "eligible_channels",
     "end_offset",
     "parents_done",
+    "per_channel",
     "positions",
     "share_budget",
 ]
@@ -77,6 +78,10 @@ class ChannelPlan:
     finished: bool = False
     skipped: bool = False
     """``start`` jumped forward past data the backend no longer holds (``failOnDataLoss=false``)."""
+
+
+_STARTING_ACCEPTED = 'earliest, latest, or a JSON object {"<channel>": <position> | "earliest" | "latest"}'
+_ENDING_ACCEPTED = 'latest or a JSON object {"<channel>": <position> | "latest"}'
 
 
 def _channel_sort_key(cid: str) -> tuple[int, str]:
@@ -218,6 +223,23 @@ def batch_ranges(start: Offset, end: Offset) -> list[ChannelRange]:
     return out
 
 
+def per_channel(spec: str, option: str, accepted: str, channels: Iterable[str]) -> dict[str, Any]:
+    """The JSON object ``{"<channel>": <value>}`` of ``startingOffsets`` or ``endingOffsets`` (``option``);
+    anything else, or a channel not among ``channels``, raises an :class:`OptionError` that names the option
+    and what it accepts."""
+    try:
+        given = json.loads(spec)
+    except json.JSONDecodeError:
+        given = None
+    if not isinstance(given, dict):
+        raise OptionError(f"option {option!r}: accepted values are {accepted}; got {spec!r}", option)
+    known = set(channels)
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise OptionError(f"option {option!r}: unknown channels {unknown}; channels: {sorted(known)}", option)
+    return given
+
+
 # ---------------------------------------------------------------------- the planner
 class Planner:
     """Turns backend state into offsets and offsets into ranges. Takes and returns offsets as the JSON Spark
@@ -253,30 +275,13 @@ class Planner:
         if at is not None:
             return Offset({ch.id: ChannelOffset(self.backend.position_at(ch.id, at)) for ch in channels},
                           initial=True).to_json()
-        per_channel: dict[str, Any] = {}
+        given: dict[str, Any] = {}
         if default not in ("earliest", "latest"):
-            try:
-                given = json.loads(text)
-            except json.JSONDecodeError:
-                given = None
-            if not isinstance(given, dict):
-                raise OptionError(
-                    "option 'startingOffsets': accepted values are earliest, latest, or a JSON object "
-                    f'{{"<channel>": <position> | "earliest" | "latest"}}; got {spec!r}',
-                    "startingOffsets",
-                )
-            per_channel = given
-            known = {c.id for c in channels}
-            unknown = sorted(set(per_channel) - known)
-            if unknown:
-                raise OptionError(
-                    f"option 'startingOffsets': unknown channels {unknown}; channels: {sorted(known)}",
-                    "startingOffsets",
-                )
+            given = per_channel(text, "startingOffsets", _STARTING_ACCEPTED, (c.id for c in channels))
             default = "earliest"
         out: dict[str, ChannelOffset] = {}
         for ch in channels:
-            where = per_channel.get(ch.id, default)
+            where = given.get(ch.id, default)
             if where == "earliest":
                 out[ch.id] = ChannelOffset(self.backend.earliest(ch.id))
             elif where == "latest":
@@ -309,23 +314,12 @@ class Planner:
         text = spec.strip()
         if text.lower() == "latest":
             return {c.id: head(c.id) for c in self.backend.list_channels()}, set()
-        try:
-            given = json.loads(text)
-        except json.JSONDecodeError:
-            given = None
-        if not isinstance(given, dict):
-            raise OptionError(
-                f'option \'endingOffsets\': accepted values are latest or a JSON object {{"<channel>": <position>}}; got {spec!r}',
-                "endingOffsets",
-            )
-        out: dict[str, Position] = {}
         known = {c.id for c in self.backend.list_channels()}
+        given = per_channel(text, "endingOffsets", _ENDING_ACCEPTED, known)
+        out: dict[str, Position] = {}
         for ch in known:
             value = given.get(ch, "latest")
             out[ch] = head(ch) if value == "latest" else self.backend.parse_position(ch, value)
-        unknown = sorted(set(given) - known)
-        if unknown:
-            raise OptionError(f"option 'endingOffsets': unknown channels {unknown}", "endingOffsets")
         return out, {ch for ch in known if given.get(ch, "latest") != "latest"}
 
     def batch_end(self, start: OffsetJson, ending: str, at: datetime | None = None) -> OffsetJson:
