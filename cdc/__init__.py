@@ -74,8 +74,9 @@ def _warn_if_py4j_logs_option_values() -> None:
 
 
 def register(spark: Any, *, functions: bool = True) -> None:
-    """Register the ``cdc`` data source, the ``tablestore`` table scan and (where installed) the change-record SQL
-    functions with ``spark``.
+    """Register the ``cdc`` data source, the backends' own data sources (:meth:`cdc.backend.Backend.register_spark`:
+    Tablestore's ``tablestore`` table scan, Pulsar's ``cdc-pulsar`` sink) and, where installed, the change-record
+    SQL functions with ``spark``.
 
     Works with a classic session, a Spark Connect session and inside a Spark Declarative Pipelines definition
     file. Pipelines block ``spark.udf.register`` there (``SESSION_MUTATION_IN_DECLARATIVE_PIPELINE``) while
@@ -86,17 +87,10 @@ def register(spark: Any, *, functions: bool = True) -> None:
     from cdc.source import CdcDataSource
 
     spark.dataSource.register(CdcDataSource)
-    from cdc.backends.tablestore.scan_source import TablestoreTableSource
+    from cdc.backend import installed_backends
 
-    spark.dataSource.register(TablestoreTableSource)  # "tablestore": a table's current rows, batch only
-    # "cdc-pulsar", the sink-only format name, where pulsar-client is installed (asked without loading its
-    # C++ core, which is slow to load and not needed by reads of other backends).
-    import importlib.util
-
-    if importlib.util.find_spec("pulsar") is not None:
-        from cdc.backends.pulsar.writer import register as register_pulsar_sink
-
-        register_pulsar_sink(spark)
+    for backend in installed_backends():  # their own formats: Tablestore's table scan, Pulsar's sink name
+        backend.register_spark(spark)
     if functions:
         _register_functions(spark)
 

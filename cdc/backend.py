@@ -221,6 +221,12 @@ class Backend(ABC):
         raise _no_writes(cls.name)
 
     @classmethod
+    def register_spark(cls, spark: Any) -> None:  # noqa: B027 - optional hook
+        """Register this backend's own Spark data sources, besides ``format("cdc")``, with ``spark`` (a
+        table scan, a sink-only format name). :func:`cdc.register` calls it for every backend installed here,
+        so a backend whose sources need an optional client package checks for it here. Default: none."""
+
+    @classmethod
     def accepts_writes(cls) -> bool:
         """Whether the backend overrides :meth:`writer`."""
         return getattr(cls.writer, "__func__", None) is not getattr(Backend.writer, "__func__", None)
@@ -270,16 +276,20 @@ def backend_class(name: str) -> type[Backend]:
     return cls
 
 
-def writing_backends() -> list[str]:
-    """The backends that accept writes (imports each available backend to ask it)."""
-    names = []
+def installed_backends() -> list[type[Backend]]:
+    """The class of every backend that imports in this installation."""
+    classes = []
     for name in available_backends():
         try:
-            if backend_class(name).accepts_writes():
-                names.append(name)
-        except OptionError:  # not installed here: it cannot take this write anyway
+            classes.append(backend_class(name))
+        except OptionError:  # its package's dependencies are not installed here
             continue
-    return names
+    return classes
+
+
+def writing_backends() -> list[str]:
+    """The backends that accept writes (imports each available backend to ask it)."""
+    return [cls.name for cls in installed_backends() if cls.accepts_writes()]
 
 
 def _no_writes(name: str) -> OptionError:

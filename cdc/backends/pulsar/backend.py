@@ -37,6 +37,7 @@ executors receive other partitions' messages).
 from __future__ import annotations
 
 import bisect
+import importlib.util
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -482,6 +483,15 @@ class PulsarBackend(Backend):
         }
 
     # ------------------------------------------------------------------ writes
+    @classmethod
+    def register_spark(cls, spark: Any) -> None:
+        """``cdc-pulsar``, the sink-only format name, where pulsar-client is installed (asked without loading
+        its C++ core, which is slow to load and not needed by reads of other backends)."""
+        if importlib.util.find_spec("pulsar") is not None:
+            from cdc.backends.pulsar.writer import register
+
+            register(spark)
+
     @classmethod
     def writer(cls, options: Mapping[str, Any], schema: StructType, overwrite: bool) -> DataSourceWriter:
         """Batch writes (``df.write.format("cdc").option("backend", "pulsar")``): see

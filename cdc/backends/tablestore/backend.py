@@ -163,6 +163,13 @@ class TablestoreBackend(Backend):
     options_model = TablestoreOptions
     options: TablestoreOptions
 
+    @classmethod
+    def register_spark(cls, spark: Any) -> None:
+        """``format("tablestore")``: a table's current rows, batch only, with filters pushed down."""
+        from cdc.backends.tablestore.scan_source import TablestoreTableSource
+
+        spark.dataSource.register(TablestoreTableSource)
+
     def __init__(self, options: TablestoreOptions) -> None:
         super().__init__(options)
         key_id, secret, token = options.credentials()
