@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -71,11 +71,10 @@ class _Config:
     """Parsed options shared by the stream and batch readers. Picklable; holds no connections."""
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
-        name = str(raw.get("backend", "local"))
-        self.backend_cls: type[Backend] = backend_class(name)
+        self.backend_cls: type[Backend] = named_backend(raw, "read")
         self.source: SourceOptions
         self.backend_options: BackendOptions
-        self.source, self.backend_options = split_and_parse(raw, self.backend_cls.options_model, name)
+        self.source, self.backend_options = split_and_parse(raw, self.backend_cls.options_model, self.backend_cls.name)
 
     def open(self) -> Backend:
         return self.backend_cls(self.backend_options)
@@ -275,25 +274,27 @@ class CdcDataSource(DataSource):
 
     # Writes go to the change-log system named by ``backend``, if it accepts them (see Backend.writer).
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return _write_backend(self.options).writer(self.options, schema, overwrite)
+        return named_backend(self.options, "write").writer(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return _write_backend(self.options).stream_writer(self.options, schema, overwrite)
+        return named_backend(self.options, "write").stream_writer(self.options, schema, overwrite)
 
 
-_WRITE_DEFAULT = "pulsar"
+_FORMER_DEFAULTS = {"read": "local", "write": "pulsar"}
 
 
-def _write_backend(options: Mapping[str, Any]) -> type[Backend]:
-    """The backend a write names; a write that names none goes to Pulsar (deprecated: writes before there
-    was a writer hook had no other target)."""
+def named_backend(options: Mapping[str, Any], use: Literal["read", "write"]) -> type[Backend]:
+    """The backend that option ``backend`` names: reads and writes both need it.
+
+    Without it, this release still takes the former defaults, a read the local log and a write Pulsar, with
+    a warning; the next one raises :class:`~cdc.errors.OptionError`."""
     name = next((str(v) for k, v in options.items() if k.lower() == "backend"), None)
     if name is None:
+        name = _FORMER_DEFAULTS[use]
         message = (
-            "a write to format('cdc') without option 'backend' goes to Pulsar; this default is deprecated and "
-            "will be removed: add .option('backend', 'pulsar')"
+            f"a {use} of format('cdc') without option 'backend' uses backend {name!r}; this default is deprecated "
+            f"and will be removed (reads and writes will both require the option): add .option('backend', {name!r})"
         )
         log.warning(message)
         warnings.warn(message, FutureWarning, stacklevel=3)
-        name = _WRITE_DEFAULT
     return backend_class(name)

@@ -52,7 +52,7 @@ def test_a_write_naming_pulsar_gets_the_pulsar_writers(broker: ApachePulsar, top
 def test_a_write_naming_no_backend_still_reaches_pulsar_and_warns(broker: ApachePulsar, topic: str,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     source = CdcDataSource({"service.url": broker.url, "topic": topic})
-    with pytest.warns(FutureWarning, match=r"without option 'backend' goes to Pulsar.*deprecated"):
+    with pytest.warns(FutureWarning, match=r"write of format\('cdc'\) without option 'backend' uses backend 'pulsar'.*deprecated"):
         writer = source.writer(SCHEMA, False)
     assert "deprecated" in caplog.text
     commit = writer.write(iter([_rows(5)]))
