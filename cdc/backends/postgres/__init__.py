@@ -1,7 +1,7 @@
 """``backend=postgres``: PostgreSQL logical replication (``pgoutput``) as a change log.
 
 Files: :mod:`.options`, :mod:`.backend` (driver side; the design), :mod:`.reader` (executor side),
-:mod:`.slot` (slot, publication, peeking), :mod:`.pgoutput` (the message decoder), :mod:`.catalog` (tables
+:mod:`.connection` (slot, publication, peeking), :mod:`.pgoutput` (the message decoder), :mod:`.catalog` (tables
 and types), :mod:`.records` (typed and JSON layouts), :mod:`.positions`, :mod:`.snapshot` (the exported
 snapshot, materialised), :mod:`.errors`, :mod:`.cli` (``cdc postgres``).
 """

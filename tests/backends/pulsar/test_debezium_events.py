@@ -16,8 +16,7 @@ import pytest
 
 from cdc.backends.pulsar.codec import Decoder
 from cdc.backends.pulsar.debezium import TruncateEvent, record_schema_of
-from cdc.errors import SchemaChangedError, TruncateError
-from cdc.errors import OptionError
+from cdc.errors import OptionError, SchemaChangedError, TruncateError
 from cdc.servers.pulsar import EmbeddedBroker
 from tests.backends.pulsar.helpers import backend, drain, produce
 
