@@ -3,7 +3,7 @@
 Files: :mod:`.options` (read and write options), :mod:`.backend` (the driver: channels, planning),
 :mod:`.reader` (the executor side), :mod:`.positions` (message ids as positions), :mod:`.index` (the
 driver's message-id index), :mod:`.heads` (partition heads, ``reader.topic=partition``),
-:mod:`.acknowledge` (the durable subscription), :mod:`.client` (connections, partitions), :mod:`.admin`
+:mod:`.acknowledge` (the durable subscription), :mod:`.connection` (clients, partitions), :mod:`.admin`
 (admin REST calls), :mod:`.codec` (payloads to rows: JSON, Avro, Debezium), :mod:`.writer` (the sink),
 :mod:`.errors`, :mod:`.cli` (``cdc pulsar``).
 

@@ -51,8 +51,8 @@ from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Positio
 from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import match_topics, registry_schema
 from cdc.backends.pulsar.budget import PartitionBudget
-from cdc.backends.pulsar.client import Channel, admin_client, connect, partitions_of
 from cdc.backends.pulsar.codec import Decoder
+from cdc.backends.pulsar.connection import Channel, admin_client, connect, partitions_of
 from cdc.backends.pulsar.debezium import (
     record_schema_of_avro,
     registry_envelope_avro,

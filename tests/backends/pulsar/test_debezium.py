@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc.backends.pulsar.client import Channel, open_client
 from cdc.backends.pulsar.codec import Decoder, Malformed, _Field
+from cdc.backends.pulsar.connection import Channel, open_client
 from cdc.backends.pulsar.debezium import TruncateEvent, value_of
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.reader import _Columns
