@@ -14,8 +14,8 @@ import json
 import sys
 import time
 
-from cdc.backends.pulsar.codec import Decoder
 from cdc.backends.pulsar.debezium import is_truncate
+from cdc.backends.pulsar.records import Decoder
 
 SCHEMA = json.dumps({"type": "record", "name": "items", "fields": [
     {"name": "id", "type": "int"}, {"name": "name", "type": ["null", "string"]},

@@ -51,7 +51,6 @@ from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Positio
 from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import match_topics, registry_schema
 from cdc.backends.pulsar.budget import PartitionBudget
-from cdc.backends.pulsar.codec import Decoder
 from cdc.backends.pulsar.connection import Channel, admin_client, connect, partitions_of
 from cdc.backends.pulsar.debezium import (
     record_schema_of_avro,
@@ -64,6 +63,7 @@ from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import START, before, count_between, to_key
 from cdc.backends.pulsar.reader import PulsarRangeReader
+from cdc.backends.pulsar.records import Decoder
 from cdc.backends.pulsar.transactions import IndexedMessages, TransactionLog, transaction_cut
 from cdc.errors import CdcError, OptionError
 

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc.backends.pulsar import PulsarOptions, StallError, drop_subscription
-from cdc.backends.pulsar.codec import sequence_of
 from cdc.backends.pulsar.connection import open_client
 from cdc.backends.pulsar.errors import SequenceRangeError
+from cdc.backends.pulsar.records import sequence_of
 from cdc.errors import BackendUnavailableError, MalformedRecordError, OptionError, PositionError
 from cdc.options import parse
 from cdc.planner import Planner
