@@ -51,19 +51,22 @@ def lazy_exports(package: str, names: Mapping[str, str], *, moved: Mapping[str, 
     return __getattr__, __dir__
 
 
-def moved_module(old: str, new: str) -> Exports:
-    """``__getattr__`` and ``__dir__`` for a module ``old`` that moved to ``new``: every name resolves in ``new``,
-    with a :class:`DeprecationWarning` that names the new module."""
+def moved_module(old: str, new: str, *, elsewhere: Mapping[str, str] | None = None) -> Exports:
+    """``__getattr__`` and ``__dir__`` for a module ``old`` that moved to ``new``: every name resolves in ``new``
+    (or, for the names of ``elsewhere``, in the module it maps them to), with a :class:`DeprecationWarning`
+    that names the new place."""
+    elsewhere = dict(elsewhere or {})
 
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        target = elsewhere.get(name, new)
         warnings.warn(
-            f"module {old} is deprecated and will be removed: import {name} from {new}",
+            f"module {old} is deprecated and will be removed: import {name} from {target}",
             DeprecationWarning,
             stacklevel=2,
         )
-        return getattr(importlib.import_module(new), name)
+        return getattr(importlib.import_module(target), name)
 
     def __dir__() -> list[str]:
         return sorted(vars(importlib.import_module(new)))

@@ -4,7 +4,7 @@ Files: :mod:`.options` (read and write options), :mod:`.backend` (the driver: ch
 :mod:`.reader` (the executor side), :mod:`.positions` (message ids as positions), :mod:`.index` (the
 driver's message-id index), :mod:`.heads` (partition heads, ``reader.topic=partition``),
 :mod:`.acknowledge` (the durable subscription), :mod:`.connection` (clients, partitions), :mod:`.admin`
-(admin REST calls), :mod:`.records` (payloads to rows: JSON, Avro, Debezium), :mod:`.writer` (the sink),
+(admin REST calls), :mod:`.records` (payloads to rows: JSON, Avro, Debezium envelopes read by :mod:`cdc.formats.debezium`), :mod:`.writer` (the sink),
 :mod:`.errors`, :mod:`.cli` (``cdc pulsar``).
 
 The names below are imported on first use (PEP 562), so that importing, say, :mod:`.records` or

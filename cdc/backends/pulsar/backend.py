@@ -52,11 +52,6 @@ from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import match_topics, registry_schema
 from cdc.backends.pulsar.budget import PartitionBudget
 from cdc.backends.pulsar.connection import Channel, admin_client, connect, partitions_of
-from cdc.backends.pulsar.debezium import (
-    record_schema_of_avro,
-    registry_envelope_avro,
-    schema_from_first_message,
-)
 from cdc.backends.pulsar.errors import HeadUnavailableError, SchemaMismatchError
 from cdc.backends.pulsar.heads import PartitionHeads, first_published_at
 from cdc.backends.pulsar.index import TopicIndex
@@ -66,6 +61,11 @@ from cdc.backends.pulsar.reader import PulsarRangeReader
 from cdc.backends.pulsar.records import Decoder
 from cdc.backends.pulsar.transactions import IndexedMessages, TransactionLog, transaction_cut
 from cdc.errors import CdcError, OptionError
+from cdc.formats.debezium import (
+    record_schema_of_avro,
+    registry_envelope_avro,
+    schema_from_first_message,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter

@@ -26,7 +26,6 @@ import pyarrow.compute as pc
 
 from cdc.backend import Position, RangeReader
 from cdc.backends.pulsar.connection import Channel, connect, reader_settings
-from cdc.backends.pulsar.debezium import TruncateEvent
 from cdc.backends.pulsar.errors import StallError
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import Key, is_start, to_key
@@ -38,6 +37,7 @@ from cdc.errors import (
     SchemaChangedError,
     TruncateError,
 )
+from cdc.formats.debezium import TruncateEvent
 from cdc.model import METADATA_COLUMNS, Op
 
 log = logging.getLogger(__name__)

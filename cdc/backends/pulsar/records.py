@@ -24,9 +24,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc.backends.pulsar import debezium
 from cdc.backends.pulsar.errors import SequenceRangeError
 from cdc.errors import OptionError, SchemaChangedError
+from cdc.formats import debezium
 from cdc.model import ChangeSchema, Op
 
 KEY, TOPIC, MESSAGE_ID, PUBLISH_TIME, EVENT_TIME, PROPERTIES = (
@@ -322,7 +322,7 @@ class Decoder:
         return record
 
     def decode_change(self, payload: bytes, publish_ms: int) -> tuple[str, datetime, list[Any]] | None:
-        """(op, commit time, table row) of a Debezium envelope (see :mod:`cdc.backends.pulsar.debezium`);
+        """(op, commit time, table row) of a Debezium envelope (see :mod:`cdc.formats.debezium`);
         ``None`` for a tombstone. A truncate raises :class:`TruncateEvent`; an envelope whose schema differs
         from the one the query read from the topic raises :class:`SchemaChangedError`."""
         assert self.change is not None
