@@ -15,7 +15,7 @@ so a batch replayed after a crash reads exactly the same records (see :mod:`.bac
 
 Files: :mod:`.options`, :mod:`.backend` (the driver: channels, lineage, deterministic batches),
 :mod:`.reader` (reading planned ranges on executors), :mod:`.positions` (positions, ordering keys),
-:mod:`.records` (tunnel records to change rows), :mod:`.errors` (typed service errors), :mod:`.client`
+:mod:`.records` (tunnel records to change rows), :mod:`.errors` (typed service errors), :mod:`.connection`
 (the tunnel client on the ``tablestore`` SDK's transport), :mod:`.handover` (taking over a crashed run's
 tunnel clients), and the wire formats :mod:`.tunnel_pb` (the tunnel service's protobuf messages) and
 :mod:`.plainbuffer` (the row codec).
@@ -32,7 +32,7 @@ from cdc.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cdc.backends.tablestore.backend import TablestoreBackend
-    from cdc.backends.tablestore.client import TunnelClient
+    from cdc.backends.tablestore.connection import TunnelClient
     from cdc.backends.tablestore.options import TablestoreOptions
 
 __all__ = ["TablestoreBackend", "TablestoreOptions", "TunnelClient"]
@@ -42,6 +42,6 @@ __getattr__, __dir__ = lazy_exports(
     {
         "TablestoreBackend": ".backend",
         "TablestoreOptions": ".options",
-        "TunnelClient": ".client",
+        "TunnelClient": ".connection",
     },
 )

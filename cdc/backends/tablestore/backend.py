@@ -115,7 +115,7 @@ import pyarrow as pa
 
 from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader
 from cdc.backends.tablestore import handover
-from cdc.backends.tablestore.client import RetrySettings, TunnelClient
+from cdc.backends.tablestore.connection import RetrySettings, TunnelClient
 from cdc.backends.tablestore.errors import (
     ObjectNotExistError,
     ParameterInvalidError,
