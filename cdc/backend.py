@@ -220,8 +220,8 @@ class Backend(ABC):
         """The Spark streaming writer of a backend that accepts writes; others raise :class:`OptionError`."""
         raise _no_writes(cls.name)
 
-    @classmethod
-    def register_spark(cls, spark: Any) -> None:  # noqa: B027 - optional hook
+    @classmethod  # noqa: B027 - optional hook
+    def register_spark(cls, spark: Any) -> None:
         """Register this backend's own Spark data sources, besides ``format("cdc")``, with ``spark`` (a
         table scan, a sink-only format name). :func:`cdc.register` calls it for every backend installed here,
         so a backend whose sources need an optional client package checks for it here. Default: none."""

@@ -75,7 +75,7 @@ def test_unknown_option_names_it_and_lists_accepted() -> None:
         ({"backend": "local", "path": "/x", "maxBytesPerTrigger": "1MB"}, "'maxBytesPerTrigger'"),
         ({"backend": "local", "path": "/x", "failOnDataLoss": "maybe"}, "accepted values: true, false"),
         ({"backend": "kafka"}, "accepted values: local, postgres, pulsar, tablestore"),
-        ({}, "option 'path' is required"),
+        ({"backend": "local"}, "option 'path' is required"),
     ],
 )
 def test_invalid_options(raw: dict, fragment: str) -> None:
