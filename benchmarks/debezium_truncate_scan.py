@@ -1,5 +1,5 @@
 """What ``debezium.truncate=apply`` adds to planning: the driver's id index checks every message for a
-truncate (:func:`cdc.backends.pulsar.debezium.is_truncate`). Measured against decoding the same messages
+truncate (:func:`cdc.formats.debezium.is_truncate`). Measured against decoding the same messages
 into change records (what the executors do with them anyway), in the same run, on real-shaped Debezium
 envelopes (PostgreSQL connector, with and without schemas).
 
@@ -14,8 +14,8 @@ import json
 import sys
 import time
 
-from cdc.backends.pulsar.codec import Decoder
-from cdc.backends.pulsar.debezium import is_truncate
+from cdc.backends.pulsar.records import Decoder
+from cdc.formats.debezium import is_truncate
 
 SCHEMA = json.dumps({"type": "record", "name": "items", "fields": [
     {"name": "id", "type": "int"}, {"name": "name", "type": ["null", "string"]},

@@ -60,6 +60,26 @@ class OffsetError(TerminalError, ValueError):
     """An offset (from Spark's offset log or a checkpoint) is not a cdc offset."""
 
 
+class SchemaError(TerminalError, ValueError):
+    """A table's schema does not fit the change model: an unsupported type, a key column missing or clashing
+    with a metadata column. A :class:`ValueError` too, as the change model raised before."""
+
+
+class SchemaChangedError(TerminalError):
+    """A table's columns changed while a query that decodes them with the schema it started with read it:
+    restart the query to take the new schema (Auto Loader's convention). ``table`` names the table when the
+    source tells it."""
+
+    def __init__(self, message: str, table: str | None = None) -> None:
+        super().__init__(message)
+        self.table = table
+
+
+class TruncateError(TerminalError):
+    """A source emptied a table (a Debezium truncate event): not a row change the query can apply unless it is
+    configured to deliver truncates (``debezium.truncate=apply``)."""
+
+
 class MalformedRecordError(TerminalError):
     """A record cannot be decoded; raised when ``onMalformed`` is ``fail``."""
 

@@ -54,10 +54,10 @@ def drop_slot(slot: str, dsn: str | None, publication: bool, snapshot_path: str 
     import psycopg
     from psycopg import sql
 
-    from cdc.backends.postgres import slot as slots
+    from cdc.backends.postgres import connection
 
     with psycopg.connect(_dsn(dsn), autocommit=True) as conn:
-        if not slots.drop_slot(conn, slot):
+        if not connection.drop_slot(conn, slot):
             click.echo(f"no replication slot {slot!r}", err=True)
             sys.exit(1)
         click.echo(f"dropped replication slot {slot}")

@@ -100,7 +100,7 @@ class ConnectionOptions(BackendOptions):
     @field_validator("client_settings", mode="before")
     @classmethod
     def _client_settings(cls, v: Any) -> Any:
-        from cdc.backends.pulsar.client import settings
+        from cdc.backends.pulsar.connection import settings
 
         return settings("client", v) if isinstance(v, Mapping) else v
 
@@ -249,7 +249,7 @@ class PulsarOptions(ConnectionOptions):
     @field_validator("reader_settings", mode="before")
     @classmethod
     def _reader_settings(cls, v: Any) -> Any:
-        from cdc.backends.pulsar.client import settings
+        from cdc.backends.pulsar.connection import settings
 
         return settings("reader", v) if isinstance(v, Mapping) else v
 

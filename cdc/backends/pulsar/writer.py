@@ -49,7 +49,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from cdc.backends.pulsar.client import connect, refusal
+from cdc.backends.pulsar.connection import connect, refusal
 from cdc.backends.pulsar.errors import MessageTooLargeError, SendError
 from cdc.backends.pulsar.options import PulsarSinkOptions, normalize_topic
 from cdc.errors import OptionError

@@ -115,7 +115,7 @@ import pyarrow as pa
 
 from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader
 from cdc.backends.tablestore import handover
-from cdc.backends.tablestore.client import RetrySettings, TunnelClient
+from cdc.backends.tablestore.connection import RetrySettings, TunnelClient
 from cdc.backends.tablestore.errors import (
     ObjectNotExistError,
     ParameterInvalidError,
@@ -162,6 +162,13 @@ class TablestoreBackend(Backend):
     name = "tablestore"
     options_model = TablestoreOptions
     options: TablestoreOptions
+
+    @classmethod
+    def register_spark(cls, spark: Any) -> None:
+        """``format("tablestore")``: a table's current rows, batch only, with filters pushed down."""
+        from cdc.backends.tablestore.scan_source import TablestoreTableSource
+
+        spark.dataSource.register(TablestoreTableSource)
 
     def __init__(self, options: TablestoreOptions) -> None:
         super().__init__(options)

@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from cdc.backends.tablestore import plainbuffer
 from cdc.backends.tablestore import tunnel_pb as pb
-from cdc.backends.tablestore.client import RecordPage
+from cdc.backends.tablestore.connection import RecordPage
 from cdc.backends.tablestore.errors import ProtocolError, error_for
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, Row, decode_row

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from pydantic import PositiveInt
 
-from cdc.backends.tablestore.client import RetrySettings, TunnelClient
+from cdc.backends.tablestore.connection import RetrySettings, TunnelClient
 from cdc.backends.tablestore.options import TablestoreConnection, parse_catalog
 from cdc.backends.tablestore.plainbuffer import (
     INF_MAX,

@@ -41,7 +41,7 @@ server reports these in ``ChannelInfo`` (DescribeTunnel); a client must work wit
 * ``sealed`` (102, bool): no record will ever be appended to this channel (closed by a split or merge,
   or a base-data channel). Without it, a channel counts as sealed once a read returned ``"finished"``.
 
-What the client (``cdc.backends.tablestore.client`` / ``backend``) relies on from a server, for
+What the client (``cdc.backends.tablestore.connection`` / ``backend``) relies on from a server, for
 deterministic batches:
 
 * A token names a fixed point in a channel's append-only log. ``ReadRecords(token)`` returns records

@@ -155,7 +155,7 @@ class EmbeddedBroker(ServerProcess):
         Readers and ``getLastMessageId`` work, which ``reader.topic=partition`` relies on. (With
         ``default_partitions > 0`` a lookup of ``<topic>-partition-N`` auto-creates a new partitioned topic.)
         """
-        from cdc.backends.pulsar.client import open_client
+        from cdc.backends.pulsar.connection import open_client
 
         own = self.partitions
         self.stop(cleanup=False)

@@ -9,7 +9,7 @@ import pytest
 
 from cdc.backends.tablestore import errors as E
 from cdc.backends.tablestore import tunnel_pb as pb
-from cdc.backends.tablestore.client import RetrySettings, TunnelClient
+from cdc.backends.tablestore.connection import RetrySettings, TunnelClient
 from cdc.backends.tablestore.plainbuffer import decode_row
 from cdc.servers.tablestore import TablestoreProcess
 from tests.backends.tablestore.world import World
