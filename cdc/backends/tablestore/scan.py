@@ -219,9 +219,8 @@ class ScanPlanner:
     def __init__(self, options: ScanOptions) -> None:
         self.options = options
         self.client = options.client()
-        meta = self.client.ots.describe_table(options.table_name).table_meta
         keys = []
-        for name, kind, *_ in meta.schema_of_primary_key:
+        for name, kind in self.client.describe_table(options.table_name).primary_key:
             if kind not in _KEY_TYPES:
                 raise OptionError(
                     f"table {options.table_name!r}: key column {name!r} has type {kind}", "table.name"
@@ -251,7 +250,7 @@ class ScanPlanner:
 
     def split_points(self) -> list[Key]:
         """The service's split points for ``splitSizeBytes`` (increasing keys, possibly shorter than the key)."""
-        from tablestore.protobuf import table_store_pb2 as pb
+        from cdc.backends.tablestore import table_pb as pb
 
         req = pb.ComputeSplitPointsBySizeRequest(
             table_name=self.options.table_name,
@@ -328,7 +327,7 @@ class ScanReader:
     pages_read: int = field(default=0, compare=False)
 
     def read(self, scan_range: ScanRange) -> Iterator[pa.RecordBatch]:
-        from tablestore.protobuf import table_store_pb2 as pb
+        from cdc.backends.tablestore import table_pb as pb
 
         start, columns = scan_range.start, self.layout.columns_to_get()
         end = encode_row(Row(scan_range.end))
