@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from cdc.errors import OptionError
+from cdc.errors import MissingExtraError, OptionError, requires_extra
 from cdc.options import BackendOptions, OptionDoc, SourceOptions, describe_options
 
 if TYPE_CHECKING:
@@ -236,6 +236,15 @@ BACKENDS: dict[str, str] = {
 }
 
 
+# The extra (`pip install 'cdc-tunnel[<extra>]'`) that brings each backend's client library.
+BACKEND_EXTRAS: dict[str, str] = {
+    "pulsar": "pulsar",
+    "tablestore": "tablestore",
+    "postgres": "postgres",
+    "kafka": "kafka",
+    "mysql": "mysql",
+}
+
 # Each backend's options model, importable without the backend's client library (`cdc options`, the docs).
 BACKEND_OPTIONS: dict[str, str] = {
     "local": "cdc.backends.local.options:LocalOptions",
@@ -273,10 +282,8 @@ def backend_class(name: str) -> type[Backend]:
             "backend",
         )
     module, _, attr = target.partition(":")
-    try:
+    with requires_extra(BACKEND_EXTRAS.get(key, key), f"backend {key!r}"):
         cls: type[Backend] = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise OptionError(f"backend {key!r} is not available in this installation: {exc}", "backend") from exc
     return cls
 
 
@@ -311,7 +318,7 @@ def writing_backends() -> list[str]:
         try:
             if backend_class(name).accepts_writes():
                 names.append(name)
-        except OptionError:  # not installed here: it cannot take this write anyway
+        except (OptionError, MissingExtraError):  # not installed here: it cannot take this write anyway
             continue
     return names
 

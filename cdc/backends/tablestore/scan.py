@@ -23,12 +23,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 from pydantic import PositiveInt
 
-from cdc.backends.tablestore.client import RetrySettings, TunnelClient
 from cdc.backends.tablestore.options import TablestoreConnection, parse_catalog
 from cdc.backends.tablestore.plainbuffer import (
     INF_MAX,
@@ -38,8 +37,11 @@ from cdc.backends.tablestore.plainbuffer import (
     decode_rows,
     encode_row,
 )
-from cdc.errors import MalformedRecordError, OptionError
+from cdc.errors import MalformedRecordError, OptionError, requires_extra
 from cdc.options import Field
+
+if TYPE_CHECKING:
+    from cdc.backends.tablestore.client import TunnelClient
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,8 @@ class ScanOptions(TablestoreConnection):
     )
 
     def client(self) -> TunnelClient:
+        with requires_extra("tablestore", f"format {'tablestore'!r}"):
+            from cdc.backends.tablestore.client import RetrySettings, TunnelClient
         key_id, secret, token = self.credentials()
         return TunnelClient(
             self.endpoint,

@@ -33,6 +33,7 @@ from cdc.backends.tablestore.signing import content_md5, hmac_b64, ots_headers_s
 from .admin import check_admin_call
 from .errors import OTSError
 from .faults import Faults
+from .limits import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 from .service import HANDLERS, TUNNEL_API
 from .store import Store
 
@@ -42,8 +43,6 @@ _DATE_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _MAX_SKEW_S = 15 * 60
 # "The data size of an HTTP request body: 5 MB" (Tablestore, "Limits on the Wide Column model").
 MAX_BODY_BYTES = 5 * 1024 * 1024
-DEFAULT_IDLE_TIMEOUT_S = 60.0
-DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_ACCESS_KEY_SECRET = "local-access-key-secret"
 
 
