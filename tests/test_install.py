@@ -152,3 +152,22 @@ def test_secrets_of_commands_come_from_a_file_or_the_environment_named_in_help(t
         out = CliRunner().invoke(main, [*path, "--help"])
         assert out.exit_code == 0 and name in out.output, (path, out.output)
     assert "--auth-token " not in CliRunner().invoke(main, ["pulsar", "drop-subscription", "--help"]).output
+
+
+def test_every_option_of_every_command_has_help_text() -> None:
+    import click
+
+    missing = []
+
+    def walk(cmd: click.Command, path: list[str], ctx: click.Context) -> None:
+        for p in cmd.get_params(ctx):
+            if isinstance(p, click.Option) and p.name not in ("help", "version") and not p.hidden and not p.help:
+                missing.append(f"{' '.join(path)} {p.opts[0]}")
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                if sub is not None and not sub.hidden:
+                    walk(sub, [*path, name], click.Context(sub, info_name=name, parent=ctx))
+
+    walk(main, ["cdc"], click.Context(main, info_name="cdc"))
+    assert not missing, missing

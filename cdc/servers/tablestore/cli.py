@@ -114,7 +114,7 @@ def _admin(ctx: click.Context, endpoint: str) -> AdminClient:
 
 @main.command()
 @click.option("--endpoint", required=True, help="The server, e.g. http://127.0.0.1:8500")
-@click.option("--table", required=True)
+@click.option("--table", required=True, help="The table whose partition to change (or list).")
 @click.option("--shard-id", default=None, help="Open shard to split (default: the one with most rows).")
 @click.option("--split-key", default=None, help='JSON list of leading primary-key values, e.g. "[500]".')
 @click.pass_context
@@ -125,8 +125,8 @@ def split(ctx: click.Context, endpoint: str, table: str, shard_id: str | None, s
 
 
 @main.command()
-@click.option("--endpoint", required=True)
-@click.option("--table", required=True)
+@click.option("--endpoint", required=True, help="The server, e.g. http://127.0.0.1:8500")
+@click.option("--table", required=True, help="The table whose partition to change (or list).")
 @click.option(
     "--shard-id", "shard_ids", multiple=True, help="Two adjacent open shards (default: the first two)."
 )
@@ -137,8 +137,8 @@ def merge(ctx: click.Context, endpoint: str, table: str, shard_ids: tuple[str, .
 
 
 @main.command()
-@click.option("--endpoint", required=True)
-@click.option("--table", required=True)
+@click.option("--endpoint", required=True, help="The server, e.g. http://127.0.0.1:8500")
+@click.option("--table", required=True, help="The table whose partition to change (or list).")
 @click.pass_context
 def shards(ctx: click.Context, endpoint: str, table: str) -> None:
     """List TABLE's partitions (open and sealed) with their lineage."""
