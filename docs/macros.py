@@ -12,6 +12,7 @@ The functions are plain so tests call them without mkdocs (tests/docs/).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import json
 import re
@@ -114,6 +115,7 @@ def _area(module: str) -> str:
     return "core"
 
 
+@functools.cache
 def _classes() -> dict[str, list[tuple[str, tuple[str, ...], str]]]:
     """Module -> its top-level classes as (name, simple base names, docstring), parsed, never imported."""
     found: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}
