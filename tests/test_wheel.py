@@ -70,10 +70,12 @@ def test_the_wheel_installs_with_every_extra_and_runs_the_readme_quickstart(tmp_
     # (pip would have, without --no-compile).
     _run([python, "-c", "import pyspark.worker, pyspark.sql.worker.plan_data_source_read, pandas, pyarrow, "
           "cdc.source, sinks.delta, deltalake"], cwd=tmp_path, env=env)
-    out = subprocess.run([python, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    if out.returncode != 0 and "Python worker failed to connect back" in out.stderr:
-        # Still Spark's fixed 10 s on a loaded machine (tests/connect retries the same error): once more.
+    for _ in range(3):
         out = subprocess.run([python, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        # Spark's fixed 10 s for a Python worker to connect back runs out on a loaded machine (tests/connect
+        # retries the same error); anything else fails at once.
+        if out.returncode == 0 or "Python worker failed to connect back" not in out.stderr:
+            break
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     timings["quickstart"] = time.monotonic() - t
     assert expected in out.stdout, out.stdout[-3000:]

@@ -216,3 +216,21 @@ def test_the_postgres_set_up_sql_lets_the_role_read_changes(postgres_server: Any
             admin.execute("DROP PUBLICATION cdc_shop")
             admin.execute("DROP OWNED BY cdc_docs_role")
             admin.execute("DROP ROLE cdc_docs_role")
+
+
+def test_block_languages_are_ones_a_test_checks() -> None:
+    # text blocks are outputs and illustrations (a terminal table, a directory tree), not code.
+    assert {lang for _, lang, _ in BLOCKS} <= {"python", "bash", "json", "sql", "text", "properties"}
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "properties"], ids=_id)
+def test_debezium_configuration_is_the_one_the_real_debezium_tests_run(block: tuple[str, str, str]) -> None:
+    engine = (ROOT / "tests" / "debezium" / "engine.py").read_text() + "".join(
+        p.read_text() for p in (ROOT / "tests" / "debezium" / "engine").rglob("*.java"))
+    for line in block[2].splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            assert f"{key}=" in engine or f'"{key}"' in engine, f"{block[0]}: {key} is not set by tests/debezium"
+            if "{" not in value and key not in ("table.include.list", "converter.schemas.enable",
+                                                 "provide.transaction.metadata"):
+                assert f"{key}={value}" in engine, f"{block[0]}: {key}={value} is not what tests/debezium runs"
