@@ -14,6 +14,8 @@ import json
 import sys
 import time
 
+from record import append_record
+
 from cdc.backends.pulsar.records import Decoder
 from cdc.formats.debezium import is_truncate
 
@@ -48,6 +50,7 @@ def main() -> None:
     scan = best_of(3, is_truncate, payloads)
     decode = best_of(3, lambda p: decoder.decode_change(p, 0), payloads)
     print(f"{n} envelopes: truncate scan {scan / n * 1e9:.0f} ns/message, decode {decode / n * 1e9:.0f} ns/message")
+    append_record("debezium_truncate_scan", {"truncate scan": (scan / n * 1e9, "ns/message"), "decode": (decode / n * 1e9, "ns/message")}, ratio=scan / decode, params={"envelopes": n})
     print(f"ratio {scan / decode:.4f}")
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from record import append_record
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -152,6 +153,7 @@ def main(changes: int, repeat: int, with_profile: bool) -> None:
     if with_profile:
         profile(old, "old decoder")
         profile(new, "new decoder")
+    append_record("postgres_decode", {"old decoder": (old_s / records * 1e6, "us/change"), "new decoder": (new_s / records * 1e6, "us/change"), "peek": (peeked / records * 1e6, "us/change"), "planning's count": (planned / records * 1e6, "us/change")}, ratio=old_s / new_s, params={"changes": records})
     print(f"ratio {old_s / new_s:.2f}")
 
 

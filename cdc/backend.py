@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 
 from cdc.channels import Position as Position
-from cdc.errors import OptionError
+from cdc.errors import MissingExtraError, OptionError, requires_extra
 from cdc.options import BackendOptions, OptionDoc, SourceOptions, describe_options
 
 if TYPE_CHECKING:
@@ -241,6 +241,15 @@ BACKENDS: dict[str, str] = {
 }
 
 
+# The extra (`pip install 'cdc-tunnel[<extra>]'`) that brings each backend's client library.
+BACKEND_EXTRAS: dict[str, str] = {
+    "pulsar": "pulsar",
+    "tablestore": "tablestore",
+    "postgres": "postgres",
+    "kafka": "kafka",
+    "mysql": "mysql",
+}
+
 # Each backend's options model, importable without the backend's client library (`cdc options`, the docs).
 BACKEND_OPTIONS: dict[str, str] = {
     "local": "cdc.backends.local.options:LocalOptions",
@@ -278,10 +287,8 @@ def backend_class(name: str) -> type[Backend]:
             "backend",
         )
     module, _, attr = target.partition(":")
-    try:
+    with requires_extra(BACKEND_EXTRAS.get(key, key), f"backend {key!r}"):
         cls: type[Backend] = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise OptionError(f"backend {key!r} is not available in this installation: {exc}", "backend") from exc
     return cls
 
 
@@ -315,7 +322,7 @@ def installed_backends() -> list[type[Backend]]:
     for name in available_backends():
         try:
             classes.append(backend_class(name))
-        except OptionError:  # its package's dependencies are not installed here
+        except (OptionError, MissingExtraError):  # its package's dependencies are not installed here
             continue
     return classes
 

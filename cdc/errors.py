@@ -97,6 +97,9 @@ class MissingExtraError(TerminalError, ImportError):
         self.missing_module = module
 
 
+_OWN_PACKAGES = frozenset({"cdc", "sinks", "udfs"})
+
+
 @contextmanager
 def requires_extra(extra: str, feature: str) -> Iterator[None]:
     """Imports inside the block that fail for want of a module raise :class:`MissingExtraError` naming
@@ -109,6 +112,8 @@ def requires_extra(extra: str, feature: str) -> Iterator[None]:
         yield
     except ModuleNotFoundError as exc:
         missing = exc.name or "a module"
+        if missing.partition(".")[0] in _OWN_PACKAGES:
+            raise  # a module of this project: a broken installation, not a missing extra
         raise MissingExtraError(
             f"{feature} needs {missing!r}, which is not installed: pip install 'cdc-tunnel[{extra}]'",
             extra,

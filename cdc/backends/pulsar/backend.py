@@ -60,7 +60,7 @@ from cdc.backends.pulsar.positions import START, before, count_between, to_key
 from cdc.backends.pulsar.reader import PulsarRangeReader
 from cdc.backends.pulsar.records import Decoder
 from cdc.backends.pulsar.transactions import IndexedMessages, TransactionLog, transaction_cut
-from cdc.errors import CdcError, OptionError
+from cdc.errors import CdcError, OptionError, requires_extra
 from cdc.formats.debezium import (
     record_schema_of_avro,
     registry_envelope_avro,
@@ -87,6 +87,9 @@ class PulsarBackend(Backend):
     options: PulsarOptions
 
     def __init__(self, options: PulsarOptions) -> None:
+        with requires_extra("pulsar", "backend 'pulsar'"):
+            import fastavro  # noqa: F401 - the decoders' (imported where used; checked here, on first use)
+            import pulsar  # noqa: F401 - imported where used, by the driver and executors alike
         super().__init__(options)
         self._admin = admin_client(options, options.admin_url) if options.admin_url else None
         self._client: Any = None

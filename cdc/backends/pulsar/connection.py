@@ -23,7 +23,7 @@ from cdc.backends.pulsar.auth import (
     ssl_context,
     token_of,
 )
-from cdc.errors import BackendUnavailableError, OptionError
+from cdc.errors import BackendUnavailableError, OptionError, requires_extra
 
 if TYPE_CHECKING:
     import pulsar
@@ -51,7 +51,8 @@ def open_client(
     service_url: str, token: str | None = None, operation_timeout_s: int = 30, **settings: Any
 ) -> pulsar.Client:
     """A new client. Never create one before a fork: pulsar-client's C++ core is not fork-safe."""
-    import pulsar
+    with requires_extra("pulsar", "backend 'pulsar'"):
+        import pulsar
 
     kwargs: dict[str, Any] = {
         "operation_timeout_seconds": operation_timeout_s,

@@ -183,7 +183,7 @@ class TablestoreBackend(Backend):
             retry=RetrySettings(attempts=options.max_attempts),
         )
         self.table = options.table_name
-        self.layout = table_layout(self.client.ots, options)  # first: a missing table is reported as such
+        self.layout = table_layout(self.client, options)  # first: a missing table is reported as such
         self.tunnel_name, self.tunnel_id, self.tunnel_type = self._resolve_tunnel()
         self.session = TunnelSession(
             self.client, self.tunnel_id, None, options.client_timeout, self._label(), options.client_tag

@@ -1,9 +1,9 @@
-"""A Python client of the Tablestore Tunnel service, on the ``tablestore`` SDK's signing and HTTP transport.
+"""A Python client of the Tablestore Tunnel service and of the table calls the backend needs.
 
-The PyPI SDK has no tunnel calls; this client builds the protobuf requests of
-:mod:`cdc.backends.tablestore.tunnel_pb`, signs them with the SDK's signer (``x-ots-*`` headers and
-``x-ots-signature``), sends them through the SDK's urllib3 pool, and checks responses with the SDK's own
-checks (content MD5, date, ``Authorization`` signature). Failures become typed errors
+The PyPI SDK has no tunnel calls (and pins an older protobuf), so this client speaks the protocol itself: it
+builds the protobuf requests of :mod:`cdc.backends.tablestore.tunnel_pb` and :mod:`.table_pb`, signs them
+(:mod:`.signing`: ``x-ots-*`` headers and ``x-ots-signature``), sends them through a urllib3 pool, and checks
+responses (content MD5, date, ``Authorization`` signature). Failures become typed errors
 (:mod:`cdc.backends.tablestore.errors`); transient ones are retried with exponential backoff and jitter
 through tenacity.
 
@@ -30,7 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import urllib3
+import urllib3.connectionpool
 import urllib3.exceptions
+import urllib3.util
 from tenacity import (
     Retrying,
     before_sleep_log,
@@ -39,6 +42,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from cdc.backends.tablestore import signing, table_pb
 from cdc.backends.tablestore import tunnel_pb as pb
 from cdc.backends.tablestore.errors import (
     RETRYABLE,
@@ -53,6 +57,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TUNNEL_TYPES = ("BaseData", "Stream", "BaseAndStream")
+USER_AGENT = "cdc-tunnel"
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,15 @@ class RecordPage:
     @property
     def finished(self) -> bool:
         return self.next_token == pb.FINISHED_TOKEN
+
+
+@dataclass(frozen=True)
+class TableDescription:
+    """What ``DescribeTable`` says of a table, as the backend uses it."""
+
+    primary_key: tuple[tuple[str, str], ...]
+    """(column, type) in key order; types ``INTEGER``, ``STRING``, ``BINARY`` (``PK_BOOLEAN``)."""
+    max_versions: int
 
 
 @dataclass(frozen=True)
@@ -98,7 +112,7 @@ class TunnelClient:
         self._sts_token = sts_token
         self.socket_timeout = socket_timeout
         self.retry = retry or RetrySettings()
-        self._ots: Any = None
+        self._pool: urllib3.HTTPConnectionPool | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -106,7 +120,7 @@ class TunnelClient:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_ots"] = None
+        state["_pool"] = None
         del state["_lock"]
         return state
 
@@ -116,45 +130,44 @@ class TunnelClient:
 
     # ------------------------------------------------------------------ transport
     @property
-    def ots(self) -> Any:
-        """The SDK's ``OTSClient`` whose signer, protocol and connection pool this client reuses."""
-        if self._ots is None:
+    def pool(self) -> urllib3.HTTPConnectionPool:
+        """The HTTP(S) connection pool to the endpoint (opened on first use, again after unpickling)."""
+        if self._pool is None:
             with self._lock:
-                if self._ots is None:
-                    from tablestore import OTSClient
-                    from tablestore.retry import NoRetryPolicy
-
-                    ots_log = logging.getLogger(f"{__name__}.sdk")
-                    self._ots = OTSClient(
+                if self._pool is None:
+                    self._pool = urllib3.connectionpool.connection_from_url(
                         self.endpoint,
-                        self.access_key_id,
-                        self._secret,
-                        self.instance_name,
-                        sts_token=self._sts_token,
-                        socket_timeout=self.socket_timeout,
-                        max_connection=16,
-                        retry_policy=NoRetryPolicy(),
-                        logger_name=ots_log.name,
+                        maxsize=16,
+                        block=False,
+                        timeout=urllib3.Timeout(connect=self.socket_timeout, read=self.socket_timeout),
+                        retries=False,
                     )
-        return self._ots
+        return self._pool
 
     def close(self) -> None:
-        ots, self._ots = self._ots, None
-        if ots is not None:
-            ots.connection.pool.clear()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     def _send_once(self, uri: str, body: bytes) -> bytes:
-        from tablestore.auth import RequestContext
-        from tablestore.error import OTSClientError
-
-        ots = self.ots
-        context = RequestContext(ots.credentials_provider.get_credentials())
-        headers = ots.protocol._make_request_headers(body, uri, ots._signer, context)
+        headers = signing.request_headers(
+            uri,
+            body,
+            access_key_id=self.access_key_id,
+            access_key_secret=self._secret,
+            instance_name=self.instance_name,
+            sts_token=self._sts_token,
+        )
+        headers["User-Agent"] = USER_AGENT
+        path = urllib3.util.parse_url(self.endpoint).path or ""
         try:
-            status, reason, res_headers, res_body = ots.connection.send_receive(uri, headers, body)
+            res = self.pool.urlopen(
+                "POST", path.rstrip("/") + uri, body=body, headers=headers, redirect=False, assert_same_host=False
+            )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ConnectionFailedError(f"{uri}: {type(exc).__name__}: {exc}", "ConnectionFailed") from None
-        std = ots.protocol._convert_urllib3_headers(res_headers)
+        status, res_body = res.status, bytes(res.data)
+        std = {k.lower(): v for k, v in res.headers.items()}
         request_id = std.get("x-ots-requestid", "")
         if status >= 300:
             error = pb.Error()
@@ -162,14 +175,14 @@ class TunnelClient:
                 error.ParseFromString(res_body)
                 code, message = error.code, error.message
             except Exception:  # noqa: BLE001 - a proxy's HTML page, a truncated body
-                code, message = f"HTTP{status}", f"{reason}: {res_body[:200]!r}"
+                code, message = f"HTTP{status}", f"{res.reason}: {res_body[:200]!r}"
             raise error_for(code, f"{uri}: {message}", status, request_id)
-        try:
-            ots.protocol._check_headers(std, res_body, status=status)
-            ots.protocol._check_authorization(uri, std, status, ots._signer, context)
-        except OTSClientError as exc:
-            raise ProtocolError(f"{uri}: {exc.message}", "ProtocolError", status, request_id) from None
-        return bytes(res_body)
+        problem = signing.check_response(
+            uri, status, std, res_body, access_key_id=self.access_key_id, access_key_secret=self._secret
+        )
+        if problem is not None:
+            raise ProtocolError(f"{uri}: {problem}", "ProtocolError", status, request_id)
+        return res_body
 
     def _call(self, name: str, request: Any, response_type: Any) -> Any:
         return self.call(pb.URIS[name], request, response_type)
@@ -197,6 +210,16 @@ class TunnelClient:
             reraise=True,
         )
         return retrying(fn)
+
+    # ------------------------------------------------------------------ tables
+    def describe_table(self, table: str) -> TableDescription:
+        """The table's primary key and version count (``DescribeTable``); ``ObjectNotExistError`` if none."""
+        resp = self.call("/DescribeTable", table_pb.DescribeTableRequest(table_name=table),
+                         table_pb.DescribeTableResponse)
+        names = {number: name for name, number in table_pb.ENUM_VALUES["PrimaryKeyType"]}
+        keys = tuple((str(k.name), names.get(k.type, str(k.type))) for k in resp.table_meta.primary_key)
+        versions = resp.table_options.max_versions if resp.HasField("table_options") else 0
+        return TableDescription(keys, int(versions) or 1)
 
     # ------------------------------------------------------------------ tunnel management
     def create_tunnel(self, table: str, tunnel_name: str, tunnel_type: str) -> str:

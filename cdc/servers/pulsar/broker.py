@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cdc.errors import CdcError
+from cdc.errors import CdcError, requires_extra
 from cdc.servers.ports import free_port
 from cdc.servers.process import ServerProcess, die_with_parent
 
@@ -39,10 +39,8 @@ class BrokerError(CdcError, RuntimeError):
 
 def pulsar_lite_binary() -> str:
     """Path of the ``pulsar-lite`` executable shipped by the ``pulsar-lite`` package."""
-    try:
+    with requires_extra("pulsar", "pulsar-lite (cdc server pulsar --lite)"):
         import pulsar_lite
-    except ImportError as exc:  # pragma: no cover - a dependency of cdc-tunnel
-        raise BrokerError("the embedded broker needs the 'pulsar-lite' package: pip install pulsar-lite") from exc
     path = Path(pulsar_lite.__file__).parent / "bin" / "pulsar-lite"
     if not path.exists():  # pragma: no cover
         raise BrokerError(f"pulsar-lite binary not found at {path}")

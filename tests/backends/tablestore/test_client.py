@@ -139,4 +139,4 @@ def test_client_pickles_without_its_pool(tablestore_server: TablestoreProcess) -
     c = w.client
     c.list_tunnels(w.table)
     back = pickle.loads(pickle.dumps(c))
-    assert back._ots is None and len(back.list_tunnels(w.table)) == 1
+    assert back._pool is None and len(back.list_tunnels(w.table)) == 1
