@@ -47,12 +47,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 
 from cdc.channels import Position as Position
-from cdc.errors import MissingExtraError, OptionError, requires_extra
+from cdc.errors import MissingExtraError, OptionError, PositionError, requires_extra
 from cdc.options import BackendOptions, OptionDoc, SourceOptions, describe_options
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
     from pyspark.sql.types import StructType
+
+    from cdc.snapshots.planning import ChunkedSnapshot
 
 
 
@@ -114,6 +116,11 @@ class RangeReader(ABC):
     @abstractmethod
     def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
         """Yield the records of ``[start, end)`` of ``channel``, in order, as Arrow batches."""
+
+    def read_window(self, channel: str, start: Position, end: Position, window: Any) -> Iterator[pa.RecordBatch]:
+        """A range that carries a window (:attr:`cdc.channels.ChannelRange.window`: a chunked snapshot's chunk or
+        a change range holding keys back). Backends that offer chunked snapshots override."""
+        raise PositionError(f"this backend's reader cannot read a range with a window: {channel!r} {window!r}")
 
 
 class Backend(ABC):
@@ -182,6 +189,11 @@ class Backend(ABC):
             "accepted values: earliest, latest, or JSON per channel",
             "startingOffsets",
         )
+
+    def chunked_snapshot(self) -> ChunkedSnapshot | None:
+        """The chunked snapshot of ``startingOffsets=snapshot`` (:mod:`cdc.snapshots`), where the backend offers one
+        and the options choose it; ``None`` (the default): :meth:`snapshot` takes an exported one."""
+        return None
 
     def average_record_bytes(self) -> float | None:
         """The average size of a record, in bytes, as far as the backend can tell now (``None``: it cannot).

@@ -22,6 +22,9 @@ class ChannelRange:
     channel: str
     start: Position
     end: Position
+    window: Any = None
+    """JSON-safe; what the backend's reader needs besides the positions, when it needs more: a chunk's cut, the
+    keys a change read holds back during a chunked snapshot (see :mod:`cdc.snapshots`)."""
 
     def __str__(self) -> str:
         return f"{self.channel}[{self.start!r}, {self.end!r})"

@@ -15,10 +15,12 @@ Per channel (:class:`ChannelOffset`):
     only in the batch that first reads a channel (a new channel, a jump forward after data loss, every
     channel of batch 0): where that batch's range starts, so a replay never asks the backend.
 ``snapshot``
-    the channel is a chunk of a snapshot (``startingOffsets=snapshot``), not a change channel.
+    the channel is a chunk of a materialised snapshot (``snapshot.mode=exported``), not a change channel.
 
 Per offset (:class:`Offset`): ``turn`` counts batches planned under a record budget (present only then),
-``initial`` marks the offset a query starts from (never the end of a batch).
+``initial`` marks the offset a query starts from (never the end of a batch), ``snapshot`` holds a chunked
+snapshot's cursors while one is in progress (one per table, never one per chunk: see
+:mod:`cdc.snapshots.state`).
 
 The JSON written by every release must still load: :meth:`Offset.from_json` accepts exactly these keys
 and :meth:`Offset.to_json` writes them back in the same order, so ``json.dumps`` gives the same text (Spark
@@ -34,12 +36,13 @@ from typing import Any
 
 from cdc.channels import Position as Position
 from cdc.errors import OffsetError
+from cdc.snapshots.state import SnapshotState
 
 OffsetJson = dict[str, Any]
 """An offset as Spark stores it and hands it to the source."""
 
 _CHANNEL_KEYS = frozenset({"pos", "done", "from", "snapshot"})
-_OFFSET_KEYS = frozenset({"channels", "turn", "initial"})
+_OFFSET_KEYS = frozenset({"channels", "turn", "initial", "snapshot"})
 
 
 def _flag(value: Any, key: str, where: str) -> bool:
@@ -92,6 +95,8 @@ class Offset:
     channels: Mapping[str, ChannelOffset] = field(default_factory=dict)
     turn: int | None = None
     initial: bool = False
+    snapshot: SnapshotState | None = None
+    """A chunked snapshot in progress (``snapshot.mode=chunked``)."""
 
     def positions(self) -> dict[str, Position]:
         return {cid: e.pos for cid, e in self.channels.items()}
@@ -106,6 +111,8 @@ class Offset:
             out["initial"] = True
         if self.turn is not None:
             out["turn"] = self.turn
+        if self.snapshot is not None:
+            out["snapshot"] = self.snapshot.to_json()
         return out
 
     @classmethod
@@ -123,4 +130,5 @@ class Offset:
             channels={str(cid): ChannelOffset.from_json(str(cid), e) for cid, e in channels.items()},
             turn=turn,
             initial=_flag(value.get("initial", False), "initial", "the offset"),
+            snapshot=SnapshotState.from_json(value["snapshot"]) if "snapshot" in value else None,
         )

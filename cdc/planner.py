@@ -4,12 +4,16 @@ An **offset** is what Spark writes to its offset log for each batch: every chann
 of the batch, plus the marks a replay needs; :mod:`cdc.offsets` defines its JSON. A batch's ranges are a
 pure function of its (start, end) offsets: a replay never has to ask the backend where a range began.
 
-``startingOffsets=snapshot`` starts with a snapshot of the table at a consistent cut of the log (see
-:class:`~cdc.backend.SnapshotInfo`): its chunks enter the offset as channels marked ``"snapshot": true``,
-and the change channels start at the cut. No change channel takes part in a batch until every snapshot chunk
-is ``done`` in the batch's start offset, so the full data arrives first, then every change after the cut:
-no gap (the cut is consistent), no duplicate (a change is either folded into the snapshot or after the cut),
-and a snapshot row's ``_seq`` is that of the last change it includes, smaller than any later change's.
+``startingOffsets=snapshot`` starts with a snapshot of the table. **Chunked** (the backend offers
+:meth:`~cdc.backend.Backend.chunked_snapshot`): the offset holds one cursor per table (:mod:`cdc.snapshots`);
+a batch that reads chunks opens a cut, ends its change range there and reads the next chunks at it, and
+every batch's change range holds back the keys no chunk has emitted yet. Changes flow between and alongside
+the chunks. **Exported** (:class:`~cdc.backend.SnapshotInfo`, and every batch read): its chunks enter the
+offset as channels marked ``"snapshot": true``, and the change channels start at the cut. No change channel
+takes part in a batch until every snapshot chunk is ``done`` in the batch's start offset, so the full data
+arrives first, then every change after the cut: no gap (the cut is consistent), no duplicate (a change is
+either folded into the snapshot or after the cut), and a snapshot row's ``_seq`` is that of the last change
+it includes, smaller than any later change's.
 
 ``turn`` (present when ``maxRecordsPerTrigger`` applies) counts limited batches: the channel served first
 rotates with it, so a budget smaller than the number of channels starves none.
@@ -39,8 +43,10 @@ from typing import Any
 
 from cdc.backend import Backend, ChannelInfo
 from cdc.channels import ChannelRange, Position
-from cdc.errors import DataLossError, OptionError
+from cdc.errors import DataLossError, OptionError, PositionError
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
+from cdc.snapshots.planning import ChunkedSnapshot, advance, chunk_ranges, expire, hold_window
+from cdc.snapshots.state import SnapshotState, TableCursor, with_late
 
 log = logging.getLogger(__name__)
 
@@ -206,9 +212,12 @@ def end_offset(
 
 
 def batch_ranges(start: Offset, end: Offset) -> list[ChannelRange]:
-    """The channel ranges of the batch ``(start, end]``; empty ranges are left out."""
+    """The channel ranges of the batch ``(start, end]``; empty ranges are left out. During a chunked snapshot
+    the chunks the batch reads are ranges too (``chunk:<table>``), and the change ranges carry the window of
+    keys they hold back; both come from ``end`` alone, so a replay needs nothing else."""
     if start == end:
         return []  # no batch: ``from`` marks of an offset returned unchanged do not start a range
+    window = None if end.snapshot is None else hold_window(end.snapshot)
     out = []
     for cid, e in end.channels.items():
         if e.from_ is not None:
@@ -218,8 +227,10 @@ def batch_ranges(start: Offset, end: Offset) -> list[ChannelRange]:
         else:
             continue  # registered in this batch with nothing to read
         if first != e.pos:
-            out.append(ChannelRange(cid, first, e.pos))
+            out.append(ChannelRange(cid, first, e.pos, window))
     out.sort(key=lambda r: _channel_sort_key(r.channel))
+    if end.snapshot is not None:
+        out += chunk_ranges(end.snapshot)
     return out
 
 
@@ -259,9 +270,11 @@ class Planner:
         """Records the last :meth:`next` planned (a lower bound where the backend counts lazily, rule 2)."""
 
     # ------------------------------------------------------------------ start positions
-    def initial(self, spec: str, at: datetime | None = None) -> OffsetJson:
+    def initial(self, spec: str, at: datetime | None = None, *, batch: bool = False) -> OffsetJson:
         """The offset a new query starts from: ``earliest``, ``latest``, ``snapshot`` or JSON per channel; or,
-        given ``at`` (``startingTimestamp``), each channel's first record committed at or after it.
+        given ``at`` (``startingTimestamp``), each channel's first record committed at or after it. A ``batch``
+        read takes an exported snapshot even where the backend offers chunked ones: its plan cannot hold a cut
+        while the executors read (PySpark plans a batch read in a worker that exits before they run).
 
         A snapshot start asks the backend for nothing before :meth:`~cdc.backend.Backend.snapshot`, which
         sets the change log's start up itself (PostgreSQL creates its slot there, with the export); every
@@ -269,6 +282,9 @@ class Planner:
         text = spec.strip()
         default = text.lower()
         if at is None and default == "snapshot":
+            chunked = None if batch else self.backend.chunked_snapshot()
+            if chunked is not None:
+                return self._initial_chunked(chunked).to_json()
             return self._initial_snapshot().to_json()
         self.backend.prepare_start()
         channels = self.backend.list_channels()
@@ -289,6 +305,14 @@ class Planner:
             else:
                 out[ch.id] = ChannelOffset(self.backend.parse_position(ch.id, where))
         return Offset(out, initial=True).to_json()
+
+    def _initial_chunked(self, chunked: ChunkedSnapshot) -> Offset:
+        begun = chunked.start()
+        tables = {t: TableCursor(last) for t, last in begun.last.items() if last is not None}
+        log.info("chunked snapshot of %s from %s=%r (empty: %s)", sorted(tables), chunked.channel, begun.position,
+                 sorted(t for t, last in begun.last.items() if last is None) or "none")
+        return Offset({chunked.channel: ChannelOffset(begun.position)}, initial=True,
+                      snapshot=SnapshotState(tables) if tables else None)
 
     def _initial_snapshot(self) -> Offset:
         snap = self.backend.snapshot()
@@ -367,6 +391,15 @@ class Planner:
         Returns ``start`` itself when there is nothing to read and nothing to record.
         """
         begin = Offset.from_json(start)
+        if begin.snapshot is not None:
+            chunked = self.backend.chunked_snapshot()
+            if chunked is None:
+                raise OptionError(
+                    "the query's offsets hold a chunked snapshot in progress, which this configuration cannot "
+                    "continue (snapshot.mode changed?): restart it with the options it started with",
+                    "snapshot.mode",
+                )
+            return self._next_chunked(start, begin, chunked, max_records, until)
         channels = {c.id: c for c in self.backend.list_channels()}
         new = {
             cid: self.backend.earliest(cid)
@@ -398,6 +431,50 @@ class Planner:
         self.last_records = sum(taken.values())
         end = end_offset(begin, new, plans, limited=max_records is not None)
         return start if end is None else end.to_json()
+
+    def _next_chunked(
+        self, start: OffsetJson, begin: Offset, chunked: ChunkedSnapshot, max_records: int | None,
+        until: Mapping[str, Position] | None,
+    ) -> OffsetJson:
+        """The next batch of a chunked snapshot (see :mod:`cdc.snapshots.planning`): chunks at a new cut when
+        one opens in time, else changes only; either way the change range holds back the keys not yet emitted."""
+        assert begin.snapshot is not None
+        chunked.close_cut()  # the previous batch has run: its cut is no longer read
+        cid = chunked.channel
+        pos = begin.channels[cid].pos
+        state = expire(with_late(begin.snapshot, chunked.recorded(begin.snapshot)).settled(), int(pos))
+        bound = None if until is None else until.get(cid)
+        cut = chunked.open_cut(wait=until is not None) if state.pending else None
+        entry = begin.channels[cid]
+        records = 0
+        if cut is not None:
+            want = chunked.chunks_per_batch
+            if max_records is not None:
+                want = max(1, min(want, max_records // chunked.chunk_rows))
+            if int(cut.pos) < int(pos):
+                raise PositionError(f"a cut at {cut.pos!r} lies before the query's position {pos!r} on {cid!r}")
+            records = self.backend.plan(cid, pos, None, cut.pos).records  # the range ends at the cut exactly
+
+            def bounds(table: str, cursor: TableCursor, count: int) -> list[Any]:
+                return chunked.bounds(table, cursor.after, cursor.last, count, cut)
+
+            state = advance(state, cut, bounds, want)
+            end_pos = cut.pos
+        elif state.pending:
+            planned = chunked.plan_uncut(pos, max_records, bound, state)
+            records, end_pos = planned.records, planned.end
+        else:
+            planned = self.backend.plan(cid, pos, max_records, bound)
+            records, end_pos = planned.records, planned.end
+        self.last_records = records + sum(1 for _ in state.chunks())
+        channels = {c: (replace(e, pos=end_pos) if c == cid else e) for c, e in begin.without_from().items()}
+        if begin.initial:
+            channels[cid] = replace(channels[cid], from_=entry.pos)
+        snapshot = state if state.tables or state.cut is not None else None
+        end = Offset(channels, turn=(begin.turn or 0) + 1 if max_records is not None else None, snapshot=snapshot)
+        if end_pos == pos and cut is None and snapshot == begin.snapshot.settled() and not begin.initial:
+            return start  # nothing to read, nothing learned
+        return end.to_json()
 
     # ------------------------------------------------------------------ ranges
     @staticmethod

@@ -112,6 +112,10 @@ class _ReaderBase:
     def _partitions(self, start: OffsetJson, end: OffsetJson) -> list[ChannelPartition]:
         ranges = Planner.ranges(start, end)
         log.debug("batch ranges: %s", describe(ranges))
+        if any(r.window is not None for r in ranges):
+            chunked = self.backend.chunked_snapshot()
+            if chunked is not None:
+                chunked.prepare(ranges)  # a replayed batch whose cut is gone gets one to read at
         reader = self.backend.reader()
         return [ChannelPartition(r, reader) for r in ranges]
 
@@ -120,6 +124,8 @@ class _ReaderBase:
             # PySpark hands a batch read that planned no partition one InputPartition(None) all the same.
             return iter(())
         r = partition.range
+        if r.window is not None:
+            return _conform(partition.reader.read_window(r.channel, r.start, r.end, r.window), self._arrow_schema)
         return _conform(partition.reader.read(r.channel, r.start, r.end), self._arrow_schema)
 
 
@@ -234,7 +240,7 @@ class CdcBatchReader(_ReaderBase, DataSourceReader):
                 "option 'startingOffsets': 'latest' is not allowed for batch reads; accepted values: earliest, JSON",
                 "startingOffsets",
             )
-        start = self.planner.initial(source.starting_offsets, source.starting_time)
+        start = self.planner.initial(source.starting_offsets, source.starting_time, batch=True)
         return self._partitions(start, self.planner.batch_end(start, source.ending_offsets, source.ending_time))
 
 

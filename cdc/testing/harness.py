@@ -55,6 +55,23 @@ def read_range(backend: Backend, channel: str, start: Position, end: Position) -
     return pa.Table.from_batches(list(reader.read(channel, start, end)), schema=backend.schema())
 
 
+def read_batch(backend: Backend, start: dict[str, Any], end: dict[str, Any]) -> pa.Table:
+    """The records of the batch ``(start, end]`` as Spark's tasks read them (:mod:`cdc.source`): every range
+    through a pickled reader, a chunked snapshot's chunks and held-back change ranges included."""
+    ranges = Planner.ranges(start, end)
+    if any(r.window is not None for r in ranges):
+        chunked = backend.chunked_snapshot()
+        if chunked is not None:
+            chunked.prepare(ranges)
+    reader = pickle.loads(pickle.dumps(backend.reader()))
+    tables = []
+    for r in ranges:
+        parts = reader.read(r.channel, r.start, r.end) if r.window is None else reader.read_window(
+            r.channel, r.start, r.end, r.window)
+        tables.append(pa.Table.from_batches(list(parts), schema=backend.schema()))
+    return pa.concat_tables(tables) if tables else backend.schema().empty_table()
+
+
 def batches(
     backend: Backend, offset: dict[str, Any] | None = None, limit: int | None = None
 ) -> Iterator[tuple[dict[str, Any], pa.Table]]:
@@ -66,8 +83,7 @@ def batches(
         end = planner.next(start, limit)
         if end == start:
             return
-        tables = [read_range(backend, r.channel, r.start, r.end) for r in planner.ranges(start, end)]
-        yield end, (pa.concat_tables(tables) if tables else backend.schema().empty_table())
+        yield end, read_batch(backend, start, end)
         start = end
     raise AssertionError("the planner never reached the end")
 

@@ -48,11 +48,12 @@ import pyarrow as pa
 from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader, SnapshotInfo
 from cdc.backends.postgres import connection
 from cdc.backends.postgres.catalog import describe
+from cdc.backends.postgres.exported import CHUNK_PREFIX, export_and_materialise, load_manifest
 from cdc.backends.postgres.options import PostgresOptions
-from cdc.backends.postgres.positions import boundary_after, lsn_of, pack
-from cdc.backends.postgres.reader import CHANGES, PostgresRangeReader
+from cdc.backends.postgres.positions import CHANGES, boundary_after, lsn_of, pack
+from cdc.backends.postgres.reader import PostgresRangeReader
 from cdc.backends.postgres.records import Layout
-from cdc.backends.postgres.snapshot import CHUNK_PREFIX, export_and_materialise, load_manifest
+from cdc.backends.postgres.snapshot import ChunkedReads, PostgresChunkedSnapshot
 from cdc.errors import DataLossError, OptionError, PositionError
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,11 @@ class PostgresBackend(Backend):
         self.layout = Layout(tuple(describe(conn, t) for t in options.table_list))
         connection.ensure_publication(conn, self.publication, options.table_list)
         self._chunks: dict[str, int] = {}
-        manifest = self._manifest()
-        if manifest is not None:
-            self._chunks = dict(manifest.chunks)
+        self._chunked: PostgresChunkedSnapshot | None = None
+        if options.snapshot_mode == "exported":
+            manifest = self._manifest()
+            if manifest is not None:
+                self._chunks = dict(manifest.chunks)
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
@@ -155,7 +158,7 @@ class PostgresBackend(Backend):
             bound = min(bound, lsn_of(int(until)))
         end, taken = begin, 0
         if max_records != 0:
-            for commit_lsn, n in connection.transaction_sizes(conn, self.slot, self.publication, begin, bound):
+            for commit_lsn, n, _ in connection.transaction_sizes(conn, self.slot, self.publication, begin, bound):
                 if max_records is not None and taken > 0 and taken + n > max_records:
                     break
                 taken += n
@@ -183,16 +186,36 @@ class PostgresBackend(Backend):
         self._chunks = dict(manifest.chunks)
         return SnapshotInfo(self.slot, tuple(manifest.chunks), {CHANGES: pack(manifest.cut_lsn)})
 
+    def chunked_snapshot(self) -> PostgresChunkedSnapshot | None:
+        if self.options.snapshot_mode != "chunked":
+            return None
+        if self._chunked is None:
+            self._chunked = PostgresChunkedSnapshot(self)
+        return self._chunked
+
+    def relation_ids(self) -> dict[int, str]:
+        """The query's tables by their OIDs (pgoutput names relations by OID)."""
+        return {int(self.conn.execute("SELECT %s::regclass::oid", (t.name,)).fetchone()[0]): t.name  # type: ignore[index]
+                for t in self.layout.tables}
+
     def reader(self) -> RangeReader:
+        chunked = None
+        if self._chunked is not None:
+            c = self._chunked
+            chunked = ChunkedReads(self.options.dsn, self.layout, str(c.store.root), c.key_columns, c.held_cuts())
         return PostgresRangeReader(
-            self.options.dsn, self.slot, self.publication, self.layout, self.options.snapshot_path
+            self.options.dsn, self.slot, self.publication, self.layout, self.options.snapshot_path, chunked
         )
 
     def acknowledge(self, positions: Mapping[str, Position]) -> None:
         if CHANGES in positions:
             connection.advance(self.conn, self.slot, int(positions[CHANGES]))
+            if self._chunked is not None:  # the chunk reads of batches before the committed one are not read again
+                self._chunked.store.cleanup(int(positions[CHANGES]))
 
     def close(self) -> None:
+        if self._chunked is not None:
+            self._chunked.close_cut()
         if self._conn is not None:
             self._conn.close()
             self._conn = None

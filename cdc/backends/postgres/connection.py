@@ -9,13 +9,16 @@ i.e. Spark's commit of a batch that ended there).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+import select
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from cdc.backends.postgres.errors import ReplicationCapacityError
 from cdc.backends.postgres.positions import format_lsn, lsn_of, pack, parse_lsn
 from cdc.errors import DataLossError
 
@@ -71,6 +74,89 @@ def ensure_slot(conn: psycopg.Connection[Any], slot: str) -> None:
         pass
 
 
+@dataclass
+class ExportedSlot:
+    """A replication slot created with an exported snapshot: ``snapshot`` holds exactly the transactions that
+    committed before ``lsn`` (the slot's consistent point). The export lives while ``conn`` stays open and idle;
+    a temporary slot goes with the connection too."""
+
+    conn: psycopg.Connection[Any]
+    lsn: int
+    snapshot: str
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def create_exported_slot(dsn: str, slot: str, *, temporary: bool, timeout: float | None) -> ExportedSlot | None:
+    """``CREATE_REPLICATION_SLOT <slot> [TEMPORARY] LOGICAL pgoutput (SNAPSHOT 'export')`` on a replication
+    connection. PostgreSQL first waits for the write transactions running then to end; past ``timeout`` seconds
+    the command is cancelled (nothing is created) and None returned."""
+    repl = connect(dsn, replication="database")
+    command = sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL pgoutput (SNAPSHOT 'export')").format(
+        sql.Identifier(slot), sql.SQL("TEMPORARY " if temporary else ""))
+    pgconn = repl.pgconn
+    try:
+        pgconn.send_query(command.as_string(repl).encode())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pgconn.consume_input()
+        while pgconn.is_busy():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                pgconn.get_cancel().cancel()
+                while pgconn.get_result() is not None:  # the cancelled command's error, then the end
+                    pass
+                log.info("creating slot %s waited %.1f s for write transactions in flight: cancelled", slot, timeout)
+                repl.close()
+                return None
+            select.select([pgconn.socket], [], [], remaining)
+            pgconn.consume_input()
+        res = pgconn.get_result()
+        while pgconn.get_result() is not None:
+            pass
+        if res is None or res.status != 2:  # TUPLES_OK
+            message = "" if res is None else (res.error_message or b"").decode().strip()
+            raise _slot_error(slot, message)
+        lsn = parse_lsn((res.get_value(0, 1) or b"").decode())
+        exported = (res.get_value(0, 2) or b"").decode()
+    except BaseException:
+        repl.close()
+        raise
+    log.info("slot %s created at %s with exported snapshot %s", slot, format_lsn(lsn), exported)
+    return ExportedSlot(repl, lsn, exported)
+
+
+def _slot_error(slot: str, message: str) -> Exception:
+    if "all replication slots are in use" in message or "number of requested standby connections" in message:
+        return ReplicationCapacityError(
+            f"cannot create replication slot {slot!r}: {message}. Raise max_replication_slots / max_wal_senders "
+            "(then restart PostgreSQL) or drop unused slots (cdc postgres slots lists them)"
+        )
+    return RuntimeError(f"CREATE_REPLICATION_SLOT {slot} failed: {message}")
+
+
+def check_capacity(conn: psycopg.Connection[Any], slots: int, senders: int) -> None:
+    """Refuse, naming the setting and the fix, when fewer than ``slots`` replication slots or ``senders`` WAL
+    senders are free."""
+    row = conn.execute(
+        "SELECT current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots), "
+        "current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_stat_replication)"
+    ).fetchone()
+    assert row is not None
+    max_slots, used_slots, max_senders, used_senders = (int(v) for v in row)
+    short = []
+    if max_slots - used_slots < slots:
+        short.append(f"max_replication_slots = {max_slots} with {used_slots} in use (needs {slots} more)")
+    if max_senders - used_senders < senders:
+        short.append(f"max_wal_senders = {max_senders} with {used_senders} in use (needs {senders} more)")
+    if short:
+        raise ReplicationCapacityError(
+            "a chunked snapshot needs one more replication slot and WAL sender while it runs (the temporary slot "
+            f"of each cut) besides the query's own: {'; '.join(short)}. Raise the setting in postgresql.conf and "
+            "restart PostgreSQL, drop unused slots (cdc postgres slots lists them), or use snapshot.mode=exported"
+        )
+
+
 def drop_slot(conn: psycopg.Connection[Any], slot: str) -> bool:
     if state(conn, slot) is None:
         return False
@@ -117,11 +203,13 @@ def peek(conn: psycopg.Connection[Any], slot: str, publication: str, end_lsn: in
 
 
 _SIZES = """
-SELECT commit_lsn, records FROM (
+SELECT commit_lsn, records, rekeys FROM (
     SELECT max(CASE WHEN get_byte(data, 0) = 66
                     THEN ('x' || encode(substring(data FROM 2 FOR 8), 'hex'))::bit(64)::bigint END) AS commit_lsn,
            sum(CASE get_byte(data, 0) WHEN 73 THEN 1 WHEN 68 THEN 1
-                    WHEN 85 THEN CASE WHEN get_byte(data, 5) = 75 THEN 2 ELSE 1 END ELSE 0 END) AS records
+                    WHEN 85 THEN CASE WHEN get_byte(data, 5) = 75 THEN 2 ELSE 1 END ELSE 0 END) AS records,
+           coalesce(bool_or(get_byte(data, 0) = 85 AND get_byte(data, 5) = 75
+                            AND substring(data FROM 2 FOR 4) = ANY(%s::bytea[])), false) AS rekeys
     FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s)
     GROUP BY xid
 ) t
@@ -131,17 +219,22 @@ ORDER BY commit_lsn
 
 
 def transaction_sizes(
-    conn: psycopg.Connection[Any], slot: str, publication: str, start: int, end_lsn: int
-) -> Iterator[tuple[int, int]]:
-    """(commit LSN, records) of the transactions a read decodes (:mod:`.changes`), counted by PostgreSQL from each
-    message's first bytes (:func:`.pgoutput.records_of`), so planning sends one row per transaction to Python
-    and decodes no row. An update under ``REPLICA IDENTITY FULL`` that changes the key counts as one record
-    here and reads as two (a delete and an insert): the count only sizes batches, whose budget is soft."""
+    conn: psycopg.Connection[Any], slot: str, publication: str, start: int, end_lsn: int,
+    rekeys_of: Sequence[int] = (),
+) -> Iterator[tuple[int, int, bool]]:
+    """(commit LSN, records, re-keys) of the transactions a read decodes (:mod:`.changes`), counted by PostgreSQL
+    from each message's first bytes (:func:`.pgoutput.records_of`), so planning sends one row per transaction to
+    Python and decodes no row. An update under ``REPLICA IDENTITY FULL`` that changes the key counts as one
+    record here and reads as two (a delete and an insert): the count only sizes batches, whose budget is soft.
+    ``re-keys``: the transaction changes the key of a row of a relation among ``rekeys_of`` (their OIDs; an
+    update that carries the old key, ``K``)."""
     first = lsn_of(start)
     if end_lsn <= first:
         return
     skip = start - pack(first)  # a start inside a transaction: its earlier changes are not in the range
-    for commit_lsn, records in conn.execute(_SIZES, (slot, format_lsn(end_lsn), publication, first, end_lsn)):
+    relids = [oid.to_bytes(4, "big") for oid in rekeys_of]
+    rows = conn.execute(_SIZES, (relids, slot, format_lsn(end_lsn), publication, first, end_lsn))
+    for commit_lsn, records, rekeys in rows:
         n = int(records) - (skip if commit_lsn == first else 0)
         if n > 0:
-            yield int(commit_lsn), n
+            yield int(commit_lsn), n, bool(rekeys)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from cdc.errors import TerminalError
+from cdc.errors import TerminalError, TransientError
 from cdc.lazy import lazy_exports
 
 
@@ -13,6 +13,25 @@ class NoPrimaryKeyError(TerminalError):
     def __init__(self, message: str, table: str) -> None:
         super().__init__(message)
         self.table = table
+
+
+class KeyOrderError(TerminalError):
+    """A chunked snapshot cannot walk a table's primary key in its index's order (the index orders a column by
+    another operator class or collation than the column's own); ``table`` names it."""
+
+    def __init__(self, message: str, table: str) -> None:
+        super().__init__(message)
+        self.table = table
+
+
+class ReplicationCapacityError(TerminalError):
+    """The server has no replication slot or WAL sender to spare for a chunked snapshot's cuts; the message
+    names the setting (``max_replication_slots``, ``max_wal_senders``) and what to do."""
+
+
+class CutLostError(TransientError):
+    """A chunked snapshot's cut is no longer held (the driver that held it is gone, or the server restarted):
+    the task fails and Spark retries it; a replayed batch gets a new cut from the restarted driver."""
 
 
 # Moved to cdc.errors (one class for every backend); the old name warns for one release.

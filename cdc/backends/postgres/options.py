@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Literal
 
 from pydantic import PositiveInt, field_validator
 
@@ -42,17 +43,38 @@ class PostgresOptions(BackendOptions):
         alias="publication.name",
         description="Publication naming the tables (created for them if missing). Default: the slot's name.",
     )
+    snapshot_mode: Literal["chunked", "exported"] = Field(
+        "chunked",
+        alias="snapshot.mode",
+        description="How `startingOffsets=snapshot` reads the tables. `chunked`: key-range chunks read by the "
+        "executors, a few per batch, each at a cut that also ends the batch's changes; changes keep flowing "
+        "meanwhile. `exported`: the snapshot the query's slot exports, materialised under `snapshot.path` "
+        "before the first batch, then every change (batch reads always take this one).",
+    )
     snapshot_path: str | None = Field(
         None,
         alias="snapshot.path",
-        description="Directory (readable by every executor) where `startingOffsets=snapshot` materialises the "
-        "exported snapshot's chunks; required for snapshots.",
+        description="Directory every executor can write and read; required for snapshots. `chunked`: the rows "
+        "of the chunks in flight (a few batches' worth, removed as batches commit), so that a replayed batch "
+        "yields the same rows; `exported`: the whole materialised snapshot.",
     )
-    snapshot_chunk_rows: PositiveInt = Field(
-        100_000, alias="snapshot.chunkRows", description="Rows per snapshot chunk (a chunk is a channel)."
+    snapshot_chunk_rows: int = Field(
+        100_000, ge=1, le=10_000_000, alias="snapshot.chunkRows",
+        description="Rows per snapshot chunk, 1 to 10,000,000 (`chunked`: one Spark partition each, at most "
+        "twice as many rows; `exported`: a channel each).",
+    )
+    snapshot_chunks_per_batch: int = Field(
+        8, ge=1, le=10_000, alias="snapshot.chunksPerBatch",
+        description="`chunked`: chunks one batch reads at most (fewer under `maxRecordsPerTrigger`); the cut is "
+        "held while they are read, so a batch should be about one wave of the executors' cores.",
+    )
+    snapshot_cut_timeout_s: float = Field(
+        5.0, gt=0, le=3600, alias="snapshot.cutTimeout",
+        description="`chunked`: seconds a batch waits for a cut (PostgreSQL waits for the write transactions "
+        "in flight) before it delivers changes only and tries again at the next batch.",
     )
     snapshot_parallelism: PositiveInt = Field(
-        4, alias="snapshot.parallelism", description="Connections reading snapshot chunks at once."
+        4, alias="snapshot.parallelism", description="`exported`: connections reading snapshot chunks at once."
     )
 
     @field_validator("tables")

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from cdc.errors import PositionError
 
+CHANGES = "changes"
+"""The change channel: a replication slot is one ordered stream."""
+
 INDEX_BITS = 20
 MAX_INDEX = (1 << INDEX_BITS) - 1
 MAX_LSN = (1 << (63 - INDEX_BITS)) - 1

@@ -4,34 +4,41 @@ The change channel's range ``[start, end)`` is read by peeking the slot up to ``
 (:func:`.slot.peek`) and decoding the records whose positions lie in the range (:mod:`.changes`); the slot is not
 moved, so a replay reads the same records. The slot having moved past ``start`` (dropped, or consumed by
 someone else) fails the read with :class:`~cdc.errors.DataLossError`, never a silently shorter batch.
-Snapshot chunks are Arrow files materialised while the exported snapshot was held (:mod:`.snapshot`).
+Chunks of an exported snapshot are Arrow files materialised while it was held (:mod:`.exported`); ranges of a
+chunked snapshot (:mod:`.snapshot`) carry a window and are read by :meth:`PostgresRangeReader.read_window`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from cdc.backend import Position, RangeReader
 from cdc.backends.postgres import connection
 from cdc.backends.postgres.changes import decode_changes
-from cdc.backends.postgres.positions import lsn_of
+from cdc.backends.postgres.exported import CHUNK_PREFIX, chunk_file
+from cdc.backends.postgres.positions import CHANGES, lsn_of
 from cdc.backends.postgres.records import Layout
-from cdc.backends.postgres.snapshot import CHUNK_PREFIX, chunk_file
+from cdc.backends.postgres.snapshot import ChunkedReads
+from cdc.errors import PositionError
 from cdc.options import SecretStr
+from cdc.snapshots.planning import CHUNK_PREFIX as CHUNKED_PREFIX
 
-CHANGES = "changes"
+__all__ = ["CHANGES", "PostgresRangeReader", "read_chunk"]
 
 
 class PostgresRangeReader(RangeReader):
-    def __init__(self, dsn: SecretStr, slot: str, publication: str, layout: Layout, snapshot_dir: str | None) -> None:
+    def __init__(self, dsn: SecretStr, slot: str, publication: str, layout: Layout, snapshot_dir: str | None,
+                 chunked: ChunkedReads | None = None) -> None:
         self.dsn = dsn
         self.slot = slot
         self.publication = publication
         self.layout = layout
         self.snapshot_dir = snapshot_dir
+        self.chunked = chunked
 
     def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
         if channel.startswith(CHUNK_PREFIX):
@@ -45,6 +52,17 @@ class PostgresRangeReader(RangeReader):
             connection.check_held(conn, self.slot, int(start))
             messages = connection.peek(conn, self.slot, self.publication, lsn_of(int(end)))
             yield from decode_changes(messages, self.layout, CHANGES, int(start), int(end))
+
+    def read_window(self, channel: str, start: Position, end: Position, window: Any) -> Iterator[pa.RecordBatch]:
+        """A chunked snapshot's chunk ``(start, end]`` of keys, or a change range that holds keys back."""
+        if self.chunked is None:
+            raise PositionError(f"range {channel!r} belongs to a chunked snapshot, which this reader was not given")
+        if channel.startswith(CHUNKED_PREFIX):
+            table = channel[len(CHUNKED_PREFIX):]
+            after = None if start is None else tuple(start)
+            yield from self.chunked.read_chunk(table, after, tuple(end), window).to_batches()
+            return
+        yield from self.chunked.read_changes(self.slot, self.publication, int(start), int(end), window)
 
 
 def read_chunk(snapshot_dir: str | None, channel: str, start: int, end: int) -> Iterator[pa.RecordBatch]:

@@ -1,288 +1,369 @@
-"""The full snapshot of ``startingOffsets=snapshot``, cut exactly at the replication slot's start.
+"""``startingOffsets=snapshot`` with ``snapshot.mode=chunked`` (the default): the PostgreSQL side of
+:mod:`cdc.snapshots`. The exported mode's materialisation lives in :mod:`.exported`.
 
-``CREATE_REPLICATION_SLOT ... LOGICAL pgoutput (SNAPSHOT 'export')`` on a replication connection creates
-the slot and exports a snapshot that sees exactly the transactions committed before the slot's consistent
-point: every later change is in the slot, every earlier one in the snapshot (no gap, no duplicate). The
-export lives only while that connection stays open, and a replayed batch after a driver crash must read
-the same rows, so **the snapshot is materialised while the export is held**: each table is cut into chunks
-of heap pages (TID range scans), read in parallel by ``snapshot.parallelism`` connections that each import
-the snapshot (``SET TRANSACTION SNAPSHOT``), and written as Arrow files under
-``snapshot.path/<slot>/``; a ``manifest.json`` written last, atomically, makes the snapshot complete. Each
-chunk is then a channel (positions: row indices) that executors read from its file, however often.
+**Start.** The query's slot is created with an exported snapshot (``CREATE_REPLICATION_SLOT ... (SNAPSHOT
+'export')``); under that snapshot each table's largest primary key is read, and the export is closed at once.
+Changes start at the slot's consistent point, so a key above that largest key was inserted by a change the
+slot holds: it is never chunked. The start is kept in ``snapshot.path/<slot>/chunked.json`` so that a
+restarted driver, which Spark asks for the initial offset again, gets the same answer.
 
-A restarted query that asks for its initial offset again finds the manifest and reuses it (the cut is the
-slot's consistent point, which only an acknowledged batch moves). A slot without a manifest (a driver
-killed while materialising) is dropped and created again with a fresh export.
+**Cuts.** A batch that reads chunks creates a temporary logical slot with an exported snapshot on a
+replication connection of the driver, as PostgreSQL's own logical replication does to synchronise a table
+(tablesync): its consistent point ``C`` is a WAL position, and the exported snapshot holds exactly the
+transactions committed before ``C``, whatever order they became visible in. The batch's change range ends at
+``C`` exactly; its chunks are read by the executors in their own transactions importing the snapshot (one
+chunk's read long) and carry ``_seq = (C << 20) - 1`` (:mod:`.positions`): after every change before ``C``,
+before every change at or after it. The driver holds the export (an idle replication connection) until it
+plans the next batch, then closes it and the temporary slot goes with it. Creating the slot waits for the
+write transactions in flight; past ``snapshot.cutTimeout`` it is cancelled and the batch delivers changes
+only (:meth:`PostgresChunkedSnapshot.plan_uncut`), so a long transaction never blocks the query's changes. A
+cut needs a replication slot and a WAL sender besides the query's: the start checks that the server has them.
 
-Snapshot rows carry ``_seq = (consistent point << 20) - 1``: below every change after the cut, so no
-snapshot row ever overwrites a newer change.
+**Chunks** are ``(after, upto]`` ranges of the primary key, in its index's order (:mod:`.keys`), each found by an
+index scan of the next ``snapshot.chunkRows`` keys at the cut (so each holds exactly that many rows, the last
+one fewer), never past the table's largest key at the start. A chunk's rows go to :class:`cdc.snapshots.store.
+ChunkStore` under ``snapshot.path`` before the task hands them to Spark; a retried task imports the same cut,
+a replayed batch whose cut is gone (driver killed, server restarted) yields the first complete read's rows or
+reads at a new cut, which the next batch learns (:meth:`PostgresChunkedSnapshot.recorded`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from cdc.backends.postgres import connection
-from cdc.backends.postgres.catalog import BYTEA, TIMESTAMP, TableInfo, arrow_type
-from cdc.backends.postgres.pgoutput import Column, Relation
-from cdc.backends.postgres.positions import pack, parse_lsn
-from cdc.backends.postgres.records import Layout, Record
-from cdc.model import Op
+from cdc.backend import PlannedRange
+from cdc.backends.postgres import connection, keys
+from cdc.backends.postgres.catalog import TableInfo
+from cdc.backends.postgres.changes import decode_changes
+from cdc.backends.postgres.chunks import at_snapshot, copies, copy_csv, fetch_rows, now, with_meta
+from cdc.backends.postgres.errors import CutLostError
+from cdc.backends.postgres.keys import KeyColumn
+from cdc.backends.postgres.positions import CHANGES, boundary_after, lsn_of, pack
+from cdc.backends.postgres.records import JSON_KEY, JSON_TABLE, Layout
+from cdc.channels import ChannelRange, Position
+from cdc.errors import OptionError
+from cdc.options import SecretStr
+from cdc.snapshots.holdback import OLD_KEY, HoldBack, KeyValues, late_keys, rekeyed_from_json, rekeyed_to_json
+from cdc.snapshots.planning import CHUNK_PREFIX, SnapshotStart
+from cdc.snapshots.state import Cut, Key, Late, SnapshotState
+from cdc.snapshots.store import ChunkStore, entry_name
+
+if TYPE_CHECKING:
+    from cdc.backends.postgres.backend import PostgresBackend
 
 log = logging.getLogger(__name__)
 
-CHUNK_PREFIX = "snapshot:"
-MANIFEST = "manifest.json"
+START_FILE = "chunked.json"
+REKEYED = "rekeyed"
+"""The store entry of a batch's re-keyed rows (one change range per batch)."""
 
 
-def chunk_file(snapshot_dir: Path, channel: str) -> Path:
-    _, slot, table, n = channel.split(":")
-    return snapshot_dir / slot / table / f"{int(n):06d}.arrow"
+def cut_at(lsn: int) -> Cut:
+    """The cut of a consistent point: its rows' ``_seq`` is the largest below every change at or after it."""
+    return Cut(pack(lsn), pack(lsn) - 1)
 
 
-@dataclass(frozen=True)
-class Manifest:
-    cut_lsn: int
-    chunks: dict[str, int]
-    """Chunk channel -> rows."""
+@dataclass
+class ChunkedReads:
+    """What executors need to read a chunked snapshot's ranges (picklable; connections are opened per read)."""
 
+    dsn: SecretStr
+    layout: Layout
+    store_root: str
+    key_columns: Mapping[str, tuple[KeyColumn, ...]]
+    cuts: dict[int, tuple[Cut, str]] = field(default_factory=dict)
+    """Planned cut position -> the cut actually held for it and its exported snapshot's name."""
 
-def load_manifest(snapshot_dir: Path, slot: str) -> Manifest | None:
-    path = snapshot_dir / slot / MANIFEST
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    return Manifest(int(data["cut_lsn"]), {str(k): int(v) for k, v in data["chunks"].items()})
+    def store(self) -> ChunkStore:
+        return ChunkStore(self.store_root)
 
+    def table(self, name: str) -> TableInfo:
+        return next(t for t in self.layout.tables if t.name == name)
 
-def _relation(table: TableInfo) -> Relation:
-    schema, _, name = table.name.partition(".")
-    cols = tuple(Column(n, oid, mod, n in table.keys) for n, oid, mod in table.columns)
-    return Relation(0, schema, name, cols)
+    def _held(self, planned: Cut) -> tuple[Cut, str]:
+        try:
+            return self.cuts[int(planned.pos)]
+        except KeyError:
+            raise CutLostError(
+                f"the cut at {planned.pos} this batch reads at is not held by the driver (restarted?): retrying"
+            ) from None
 
+    def read_chunk(self, table: str, after: Key | None, upto: Key, window: Mapping[str, Any]) -> pa.Table:
+        """The rows of ``(after, upto]`` as of the batch's cut, or of the first complete read of them."""
+        planned = Cut.from_json(window["cut"], "chunk window")
+        store = self.store()
+        name = entry_name(table, after, upto)
+        kept = store.get(int(planned.pos), name)
+        if kept is not None:
+            return kept[0]
+        cut, snapshot = self._held(planned)
+        info = self.table(table)
+        columns = self.key_columns[table]
+        channel = CHUNK_PREFIX + table
+        schema = self.layout.arrow_schema()
+        try:
+            with at_snapshot(self.dsn.get_secret_value(), snapshot) as conn:
+                if copies(self.layout, info):
+                    keys.apply_settings(conn, after, upto)  # COPY takes no parameters: the bounds are settings
+                    cond, _ = keys.range_condition(columns, after, upto, as_settings=True)
+                    rows = with_meta(schema, copy_csv(conn, info, cond, schema), channel, cut.seq, now())
+                else:
+                    cond, params = keys.range_condition(columns, after, upto)
+                    rows = fetch_rows(conn, self.layout, info, cond, params, channel, cut.seq, now())
+        except psycopg.OperationalError as exc:
+            raise CutLostError(f"reading chunk {channel} at its cut failed: {exc}") from exc
+        except psycopg.errors.InvalidParameterValue as exc:  # the exported snapshot is gone
+            raise CutLostError(f"the cut of chunk {channel} is gone: {exc}") from exc
+        return store.put_once(int(planned.pos), name, rows, {"cut": json.dumps(cut.to_json())})[0]
 
-def export_and_materialise(
-    dsn: str, slot: str, publication: str, layout: Layout, snapshot_dir: Path, chunk_rows: int, parallelism: int
-) -> Manifest:
-    """Create ``slot`` with an exported snapshot and write the tables' rows as chunk files (see above)."""
-    with connection.connect(dsn) as conn:
-        if connection.state(conn, slot) is not None:
-            log.warning("replication slot %s exists without a complete snapshot: dropping it for a new export", slot)
-            connection.drop_slot(conn, slot)
-    shutil.rmtree(snapshot_dir / slot, ignore_errors=True)
-    began = time.perf_counter()
-    repl = connection.connect(dsn, replication="database")
-    try:
-        res = repl.pgconn.exec_(
-            f"CREATE_REPLICATION_SLOT {sql.Identifier(slot).as_string(repl)} LOGICAL pgoutput "
-            "(SNAPSHOT 'export')".encode()
-        )
-        if res.status != 2:  # TUPLES_OK
-            raise RuntimeError(f"CREATE_REPLICATION_SLOT failed: {(res.error_message or b'').decode().strip()}")
-        cut_lsn = parse_lsn((res.get_value(0, 1) or b"").decode())
-        exported = (res.get_value(0, 2) or b"").decode()
-        log.info("slot %s created at %s with exported snapshot %s", slot, (res.get_value(0, 1) or b"").decode(), exported)
-        exported_at = time.perf_counter()
-        jobs = []
+    def read_changes(self, slot: str, publication: str, start: int, end: int,
+                     window: Mapping[str, Any]) -> Iterator[pa.RecordBatch]:
+        """The change range, holding back the keys not yet emitted (:mod:`cdc.snapshots.holdback`); a batch with a
+        cut ends with the rows of the keys re-keyed into, as of the cut."""
+        dsn = self.dsn.get_secret_value()
         with connection.connect(dsn) as conn:
-            for t in layout.tables:
-                size = conn.execute(
-                    "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int, "
-                    "greatest(reltuples, 0), greatest(relpages, 1) FROM pg_class WHERE oid = %s::regclass",
-                    (t.name, t.name),
-                ).fetchone()
-                assert size is not None
-                pages, tuples, relpages = int(size[0]), float(size[1]), int(size[2])
-                per_page = max(1.0, tuples / relpages) if tuples > 0 else 50.0
-                # Equal page spans: with a remainder chunk (200k rows in 100k chunks made 100k, 97k and 3k),
-                # the last task of Spark's job starts a wave of its own.
-                count = max(1, math.ceil(per_page * pages / chunk_rows))
-                step = max(1, math.ceil(max(pages, 1) / count))
-                bounds = list(range(0, max(pages, 1), step))
-                for i, lo in enumerate(bounds):
-                    hi = bounds[i + 1] if i + 1 < len(bounds) else None
-                    jobs.append((t, i, lo, hi))
-        seq = pack(cut_lsn) - 1
-        when = datetime.now(UTC)
+            hold = HoldBack(window.get("hold", {}), _LayoutKeys(self.layout),
+                            lambda t, ks, rs: keys.classify(conn, self.key_columns[t], ks, rs))
+            if lsn_of(end) > lsn_of(start):
+                connection.check_held(conn, slot, start)
+                messages = connection.peek(conn, slot, publication, lsn_of(end))
+                for batch in decode_changes(messages, self.layout, CHANGES, start, end):
+                    kept = hold.apply(batch)
+                    if kept.num_rows:
+                        yield kept
+            if hold.held:
+                log.info("change range [%d, %d): %d records held back for the snapshot", start, end, hold.held)
+        if "cut" not in window:
+            if hold.rekeyed:
+                raise RuntimeError(f"keys re-keyed into in [{start}, {end}) without a cut to read them at")
+            return
+        planned = Cut.from_json(window["cut"], "change window")
+        store = self.store()
+        kept_rows = store.get(int(planned.pos), REKEYED)
+        if kept_rows is None:
+            rows = self._read_rekeyed(planned, hold.rekeyed)
+            cut = self.cuts[int(planned.pos)][0] if hold.rekeyed else planned
+            meta = {"cut": json.dumps(cut.to_json()), REKEYED: rekeyed_to_json(hold.rekeyed)}
+            kept_rows = store.put_once(int(planned.pos), REKEYED, rows, meta)
+        yield from kept_rows[0].to_batches()
 
-        def run(job: tuple[TableInfo, int, int, int | None]) -> tuple[str, int]:
-            return _read_chunk(dsn, exported, layout, snapshot_dir, slot, job, seq, when)
+    def _read_rekeyed(self, planned: Cut, rekeyed: Mapping[str, Sequence[Key]]) -> pa.Table:
+        schema = self.layout.arrow_schema()
+        if not rekeyed:
+            return schema.empty_table()
+        cut, snapshot = self._held(planned)
+        parts = []
+        with at_snapshot(self.dsn.get_secret_value(), snapshot) as conn:
+            for table, found in rekeyed.items():
+                columns = self.key_columns[table]
+                names = sql.SQL(", ").join(sql.Identifier(f"t{i}") for i in range(len(columns)))
+                typed = sql.SQL(", ").join(c.cast(sql.Identifier("u", f"t{i}")) for i, c in enumerate(columns))
+                cond = sql.SQL("{} IN (SELECT {} FROM unnest({}) AS u({}))").format(
+                    keys.row(columns), typed, sql.SQL(", ").join([sql.SQL("%s::text[]")] * len(columns)), names)
+                arrays = [[k[i] for k in found] for i in range(len(columns))]
+                parts.append(fetch_rows(conn, self.layout, self.table(table), cond, arrays, CHUNK_PREFIX + table,
+                                        cut.seq, now()))
+        return pa.concat_tables(parts)
 
-        with ThreadPoolExecutor(max_workers=parallelism) as pool:
-            chunks = dict(pool.map(run, jobs))
-        manifest = Manifest(cut_lsn, chunks)
-        log.info("snapshot of slot %s: %d rows in %d chunks in %.2f s (export %.2f s)", slot, sum(chunks.values()),
-                 len(chunks), time.perf_counter() - began, exported_at - began)
-        body = json.dumps({"cut_lsn": cut_lsn, "chunks": chunks, "publication": publication}, sort_keys=True)
-        fd, tmp = tempfile.mkstemp(dir=snapshot_dir / slot, prefix=".tmp-")
+
+class _LayoutKeys:
+    """Each record's table and key in the query's layout (:class:`cdc.snapshots.holdback.RecordKeys`)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+
+    def keys(self, batch: pa.RecordBatch) -> list[tuple[str, KeyValues]]:
+        if self.layout.typed:
+            t = self.layout.tables[0]
+            columns = [batch.column(k).to_pylist() for k in t.keys]
+            return [(t.name, key) for key in zip(*columns, strict=True)]
+        return [(table, tuple(json.loads(key).values()))
+                for table, key in zip(batch.column(JSON_TABLE).to_pylist(), batch.column(JSON_KEY).to_pylist(),
+                                      strict=True)]
+
+    def old_keys(self, batch: pa.RecordBatch) -> list[tuple[str, KeyValues] | None]:
+        values = batch.column(OLD_KEY).to_pylist()
+        if self.layout.typed:
+            t = self.layout.tables[0]
+            return [None if v is None else (t.name, tuple(v[k] for k in t.keys)) for v in values]
+        return [None if v is None else (v[JSON_TABLE], tuple(json.loads(v[JSON_KEY]).values())) for v in values]
+
+
+class PostgresChunkedSnapshot:
+    """The driver side (:class:`cdc.snapshots.planning.ChunkedSnapshot`); one per backend instance."""
+
+    channel = CHANGES
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        options = backend.options
+        if not options.snapshot_path:
+            raise OptionError(
+                "option 'snapshot.path' is required with startingOffsets=snapshot: a directory every executor can "
+                "write and read, where the rows of the chunks in flight are kept so that a replayed batch yields "
+                "the same rows", "snapshot.path",
+            )
+        self.backend = backend
+        self.dsn = options.dsn.get_secret_value()
+        self.slot = backend.slot
+        self.chunk_rows = options.snapshot_chunk_rows
+        self.chunks_per_batch = options.snapshot_chunks_per_batch
+        self.timeout = options.snapshot_cut_timeout_s
+        self.root = Path(options.snapshot_path) / self.slot
+        self.store = ChunkStore(self.root / "cuts")
+        self.key_columns = {t.name: keys.key_columns(backend.conn, t) for t in backend.layout.tables}
+        self._live: tuple[Cut, connection.ExportedSlot] | None = None
+        self._replays: dict[int, tuple[Cut, connection.ExportedSlot]] = {}
+        self._made = 0
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> SnapshotStart:
+        conn = self.backend.conn
+        path = self.root / START_FILE
+        if path.exists() and connection.state(conn, self.slot) is not None:
+            data = json.loads(path.read_text())
+            log.info("chunked snapshot of slot %s: resuming the start at %s", self.slot, data["position"])
+            return SnapshotStart(data["position"], {t: None if k is None else tuple(k) for t, k in data["last"].items()})
+        if connection.state(conn, self.slot) is not None:
+            log.warning("replication slot %s exists without a recorded snapshot start: dropping it", self.slot)
+            connection.drop_slot(conn, self.slot)
+        shutil.rmtree(self.root, ignore_errors=True)
+        connection.check_capacity(conn, slots=2, senders=1)
+        held = connection.create_exported_slot(self.dsn, self.slot, temporary=False, timeout=None)
+        assert held is not None
+        try:
+            with at_snapshot(self.dsn, held.snapshot) as reader:
+                last = {t.name: keys.last_key(reader, t, self.key_columns[t.name]) for t in self.backend.layout.tables}
+        finally:
+            held.close()
+        begun = SnapshotStart(pack(held.lsn), last)
+        self.root.mkdir(parents=True, exist_ok=True)
+        body = json.dumps({"position": begun.position, "last": {t: None if k is None else list(k) for t, k in last.items()}})
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".start-")
         with os.fdopen(fd, "w") as f:
             f.write(body)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, snapshot_dir / slot / MANIFEST)
-        return manifest
-    finally:
-        repl.close()  # ends the export; the slot stays
+        os.replace(tmp, path)
+        return begun
 
+    # ------------------------------------------------------------------ cuts
+    def _create(self, wait: bool) -> tuple[Cut, connection.ExportedSlot] | None:
+        self._made += 1
+        name = f"{self.slot[:36]}_cut_{os.getpid()}_{self._made}"
+        held = connection.create_exported_slot(self.dsn, name, temporary=True, timeout=None if wait else self.timeout)
+        return None if held is None else (cut_at(held.lsn), held)
 
-def _select(column: tuple[str, int, int], typed: bool) -> sql.Composable:
-    name, oid, typmod = column
-    ident = sql.Identifier(name)
-    if not typed or pa.types.is_string(arrow_type(oid, typmod)):
-        return sql.SQL("{}::text").format(ident)
-    if oid == TIMESTAMP:
-        return sql.SQL("{} AT TIME ZONE 'UTC'").format(ident)
-    return ident
+    def open_cut(self, wait: bool) -> Cut | None:
+        self.close_cut()
+        made = self._create(wait)
+        if made is None:
+            log.warning("no cut within snapshot.cutTimeout=%.1f s (write transactions in flight): this batch "
+                        "delivers changes only", self.timeout)
+            return None
+        self._live = made
+        return made[0]
 
+    def close_cut(self) -> None:
+        if self._live is not None:
+            self._live[1].close()
+            self._live = None
+        for _, held in self._replays.values():
+            held.close()
+        self._replays.clear()
 
-def _copy_csv(conn: Any, table: TableInfo, where: sql.Composable, schema: pa.Schema) -> pa.Table:
-    """A chunk of a typed table through ``COPY ... TO STDOUT (FORMAT csv)``, parsed by Arrow's C++ CSV reader
-    with the columns' types: no Python per row or value."""
-    import pyarrow.csv as pacsv
+    def held_cuts(self) -> dict[int, tuple[Cut, str]]:
+        """Planned cut position -> (the cut held for it, its exported snapshot), for the executors."""
+        out: dict[int, tuple[Cut, str]] = {}
+        if self._live is not None:
+            out[int(self._live[0].pos)] = (self._live[0], self._live[1].snapshot)
+        for planned, (cut, held) in self._replays.items():
+            out[planned] = (cut, held.snapshot)
+        return out
 
-    types: dict[str, pa.DataType] = {}
-    for name, oid, _ in table.columns:
-        # Timestamps travel in ISO text, which Arrow parses: with offsets (the session is in UTC) for
-        # timestamptz, naive ones cast as UTC below (extract(epoch) would compute a numeric per value).
-        types[name] = pa.timestamp("us") if oid == TIMESTAMP else schema.field(name).type
-    conn.execute("SET LOCAL timezone = 'UTC'")
-    conn.execute("SET LOCAL datestyle = 'ISO, YMD'")
-    query = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT csv)").format(
-        sql.SQL(", ").join(sql.Identifier(c[0]) for c in table.columns),
-        sql.Identifier(*table.name.split(".", 1)), where)
-    names = [c[0] for c in table.columns]
-    options = {
-        "read_options": pacsv.ReadOptions(column_names=names, block_size=1 << 20),
-        # PostgreSQL's CSV writes NULL as an unquoted empty field and an empty string as "": only the former
-        # is null (Arrow's default markers would turn the texts 'NULL', 'NaN' or 'N/A' into nulls).
-        "convert_options": pacsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=True,
-                                                quoted_strings_can_be_null=False, true_values=["t"],
-                                                false_values=["f"]),
-    }
-    # Arrow parses while PostgreSQL still sends: the CSV flows through a pipe into the reader's own threads
-    # (which release the GIL), so a chunk costs about max(COPY, parse) rather than their sum (parsing is
-    # ~40% of the COPY's time: measured).
-    read_end, write_end = os.pipe()
+    def prepare(self, ranges: Sequence[ChannelRange]) -> None:
+        windows = [r.window for r in ranges if isinstance(r.window, dict) and "cut" in r.window]
+        if not windows:
+            return
+        planned = Cut.from_json(windows[0]["cut"], "window")
+        pos = int(planned.pos)
+        if (self._live is not None and self._live[0] == planned) or pos in self._replays:
+            return
+        names = [entry_name(r.channel[len(CHUNK_PREFIX):], None if r.start is None else tuple(r.start), tuple(r.end))
+                 for r in ranges if r.channel.startswith(CHUNK_PREFIX)]
+        if any(r.channel == CHANGES for r in ranges):
+            names.append(REKEYED)
+        missing = [n for n in names if self.store.meta(pos, n) is None]
+        if not missing:
+            return
+        made = self._create(wait=True)
+        assert made is not None
+        log.warning("replaying a batch whose cut at %d is gone: %d of its reads run at a new cut %d", pos,
+                    len(missing), made[0].pos)
+        self._replays[pos] = made
 
-    def parse() -> pa.Table:
-        with os.fdopen(read_end, "rb") as stream:  # closing it on a parse error stops the COPY below
-            return pacsv.read_csv(pa.PythonFile(stream, mode="r"), **options)
+    # ------------------------------------------------------------------ planning
+    def bounds(self, table: str, after: Key | None, last: Key, count: int, cut: Cut) -> list[Key]:
+        assert self._live is not None and self._live[0] == cut, "chunk bounds are found at the live cut"
+        info = next(t for t in self.backend.layout.tables if t.name == table)
+        with at_snapshot(self.dsn, self._live[1].snapshot) as conn:
+            return keys.next_bounds(conn, info, self.key_columns[table], after, last, self.chunk_rows, count)
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        parsed_future = pool.submit(parse)
-        sent = 0
-        try:
-            with os.fdopen(write_end, "wb") as pipe, conn.cursor() as cur, cur.copy(query) as copy:
-                for block in copy:
-                    pipe.write(block)
-                    sent += len(block)
-        except BrokenPipeError:
-            parsed_future.result()  # the parser's error
-            raise
-        if not sent:
-            parsed_future.cancel()
-            return pa.table({n: pa.array([], type=schema.field(n).type) for n in names})
-        parsed = parsed_future.result()
-    return pa.table({n: parsed.column(n).cast(schema.field(n).type) for n in names})
+    def recorded(self, state: SnapshotState) -> Mapping[str, Sequence[Late]]:
+        if state.cut is None:
+            return {}
+        pos = int(state.cut.pos)
+        out: dict[str, list[Late]] = {}
+        for table, chunk in state.chunks():
+            meta = self.store.meta(pos, entry_name(table, chunk.after, chunk.upto))
+            if meta is None:
+                log.warning("chunk (%s, %s] of %s was never read completely (the batch's sink did not read every "
+                            "partition?)", chunk.after, chunk.upto, table)
+                continue
+            cut = Cut.from_json(json.loads(meta["cut"]), "chunk file")
+            if cut != state.cut:
+                out.setdefault(table, []).append(Late(cut, chunk.after, chunk.upto))
+        meta = self.store.meta(pos, REKEYED)
+        if meta is not None:
+            cut = Cut.from_json(json.loads(meta["cut"]), "re-keyed rows file")
+            if cut != state.cut:
+                for table, entries in late_keys(cut, rekeyed_from_json(meta[REKEYED])).items():
+                    out.setdefault(table, []).extend(entries)
+        return out
 
-
-def _with_meta(schema: pa.Schema, data: pa.Table, channel: str, seq: int, when: datetime) -> pa.Table:
-    n = data.num_rows
-    # Constant columns built by Arrow, not from n Python objects each.
-    meta = {
-        "_op": pa.repeat(pa.scalar(Op.SNAPSHOT.value, pa.string()), n),
-        "_seq": pa.repeat(pa.scalar(seq, pa.int64()), n),
-        "_commit_ts": pa.repeat(pa.scalar(when, pa.timestamp("us", tz="UTC")), n),
-        "_channel": pa.repeat(pa.scalar(channel, pa.string()), n),
-        "_position": pa.array(np.arange(n, dtype=np.int64)),
-        "_unchanged": pa.nulls(n, pa.list_(pa.string())),
-    }
-    return pa.table([meta[f.name] if f.name in meta else data.column(f.name) for f in schema], schema=schema)
-
-
-def _typed_batch(
-    schema: pa.Schema, rows: list[tuple[Any, ...]], channel: str, first: int, seq: int, when: datetime
-) -> pa.RecordBatch:
-    n = len(rows)
-    meta = {
-        "_op": pa.array([Op.SNAPSHOT.value] * n, pa.string()),
-        "_seq": pa.array([seq] * n, pa.int64()),
-        "_commit_ts": pa.array([when] * n, pa.timestamp("us", tz="UTC")),
-        "_channel": pa.array([channel] * n, pa.string()),
-        "_position": pa.array(range(first, first + n), pa.int64()),
-        "_unchanged": pa.nulls(n, pa.list_(pa.string())),
-    }
-    columns = list(zip(*rows, strict=True)) if rows else []
-    data = [f for f in schema if f.name not in meta]
-    arrays = [meta[f.name] if f.name in meta else None for f in schema]
-    for f, values in zip(data, columns, strict=True):
-        arrays[schema.get_field_index(f.name)] = pa.array(values, type=f.type)
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-def _read_chunk(
-    dsn: str, exported: str, layout: Layout, snapshot_dir: Path, slot: str,
-    job: tuple[TableInfo, int, int, int | None], seq: int, when: datetime,
-) -> tuple[str, int]:
-    table, n, lo, hi = job
-    channel = f"{CHUNK_PREFIX}{slot}:{table.name}:{n}"
-    cond = "ctid >= %s::tid" + ("" if hi is None else " AND ctid < %s::tid")
-    params: list[Any] = [f"({lo},0)"] + ([] if hi is None else [f"({hi},0)"])
-    path = chunk_file(snapshot_dir, channel)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    schema = layout.arrow_schema()
-    typed = layout.typed
-    # Typed layout: PostgreSQL sends binary values that psycopg's C loaders turn into Python values, and
-    # Arrow builds each column at once (no per-value parsing in Python); naive timestamps are read as UTC.
-    cols = sql.SQL(", ").join(_select(c, typed) for c in table.columns)
-    query = sql.SQL("SELECT {} FROM {} WHERE " + cond).format(cols, sql.Identifier(*table.name.split(".", 1)))
-    rel = _relation(table)
-    rows = 0
-    with connection.connect(dsn) as conn:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported)))
-        if typed and not any(oid == BYTEA for _, oid, _ in table.columns):
-            where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({lo},0)"))
-            if hi is not None:
-                where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({hi},0)"))
-            data = _copy_csv(conn, table, where, schema)
-            with pa.OSFile(str(path) + ".tmp", "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-                writer.write_table(_with_meta(schema, data, channel, seq, when), max_chunksize=65_536)
-            conn.execute("COMMIT")
-            os.replace(str(path) + ".tmp", path)
-            return channel, data.num_rows
-        with conn.cursor(binary=typed) as cur, pa.OSFile(str(path) + ".tmp", "wb") as sink:
-            with pa.ipc.new_file(sink, schema) as writer:
-                cur.execute(query, params)
-                while True:
-                    got = cur.fetchmany(50_000)
-                    if not got:
-                        break
-                    if typed:
-                        writer.write_batch(_typed_batch(schema, got, channel, rows, seq, when))
-                    else:
-                        records = [
-                            Record(Op.SNAPSHOT, rows + i, when, rel,
-                                   tuple(None if v is None else v.encode() for v in row))
-                            for i, row in enumerate(got)
-                        ]
-                        writer.write_batch(layout.batch(records, channel, seq=seq))
-                    rows += len(got)
-        conn.execute("COMMIT")
-    os.replace(str(path) + ".tmp", path)
-    return channel, rows
+    def plan_uncut(
+        self, start: Position, max_records: int | None, until: Position | None, state: SnapshotState
+    ) -> PlannedRange:
+        """Changes only, stopping before the first transaction that changes the key of a table still being
+        snapshotted: the unchanged values of such a change's new row could only be read at a cut."""
+        conn = self.backend.conn
+        begin = int(start)
+        connection.check_held(conn, self.slot, begin)
+        bound = connection.flush_lsn(conn)
+        if until is not None:
+            bound = min(bound, lsn_of(int(until)))
+        relids = [oid for oid, name in self.backend.relation_ids().items() if name in state.tables]
+        end, taken = begin, 0
+        for commit_lsn, n, rekeys in connection.transaction_sizes(conn, self.slot, self.backend.publication, begin,
+                                                                  bound, rekeys_of=relids):
+            if rekeys:
+                log.info("changes stop before the key change committed at %d until a cut is taken", commit_lsn)
+                break
+            if max_records is not None and taken > 0 and taken + n > max_records:
+                break
+            taken += n
+            end = boundary_after(commit_lsn)
+            if max_records is not None and taken >= max_records:
+                break
+        return PlannedRange(end, taken, False)

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.feather as feather
 
 from cdc.backend import open_backend
-from cdc.backends.postgres import snapshot
+from cdc.backends.postgres import exported as snapshot
 from cdc.planner import Planner, positions
 
 
@@ -43,7 +43,8 @@ def main() -> None:
 
         snapshot._read_chunk = die_after_first  # type: ignore[assignment]
     backend = open_backend("postgres", {"dsn": args.dsn, "tables": "items", "slot.name": "killed_driver",
-                                        "snapshot.path": args.snapshot_dir, "snapshot.chunkRows": "400"})
+                                        "snapshot.path": args.snapshot_dir, "snapshot.chunkRows": "400",
+                                        "snapshot.mode": "exported"})
     planner = Planner(backend)
     offsets = args.work / "offsets"
     offsets.mkdir(parents=True, exist_ok=True)

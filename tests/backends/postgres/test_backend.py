@@ -184,7 +184,7 @@ def test_many_tables_carry_table_key_and_row_as_json(postgres_dsn: str) -> None:
 
 def test_snapshot_hand_off_is_exact_under_concurrent_writes(postgres_dsn: str, tmp_path: Path) -> None:
     h = PostgresHarness(postgres_dsn, **{"snapshot.path": str(tmp_path / "snap"), "snapshot.chunkRows": "500",
-                                         "slot.name": "snap_exact"})
+                                         "slot.name": "snap_exact", "snapshot.mode": "exported"})
     try:
         h.execute("INSERT INTO items SELECT g, 'v' || g, 0 FROM generate_series(1, 3000) g")
         h.execute("ANALYZE items")  # chunks are sized from the catalog's row estimate
@@ -258,14 +258,16 @@ def test_postgres_kill_9_mid_stream_loses_and_duplicates_nothing(postgres_server
         h.close()
 
 
-def test_snapshot_rows_are_typed_like_changes(postgres_dsn: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["chunked", "exported"])
+def test_snapshot_rows_are_typed_like_changes(postgres_dsn: str, tmp_path: Path, mode: str) -> None:
     # The snapshot reads typed tables through COPY ... (FORMAT csv) and Arrow's CSV parser; the same rows
     # read as changes go through pgoutput and psycopg's loaders: both must give the same values.
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE kinds (id int PRIMARY KEY, s text, e text, ok bool, amount numeric(8,3), "
                      "big numeric, day date, at timestamptz, naive timestamp, f float8)")
     h = PostgresHarness(postgres_dsn, tables=("kinds",), create=False,
-                        **{"snapshot.path": str(tmp_path / "snap"), "slot.name": "kinds_changes"})
+                        **{"snapshot.path": str(tmp_path / "snap"), "slot.name": "kinds_changes",
+                           "snapshot.mode": mode})
     try:
         h.execute("INSERT INTO kinds VALUES (1, 'a,\"b\"\nc', '', true, -12.345, 12345678901234567890.5, "
                   "'2024-02-29', '2024-01-02 03:04:05.123456+02', '1999-12-31 23:59:59', 0.1), "
@@ -299,7 +301,7 @@ def test_a_snapshot_value_arrow_cannot_parse_fails_the_snapshot_instead_of_hangi
         conn.execute("INSERT INTO odd VALUES (0, 'NaN', 'x')")  # no decimal128 value: Arrow refuses it
         conn.execute("INSERT INTO odd SELECT g, g, repeat('p', 200) FROM generate_series(1, 20000) g")
     backend = open_backend("postgres", {"dsn": postgres_dsn, "tables": "odd", "slot.name": "odd_snap",
-                                        "snapshot.path": str(tmp_path / "snap")})
+                                        "snapshot.path": str(tmp_path / "snap"), "snapshot.mode": "exported"})
     outcome: list[BaseException | None] = []
 
     def run() -> None:

@@ -1,0 +1,99 @@
+"""Write-once files of the rows a chunked snapshot read, so that every later read of a chunk yields the same rows.
+
+A chunk is read live, at its batch's cut. A retried task can read the cut again (the driver still holds it),
+but a batch replayed after the driver died cannot: the cut is gone with the driver. Spark replays a batch with
+the same offsets and a sink that already committed one run of the batch skips the others, so every run of a
+batch must emit the same rows. Hence each chunk read (and each read of re-keyed rows, :mod:`.holdback`) is
+written here before any of its rows is handed to Spark, **once**: the first complete file wins
+(``os.link`` of a finished temporary file), and every run, the first included, yields the winner's rows. A
+run that finds no file (its predecessors never completed the read, so no sink saw their rows) reads at the
+cut it has, and the file records that cut: the next batch's planning finds it and holds back the changes the
+rows already include (:class:`.state.Late`).
+
+Files live under ``<root>/<cut position>/<name>.arrow`` and are needed until the batch after theirs is
+committed: :meth:`ChunkStore.cleanup` removes the cuts below a committed position. They hold the chunks of at
+most a few batches, never the table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+
+def entry_name(*parts: Any) -> str:
+    """A file name for a read, stable across runs: a digest of what identifies it (a table and a key range)."""
+    return hashlib.sha1(json.dumps(parts, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+class ChunkStore:
+    """The write-once files of a query's chunk reads, under ``root`` (a directory every executor can write)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def _path(self, cut: int, name: str) -> Path:
+        return self.root / f"{cut:020d}" / f"{name}.arrow"
+
+    def get(self, cut: int, name: str) -> tuple[pa.Table, dict[str, str]] | None:
+        path = self._path(cut, name)
+        try:
+            with pa.memory_map(str(path)) as source:
+                table = pa.ipc.open_file(source).read_all()
+        except FileNotFoundError:
+            return None
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        return table.replace_schema_metadata(None), meta
+
+    def meta(self, cut: int, name: str) -> dict[str, str] | None:
+        """The metadata a read recorded (its cut, its re-keyed keys), or None when no read completed."""
+        path = self._path(cut, name)
+        try:
+            with pa.memory_map(str(path)) as source:
+                schema = pa.ipc.open_file(source).schema
+        except FileNotFoundError:
+            return None
+        return {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+
+    def put_once(self, cut: int, name: str, table: pa.Table, meta: dict[str, str]) -> tuple[pa.Table, dict[str, str]]:
+        """Keep ``table`` (with ``meta``) as the read ``name`` of ``cut`` unless a read completed first; return
+        what is kept."""
+        path = self._path(cut, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        schema = table.schema.with_metadata({k.encode(): v.encode() for k, v in meta.items()})
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f, pa.ipc.new_file(f, schema) as writer:
+                writer.write_table(table.replace_schema_metadata(schema.metadata), max_chunksize=65_536)
+                # The file must be whole before it is published: a later run trusts any file it finds.
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                log.info("chunk read %s of cut %d completed before: yielding its rows", name, cut)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        kept = self.get(cut, name)
+        assert kept is not None, f"{path} vanished after it was written"
+        return kept
+
+    def cleanup(self, below: int) -> None:
+        """Remove every cut below ``below``: their batches' successors are committed, nothing reads them again."""
+        if not self.root.is_dir():
+            return
+        for entry in self.root.iterdir():
+            if entry.is_dir() and entry.name.isdigit() and int(entry.name) < below:
+                shutil.rmtree(entry, ignore_errors=True)
