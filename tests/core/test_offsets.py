@@ -24,6 +24,16 @@ WRITTEN = [
     '{"channels": {"orders-partition-0": {"pos": [12, 7, -1], "from": [-1, -1, -1]}}, "turn": 4}',
     '{"channels": {"8d1f-0": {"pos": {"token": "AAEC", "skip": 2, "n": 40, "last": [["id", 7]]}, "done": true}, '
     '"8d1f-1": {"pos": {"token": null, "skip": 0, "n": 0, "last": null}}}}',
+    # A chunked snapshot (PostgreSQL): its start, a batch reading two chunks at a cut, one with a late entry.
+    '{"channels": {"changes": {"pos": 27951345172480}}, "initial": true, '
+    '"snapshot": {"tables": {"public.items": {"last": ["2000"]}}}}',
+    '{"channels": {"changes": {"pos": 27951403892736, "from": 27951345172480}}, "snapshot": {"cut": {"pos": '
+    '27951403892736, "seq": 27951403892735}, "tables": {"public.items": {"last": ["2000"], "after": ["600"], '
+    '"chunks": [[null, ["300"]], [["300"], ["600"]]]}}}}',
+    '{"channels": {"changes": {"pos": 28035399024640}}, "turn": 7, "snapshot": {"tables": {"public.t": {"last": '
+    '["z\\\"q", "9"], "after": ["a", "1"], "late": [{"pos": 28035399024640, "seq": 28035399024639, "after": '
+    'null, "upto": ["a", "1"]}, {"pos": 28035399024640, "seq": 28035399024639, "keys": [["b", "2"]]}]}, '
+    '"public.u": {"last": ["5"], "after": ["5"], "done": true}}}}',
 ]
 
 
@@ -51,6 +61,11 @@ def test_the_typed_form_reads_every_key() -> None:
         ({"channels": {"c0": {"pos": 1, "new": True}}}, r"unknown keys \['new'\]"),
         ({"channels": {"c0": {"pos": 1, "done": "yes"}}}, "'done' must be true or false"),
         ({"channels": {}, "turn": -1}, "'turn' must be a count"),
+        ({"channels": {}, "snapshot": {"tables": {"t": {"last": [5]}}}}, "must be a key"),
+        ({"channels": {}, "snapshot": {"tables": {"t": {"last": ["5"], "chunks": [[None, ["1"]]]}}}},
+         "chunks without a 'cut'"),
+        ({"channels": {}, "snapshot": {"tables": {"t": {"last": ["5"], "next": ["1"]}}}}, r"unknown keys \['next'\]"),
+        ({"channels": {}, "snapshot": {"cut": {"pos": 1}, "tables": {}}}, "'cut' must be"),
     ],
 )
 def test_what_is_not_a_cdc_offset_is_refused_naming_why(value: dict, complaint: str) -> None:
