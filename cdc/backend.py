@@ -11,6 +11,14 @@ Rules every backend keeps (the shared contract suite, :mod:`cdc.testing.contract
 
 1. ``read(channel, start, end)`` of the same range always yields the same records, in position order,
    however often and from whichever process it is called: a batch's content is fixed by its offsets.
+   Ranges of a chunked snapshot (:mod:`cdc.snapshots`, read with :meth:`RangeReader.read_window`) are read
+   live, so for them the rule is: **every read of a chunk is exact with respect to its cut** (it yields the
+   chunk's rows exactly as of the cut it records, with that cut's ``_seq``: the batch's planned cut, or, when
+   that cut was gone before any read of the chunk completed, a later one); **once a read has completed, every
+   later read yields the same records** (a retried task, a replayed batch); and the next batch's planning
+   learns a later cut and holds back the changes its rows already include. A change range holds back exactly
+   the keys its window names, so it too yields the same records every time.
+   (:class:`cdc.testing.contract.ChunkedSnapshotContract` checks it.)
 2. ``plan(channel, start, max_records, until)`` never plans past what exists now, nor past ``until``,
    nor more than ``max_records`` records; it reports how many records the range holds and whether its
    end is the channel's final end (``finished``). Without a budget (``max_records=None``) the count may

@@ -131,6 +131,12 @@ def starting_offsets(offset: Offset) -> dict[str, Position]:
     not change channels, and a new query cannot resume one half-read; it should start with
     ``startingOffsets=snapshot`` again.
     """
+    if offset.snapshot is not None:
+        raise CheckpointError(
+            f"the batch ended inside a chunked snapshot (tables {sorted(offset.snapshot.tables)} still hold keys "
+            "back); a new query cannot resume a half-read snapshot: start it with startingOffsets=snapshot, or use "
+            "a later batch"
+        )
     out: dict[str, Position] = {}
     for cid, entry in offset.channels.items():
         if entry.snapshot:

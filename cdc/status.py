@@ -6,7 +6,9 @@ for the heads (:meth:`~cdc.backend.Backend.heads`). A channel's state:
 
 ``finished``             read to its final end (split or merged away)
 ``waiting-for-parents``  a child whose parents are not completely delivered yet: it has not started
-``snapshot``             a chunk of the snapshot the query started with, still being read
+``snapshot``             a chunk of the snapshot the query started with, still being read; for a chunked
+                         snapshot, one row per table still being read (``chunk:<table>``): its position is the
+                         last key emitted, its head the last key to read
 ``new``                  created after the query's last batch: the next batch registers it
 ``reading``              any other channel
 """
@@ -92,6 +94,11 @@ def query_status(checkpoint: str, backend: Backend, source_index: int = 0) -> Qu
         out.append(
             ChannelStatus(cid, state, position, h.head, h.behind, time_behind_ms(h, now), dict(h.measures))
         )
+    if offset.snapshot is not None:
+        for table, cursor in offset.snapshot.tables.items():
+            if not cursor.done:
+                after = None if cursor.after is None else list(cursor.after)
+                out.append(ChannelStatus(f"chunk:{table}", "snapshot", after, list(cursor.last), None, None))
     return QueryStatus(checkpoint, batch, out, now)
 
 

@@ -31,13 +31,14 @@ Modules: :mod:`.harness` (the harness and reading helpers), :mod:`.scripts` (ste
 :mod:`.memory` (the in-memory backend), :mod:`.contract` (the suite; needs pytest).
 """
 
-from cdc.testing.harness import Harness, batches, drain, read_range
+from cdc.testing.harness import Harness, batches, drain, read_batch, read_range
 from cdc.testing.memory import MemoryBackend, MemoryHarness, MemoryLog
 from cdc.testing.scripts import Append, Batch, Crash, Merge, PlayResult, ScriptError, Split, Step, play
 
 __all__ = [
     "Append",
     "BackendContract",
+    "ChunkedSnapshotContract",
     "Batch",
     "Crash",
     "Harness",
@@ -52,13 +53,14 @@ __all__ = [
     "batches",
     "drain",
     "play",
+    "read_batch",
     "read_range",
 ]
 
 
 def __getattr__(name: str) -> object:
-    if name == "BackendContract":  # imports pytest: only when a test suite asks for it
-        from cdc.testing.contract import BackendContract
+    if name in ("BackendContract", "ChunkedSnapshotContract"):  # import pytest: only when a suite asks
+        from cdc.testing import contract
 
-        return BackendContract
+        return getattr(contract, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

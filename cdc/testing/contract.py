@@ -1,13 +1,19 @@
 """The backend contract suite (needs pytest). A backend's test module subclasses :class:`BackendContract`
-and provides a ``harness`` fixture (a :class:`cdc.testing.Harness`); every test here then runs against it."""
+and provides a ``harness`` fixture (a :class:`cdc.testing.Harness`); every test here then runs against it.
+A backend that offers chunked snapshots subclasses :class:`ChunkedSnapshotContract` too."""
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
+from cdc.backend import Backend
 from cdc.errors import PositionError
+from cdc.offsets import Offset
 from cdc.planner import Planner
-from cdc.testing.harness import Harness, drain, read_range
+from cdc.testing.harness import Harness, drain, read_batch, read_range
 from cdc.testing.scripts import Append, Batch, Crash, Merge, Split, Step, play
 
 
@@ -175,3 +181,94 @@ class BackendContract:
                   Merge(), Append(8), Crash(), Append(3)]
         result = play(harness, script)
         assert result.delivered == result.appended == 38 and result.replays == 3
+
+
+def _keys(schema: pa.Schema) -> list[str]:
+    """The key columns of a change-model schema: its non-nullable columns besides the metadata."""
+    from cdc.model import METADATA_COLUMNS
+
+    return [f.name for f in schema if not f.nullable and f.name not in METADATA_COLUMNS]
+
+
+def fold(tables: list[pa.Table], keys: list[str]) -> dict[Any, dict[str, Any]]:
+    """Records applied in delivery order, by key (whole rows; a delete removes the key)."""
+    state: dict[Any, dict[str, Any]] = {}
+    for t in tables:
+        for row in t.to_pylist():
+            key = tuple(row[k] for k in keys)
+            if row["_op"] == "delete":
+                state.pop(key, None)
+            else:
+                state[key] = {k: v for k, v in row.items() if not k.startswith("_")}
+    return state
+
+
+def _drain(backend: Backend, start: dict[str, Any]) -> list[pa.Table]:
+    planner = Planner(backend)
+    out = []
+    for _ in range(1000):
+        end = planner.next(start)
+        if end == start:
+            state = Offset.from_json(end).snapshot
+            if state is None or not state.pending:
+                return out
+            continue
+        out.append(read_batch(backend, start, end))
+        backend.acknowledge(Offset.from_json(end).positions())
+        start = end
+    raise AssertionError("the chunked snapshot never finished")
+
+
+class ChunkedSnapshotContract:
+    """Rule 1 for a chunked snapshot's ranges (see :mod:`cdc.backend`): every read of a chunk is exact with respect
+    to its cut, and once one has completed every later read yields the same records; a replay whose cut is gone
+    reads at a later cut, which the next batch learns and holds back. A backend's test module subclasses this
+    with a ``harness`` fixture whose :class:`Harness` implements ``start_chunked``, ``update`` and ``table``."""
+
+    def _first_batch(self, harness: Harness) -> tuple[Backend, dict[str, Any], dict[str, Any]]:
+        backend = harness.start_chunked(rows=30, chunk_rows=10)
+        planner = Planner(backend)
+        start = planner.initial("snapshot")
+        end = planner.next(start)
+        assert Offset.from_json(end).snapshot is not None and Offset.from_json(end).snapshot.chunks()  # type: ignore[union-attr]
+        return backend, start, end
+
+    def test_a_chunk_is_read_as_of_its_cut(self, harness: Harness) -> None:
+        backend, start, end = self._first_batch(harness)
+        before = harness.table()
+        harness.update(10)  # after the cut: not in the chunk's rows
+        got = read_batch(backend, start, end)
+        cut = Offset.from_json(end).snapshot.cut  # type: ignore[union-attr]
+        rows = got.filter(pc.equal(got.column("_op"), "snapshot"))
+        assert rows.num_rows > 0 and set(rows.column("_seq").to_pylist()) == {cut.seq}  # type: ignore[union-attr]
+        for key, row in fold([rows], _keys(backend.schema())).items():
+            assert row == before[key]
+
+    def test_every_read_of_a_chunk_yields_the_same_records(self, harness: Harness) -> None:
+        backend, start, end = self._first_batch(harness)
+        first = read_batch(backend, start, end)
+        harness.update(10)
+        assert read_batch(backend, start, end).equals(first)  # a retried task, the cut still held
+        replay = harness.backend()  # a restarted driver: the cut is gone, the first complete read is kept
+        assert read_batch(replay, start, end).equals(first)
+        backend.close()
+        replay.close()
+
+    def test_a_replay_without_its_cut_reads_at_a_later_cut_that_the_next_batch_holds_back(
+        self, harness: Harness
+    ) -> None:
+        backend, start, end = self._first_batch(harness)
+        backend.close()  # the driver dies after logging the batch, before any read of it
+        harness.update(20)
+        replay = harness.backend()
+        first = read_batch(replay, start, end)
+        delivered = [first, *_drain(replay, end)]
+        keys = _keys(replay.schema())
+        assert fold(delivered, keys) == harness.table()
+        last: dict[Any, int] = {}  # every key's records in increasing _seq: none older than one before it
+        for t in delivered:
+            for row in t.select([*keys, "_seq"]).to_pylist():
+                key = tuple(row[k] for k in keys)
+                assert row["_seq"] > last.get(key, -1)
+                last[key] = row["_seq"]
+        replay.close()

@@ -39,6 +39,21 @@ class Harness(ABC):
     def append(self, n: int, channel: str | None = None) -> None:
         """Append ``n`` records, to ``channel`` or spread by key. Returns once they are readable."""
 
+    # A backend that offers chunked snapshots (:mod:`cdc.snapshots`) runs :class:`~cdc.testing.contract.
+    # ChunkedSnapshotContract` too: its harness keeps one keyed table and implements these.
+    def start_chunked(self, rows: int, chunk_rows: int) -> Backend:
+        """Fill the table with ``rows`` rows and return a backend whose ``startingOffsets=snapshot`` is chunked,
+        ``chunk_rows`` rows a chunk."""
+        raise NotImplementedError("this backend offers no chunked snapshots")
+
+    def update(self, n: int) -> None:
+        """Change ``n`` existing rows (values only), in one transaction."""
+        raise NotImplementedError("this backend offers no chunked snapshots")
+
+    def table(self) -> dict[Any, dict[str, Any]]:
+        """The table now, by key: what a consumer applying every record must end with."""
+        raise NotImplementedError("this backend offers no chunked snapshots")
+
     def split(self, channel: str) -> Sequence[str]:
         raise NotImplementedError("this backend's channels do not split")
 

@@ -49,6 +49,28 @@ class PostgresHarness(Harness):
     def execute(self, query: str, params: Any = None) -> None:
         self.conn.execute(query.encode(), params)
 
+    def start_chunked(self, rows: int, chunk_rows: int) -> Backend:
+        table = self.tables[0]
+        self.execute(f"INSERT INTO {table} SELECT g, 'v' || g, 0 FROM generate_series(0, %s - 1) g", (rows,))
+        self.next_id = max(self.next_id, rows)
+        for b in self.backends:  # the harness's slot holds no snapshot: a chunked one starts with its own
+            b.close()
+        connection.drop_slot(self.conn, self.backends[0].slot)  # type: ignore[attr-defined]
+        self.options.update({"snapshot.chunkRows": str(chunk_rows), "snapshot.chunksPerBatch": "1"})
+        assert "snapshot.path" in self.options, "a chunked harness is made with snapshot.path"
+        return self.backend()
+
+    def update(self, n: int) -> None:
+        table = self.tables[0]
+        with self.conn.transaction():
+            for i in range(n):
+                self.conn.execute(f"UPDATE {table} SET n = n + 1, v = %s WHERE id = %s".encode(),
+                                  (f"u{i}", (i * 7) % max(1, self.next_id)))
+
+    def table(self) -> dict[Any, dict[str, Any]]:
+        rows = self.conn.execute(f"SELECT id, v, n FROM {self.tables[0]}".encode()).fetchall()
+        return {(r[0],): {"id": r[0], "v": r[1], "n": r[2]} for r in rows}
+
     def random_transaction(self, rng: random.Random, size: int) -> None:
         """A transaction of ``size`` random inserts, updates and deletes over every table."""
         with self.conn.transaction():

@@ -4,10 +4,11 @@ slot (pgoutput), rows written by psycopg. Channels do not split or merge (one sl
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from cdc.testing import BackendContract, Harness
+from cdc.testing import BackendContract, ChunkedSnapshotContract, Harness
 from tests.backends.postgres.harness import PostgresHarness
 
 
@@ -43,3 +44,11 @@ class TestPostgresContract(BackendContract):
             backend.plan("changes", before)
         with pytest.raises(DataLossError):
             read_range(backend, "changes", before, positions["changes"])
+
+
+class TestPostgresChunkedSnapshotContract(ChunkedSnapshotContract):
+    @pytest.fixture
+    def harness(self, postgres_dsn: str, tmp_path: Path) -> Iterator[Harness]:
+        h = PostgresHarness(postgres_dsn, **{"snapshot.path": str(tmp_path / "snap")})
+        yield h
+        h.close()
