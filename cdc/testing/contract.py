@@ -205,7 +205,7 @@ def fold(tables: list[pa.Table], keys: list[str]) -> dict[Any, dict[str, Any]]:
 
 def _drain(backend: Backend, start: dict[str, Any]) -> list[pa.Table]:
     planner = Planner(backend)
-    out = []
+    out: list[pa.Table] = []
     for _ in range(1000):
         end = planner.next(start)
         if end == start:
