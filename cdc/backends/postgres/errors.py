@@ -15,15 +15,6 @@ class NoPrimaryKeyError(TerminalError):
         self.table = table
 
 
-class KeyOrderError(TerminalError):
-    """A chunked snapshot cannot walk a table's primary key in its index's order (the index orders a column by
-    another operator class or collation than the column's own); ``table`` names it."""
-
-    def __init__(self, message: str, table: str) -> None:
-        super().__init__(message)
-        self.table = table
-
-
 class ReplicationCapacityError(TerminalError):
     """The server has no replication slot or WAL sender to spare for a chunked snapshot's cuts; the message
     names the setting (``max_replication_slots``, ``max_wal_senders``) and what to do."""

@@ -8,8 +8,7 @@ the statement reads back with ``current_setting`` (still no value in the SQL tex
 Python shares, are compared in Python.
 
 A range ``(after, upto]`` is the row comparison ``(k1, k2) > (a1, a2) AND (k1, k2) <= (u1, u2)``, which
-PostgreSQL answers from the primary key's index when the index orders by the columns' default operator
-classes and collations (:func:`key_columns` refuses a key whose index does not).
+PostgreSQL answers from the primary key's index.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import psycopg
 from psycopg import sql
 
 from cdc.backends.postgres.catalog import BYTEA, INT2, INT4, INT8, TableInfo
-from cdc.backends.postgres.errors import KeyOrderError
 from cdc.snapshots.state import Key
 
 _INTEGERS = frozenset({INT2, INT4, INT8})
@@ -47,17 +45,16 @@ class KeyColumn:
 
 
 def key_columns(conn: psycopg.Connection[Any], table: TableInfo) -> tuple[KeyColumn, ...]:
-    """The primary key's columns of ``table``; refuses a key the chunker cannot walk in index order."""
+    """The primary key's columns of ``table``. PostgreSQL builds every primary key's index on its columns'
+    default btree operator classes and own collations (it refuses any other index for one: "does not have
+    default sorting behavior"), so ``ORDER BY`` the key and the row comparisons here walk that index."""
     schema, _, name = table.name.partition(".")
     rows = conn.execute(
         """
-        SELECT a.attname, a.atttypid, format_type(a.atttypid, a.atttypmod), cn.nspname, co.collname,
-               opc.opcdefault, u.coll = a.attcollation
+        SELECT a.attname, a.atttypid, format_type(a.atttypid, a.atttypmod), cn.nspname, co.collname
         FROM pg_index i
-        CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indclass::oid[], i.indcollation::oid[])
-             WITH ORDINALITY AS u(attnum, opclass, coll, ord)
+        CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS u(attnum, ord)
         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = u.attnum
-        JOIN pg_opclass opc ON opc.oid = u.opclass
         LEFT JOIN pg_collation co ON co.oid = a.attcollation AND co.oid <> 100  -- 100: the database's default
         LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
         WHERE i.indrelid = (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -66,18 +63,9 @@ def key_columns(conn: psycopg.Connection[Any], table: TableInfo) -> tuple[KeyCol
         """,
         (schema, name),
     ).fetchall()
-    out = []
-    for column, oid, sql_type, coll_schema, coll_name, default_opclass, same_collation in rows:
-        if not default_opclass or not same_collation:
-            raise KeyOrderError(
-                f"table {table.name!r}: its primary key's index orders column {column!r} ({sql_type}) by another "
-                "operator class or collation than the column's own, so a chunked snapshot cannot walk the key in "
-                "index order; use snapshot.mode=exported for this table",
-                table.name,
-            )
-        out.append(KeyColumn(str(column), int(oid), str(sql_type),
-                             None if coll_name is None else (str(coll_schema), str(coll_name))))
-    return tuple(out)
+    return tuple(KeyColumn(str(column), int(oid), str(sql_type), None if coll_name is None else
+                           (str(coll_schema), str(coll_name)))
+                 for column, oid, sql_type, coll_schema, coll_name in rows)
 
 
 def python_ordered(columns: Sequence[KeyColumn]) -> bool:
