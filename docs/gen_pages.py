@@ -4,7 +4,8 @@ The API reference: one page per public module of the packages ``cdc``, ``sinks``
 walking the source tree (never a hand-kept list, so a module renamed or added shows up by itself), and a
 ``reference/SUMMARY.md`` that literate-nav turns into the section's navigation. A module is public when no
 part of its dotted name starts with ``_`` (``__init__`` stands for its package); ``cdc.testing`` is public
-(backend authors use it), the stand-in servers' internals are documented through their packages.
+(backend authors use it), the stand-in servers' internals are documented through their packages. A
+deprecated alias left at a moved module's old path (:func:`cdc.lazy.moved_module`) gets no page.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def public_modules() -> list[tuple[str, ...]]:
                 parts = parts[:-1]
             if parts[-1] == "__main__" or any(p.startswith("_") for p in parts):
                 continue
+            if "moved_module(" in path.read_text():
+                continue  # a deprecated alias of a moved module: the module it names is documented
             found.append(parts)
     return sorted(found)
 
