@@ -37,6 +37,22 @@ def run_available_now(spark: Any, options: Mapping[str, Any], out: Path, ck: Pat
     return q.exception()
 
 
+def start_query(spark: Any, options: Mapping[str, Any], out: Path, ck: Path) -> Any:
+    """``format("cdc")`` with ``options`` into parquet at ``out``, a trigger every 200 ms, in this process's
+    session: what :func:`start_driver` runs, for a driver that no test kills (stop it with ``query.stop()``)."""
+    reader = spark.readStream.format("cdc")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(ck))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
