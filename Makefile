@@ -85,6 +85,7 @@ demo: install
 
 # The suite runs on TEST_WORKERS pytest-xdist workers (one per core here); ``--dist loadgroup`` keeps the tests
 # of each heavy server on one worker (see tests/conftest.py). TEST_WORKERS=0 runs it in this process.
+# PYTEST_ARGS passes more, e.g. PYTEST_ARGS=--durations=0 for tests/folder_times.py.
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
@@ -92,7 +93,7 @@ test: install pulsar-standalone
 	$(PY) -m ruff check cdc sinks udfs tests examples benchmarks docs
 	$(PY) -m mypy
 	$(MAKE) docs
-	$(PY) -m pytest $(PYTEST_PARALLEL)
+	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-fast: install pulsar-standalone
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
