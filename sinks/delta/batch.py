@@ -57,6 +57,39 @@ def check_columns(spec: SinkSpec, names: list[str]) -> None:
         raise OptionError(f"the changes carry columns reserved by the sink: {clash}", "keys")
 
 
+ACCEPTED_OPS: tuple[str, ...] = tuple(o.value for o in Op)
+
+
+def unknown_ops_error(count: int, values: Sequence[Any], where: str) -> MalformedRecordError:
+    """The error for change records whose ``_op`` lies outside the change model (both engines raise it)."""
+    shown = ", ".join("null" if v is None else repr(v) for v in values)
+    return MalformedRecordError(
+        f"{count} change record(s) have an {OP!r} outside the change model: {shown} ({where}); accepted: "
+        f"{', '.join(ACCEPTED_OPS)}. Nothing was written: the sink has no quarantine, so the batch fails until "
+        f"its records are fixed (or give 'apply_as_deletes' to decide deletes by another condition)"
+    )
+
+
+def check_ops(spec: SinkSpec, batch: pa.Table) -> None:
+    """Refuse a batch whose ``_op`` values lie outside the change model (:class:`cdc.model.Op`), as the local
+    log does at append: applied as upserts, they would write what no source meant. Checked when the sink
+    reads ``_op`` itself (the default ``apply_as_deletes``); with another condition ``_op`` is the user's."""
+    if OP not in batch.column_names or IS_DELETE in batch.column_names or batch.num_rows == 0:
+        return
+    if spec.apply_as_deletes.strip() != DEFAULT_DELETE_CONDITION:
+        return
+    ops = batch.column(OP)
+    known = pc.fill_null(pc.is_in(ops, value_set=pa.array(ACCEPTED_OPS, ops.type)), False)
+    if pc.all(known).as_py():
+        return
+    bad = batch.filter(pc.invert(known))
+    values = sorted(bad.column(OP).unique().to_pylist(), key=lambda v: (v is not None, v or ""))
+    first = bad.slice(0, 1).to_pylist()[0]
+    where = (f"first at channel {first[CHANNEL]!r} position {first[POSITION]}" if CHANNEL in first and POSITION in first
+             else f"first at {spec.sequence_by} {first.get(spec.sequence_by)}")
+    raise unknown_ops_error(bad.num_rows, values, where)
+
+
 def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     """Validate a batch of change records, drop what the table does not keep, reduce it per key (see the
     module docstring), and add the source-only columns ``__cdc_is_delete`` and ``__cdc_now``."""
