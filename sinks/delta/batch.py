@@ -7,7 +7,7 @@ sorted by key and sequence with replays dropped (:func:`resolve_rows`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -84,10 +84,7 @@ def check_ops(spec: SinkSpec, batch: pa.Table) -> None:
         return
     bad = batch.filter(pc.invert(known))
     values = sorted(bad.column(OP).unique().to_pylist(), key=lambda v: (v is not None, v or ""))
-    first = bad.slice(0, 1).to_pylist()[0]
-    where = (f"first at channel {first[CHANNEL]!r} position {first[POSITION]}" if CHANNEL in first and POSITION in first
-             else f"first at {spec.sequence_by} {first.get(spec.sequence_by)}")
-    raise unknown_ops_error(bad.num_rows, values, where)
+    raise unknown_ops_error(bad.num_rows, values, first_at(bad.slice(0, 1).to_pylist()[0], spec.sequence_by))
 
 
 def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
@@ -120,7 +117,8 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     for c in (*spec.keys, spec.sequence_by):
         nulls = batch.column(c).null_count
         if nulls:
-            raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({_where(batch, c)})")
+            first = batch.filter(pc.is_null(batch.column(c))).slice(0, 1).to_pylist()[0]
+            raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({first_at(first)})")
     drop = [c for c in batch.column_names if c in DROPPED_METADATA or c in spec.except_columns]
     batch = batch.drop_columns(drop)
     unchanged = batch.column(UNCHANGED) if UNCHANGED in batch.column_names else None
@@ -139,11 +137,14 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     return batch.append_column(NOW, pa.repeat(pa.scalar(now, TIMESTAMP), batch.num_rows))
 
 
-def _where(batch: pa.Table, column: str) -> str:
-    row = batch.filter(pc.is_null(batch.column(column))).slice(0, 1).to_pylist()[0]
+def first_at(row: Mapping[str, Any], sequence_by: str | None = None) -> str:
+    """Where the first of some malformed change records is: its channel and position when the batch carries
+    them, else its sequence (``sequence_by``) or the whole record."""
     if CHANNEL in row and POSITION in row:
         return f"first at channel {row[CHANNEL]!r} position {row[POSITION]}"
-    return f"first: {row}"
+    if sequence_by is not None and row.get(sequence_by) is not None:
+        return f"first at {sequence_by} {row[sequence_by]}"
+    return f"first: {dict(row)}"
 
 
 def latest_per_key(batch: pa.Table, keys: Sequence[str], sequence: str) -> pa.Table:

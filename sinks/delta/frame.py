@@ -33,8 +33,8 @@ from typing import Any
 import pyarrow as pa
 
 from cdc.errors import MalformedRecordError, OptionError
-from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, UNCHANGED, Op
-from sinks.delta.batch import ACCEPTED_OPS, check_columns, prepare, unknown_ops_error
+from cdc.model import COMMIT_TS, OP, UNCHANGED, Op
+from sinks.delta.batch import ACCEPTED_OPS, check_columns, first_at, prepare, unknown_ops_error
 from sinks.delta.keyrange import KeyRange, Rows, prunable
 from sinks.delta.layout import (
     ACTION,
@@ -125,10 +125,8 @@ def check(spec: SinkSpec, df: Any) -> Checked:
         values = sorted((r[0] for r in bad.select(OP).distinct().limit(20).collect()),
                         key=lambda v: (v is not None, v or ""))
         first = bad.limit(1).first()
-        row = first.asDict() if first is not None else {}
-        where = (f"first at channel {row[CHANNEL]!r} position {row[POSITION]}" if CHANNEL in row and POSITION in row
-                 else f"first at {spec.sequence_by} {row.get(spec.sequence_by)}")
-        raise unknown_ops_error(int(summary["unknown_ops"]), values, where)
+        raise unknown_ops_error(int(summary["unknown_ops"]), values,
+                                first_at(first.asDict() if first is not None else {}, spec.sequence_by))
     if OP in names and summary["truncates"]:
         raise OptionError(
             f"the batch holds {summary['truncates']} truncate record(s) (debezium.truncate=apply), which the sink "
@@ -139,9 +137,7 @@ def check(spec: SinkSpec, df: Any) -> Checked:
         nulls = summary[f"null{i}"]
         if nulls:
             first = df.where(F.col(quote(c)).isNull()).limit(1).first()
-            where = first.asDict() if first is not None else {}
-            place = (f"first at channel {where[CHANNEL]!r} position {where[POSITION]}"
-                     if CHANNEL in where and POSITION in where else f"first: {where}")
+            place = first_at(first.asDict() if first is not None else {})
             raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({place})")
     partial = UNCHANGED in names and bool(summary["partial"] and summary["partial"] > 0)
     drop = [c for c in df.columns if c in DROPPED_METADATA or c in spec.except_columns]
