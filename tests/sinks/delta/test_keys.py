@@ -11,7 +11,8 @@ pruning by the files' truncated min/max is exercised. After every batch the main
 row per live key of the model, with the model's value, and the state table one row per key seen.
 
 The delta-spark part shares the session's Spark (the ``spark`` fixture) and runs few examples (every batch is
-two Spark MERGEs); its examples draw composite keys of several types, so a few examples cover many types.
+two Spark MERGEs; ``CDC_KEYS_SPARK_EXAMPLES`` raises them); its examples draw composite keys of three or four
+types, so a few examples cover many types. ``CDC_KEYS_EXAMPLES`` sets the delta-rs part's examples (60).
 """
 
 from __future__ import annotations
@@ -145,14 +146,14 @@ def order(key: Key) -> tuple[Any, ...]:
 
 
 def run(scn: Any, write: Callable[[DeltaUpsertSink, pa.Table, int], Any], engine: str,
-        spark_types: bool = False) -> None:
+        spark_types: bool = False, compact_every: int | None = 3) -> None:
     type_names, _pool, plans = scn
     names = [f"k{i}" for i in range(len(type_names))]
     types = [SPARK_TYPES.get(t, KEY_TYPES[t][0]) if spark_types else KEY_TYPES[t][0] for t in type_names]
     folder = tempfile.mkdtemp(prefix="delta-keys-")
     try:
         path = os.path.join(folder, "table")
-        sink = DeltaUpsertSink(path, keys=names, app_id="keys", compact_every=3, engine=engine)
+        sink = DeltaUpsertSink(path, keys=names, app_id="keys", compact_every=compact_every, engine=engine)
         model: dict[Key, int | None] = {}
         seq = 0
         for batch_id, (_shape, plan) in enumerate(plans):
@@ -179,13 +180,13 @@ def test_every_key_type_and_batch_shape_on_delta_rs(scn: Any) -> None:
 
 
 @pytest.mark.spark
-@settings(max_examples=int(os.environ.get("CDC_KEYS_SPARK_EXAMPLES", "4")))
+@settings(max_examples=int(os.environ.get("CDC_KEYS_SPARK_EXAMPLES", "2")))
 @given(scn=scenario(st.lists(st.sampled_from(sorted(KEY_TYPES)), min_size=3, max_size=4), max_batches=3))
 def test_every_key_type_and_batch_shape_on_delta_spark(spark: Any, scn: Any) -> None:
     def write(sink: DeltaUpsertSink, table: pa.Table, batch_id: int) -> None:
         sink.write_frame(spark.createDataFrame(table), batch_id)
 
-    run(scn, write, "delta-spark", spark_types=True)
+    run(scn, write, "delta-spark", spark_types=True, compact_every=None)  # (compaction: the delta-rs part)
 
 
 # ---------------------------------------------------------------------------------------- hostile values
@@ -194,12 +195,14 @@ def hostile_batch(changes: list[tuple[str, str, int]]) -> pa.Table:
     return batch(["id"], [pa.string()], [(op, (key,), seq) for op, key, seq in changes])
 
 
-def skipped(history: dict[str, Any]) -> int:
-    """Target files a MERGE skipped by its key range (delta-rs and delta-spark report it differently)."""
+def pruned(history: dict[str, Any]) -> bool:
+    """The MERGE left the files outside the batch's key range alone: delta-rs records the files its scan
+    skipped; delta-spark does not put its skipping counts in the commit, so there only the files it
+    rewrote are known (one range's worth)."""
     m = history["operationMetrics"]
     if "num_target_files_skipped_during_scan" in m:
-        return int(m["num_target_files_skipped_during_scan"])
-    return int(m["numTargetFilesBeforeSkipping"]) - int(m["numTargetFilesAfterSkipping"])
+        return int(m["num_target_files_skipped_during_scan"]) >= 2
+    return int(m["numTargetFilesRemoved"]) <= 2
 
 
 @pytest.mark.parametrize("engine", ["delta-rs", pytest.param("delta-spark", marks=pytest.mark.spark)])
@@ -241,7 +244,7 @@ def test_hostile_text_keys_are_values_never_sql(request: pytest.FixtureRequest, 
     apply(3, [("update", "m\\"), ("update", "m'"), ("update", "m\\N"), ("update", "m\x00"), ("update", "m")])
     main, state = DeltaTable(path).history(1)[0], DeltaTable(state_path(path)).history(1)[0]
     assert main["operation"] == state["operation"] == "MERGE"
-    assert skipped(main) >= 2 and skipped(state) >= 2, (main["operationMetrics"], state["operationMetrics"])
+    assert pruned(main) and pruned(state), (main["operationMetrics"], state["operationMetrics"])
     # The reproduction of the duplicated key: insert b and w\N, then insert c and update w\N.
     apply(4, [("insert", "b"), ("insert", "w\\N")])
     apply(5, [("insert", "c"), ("update", "w\\N"), ("update", "m' OR 1=1 --"), ("delete", "m\\' OR 1=1 --")])
