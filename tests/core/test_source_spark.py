@@ -211,7 +211,10 @@ def test_snapshot_start_then_changes_rebuilds_the_table(spark: Any, tmp_path: Pa
     finally:
         stop.set()
         t.join()
+    snapshots = sorted(p.name for p in (log.path / "snapshots").iterdir())
+    assert len(snapshots) == 1, f"one fresh snapshot query built {len(snapshots)} snapshots: {snapshots}"
     run_available_now(spark, log, out, ck, startingOffsets="snapshot", maxRecordsPerTrigger=100)  # catch up
+    assert sorted(p.name for p in (log.path / "snapshots").iterdir()) == snapshots, "a restart took a new snapshot"
     df = spark.read.parquet(str(out))
     snapshot_rows = df.where("_op = 'snapshot'").count()
     assert snapshot_rows >= 250  # the table had 250 rows (300 inserted, 50 deleted) plus what the writer added
