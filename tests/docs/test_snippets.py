@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 import shlex
@@ -146,14 +147,30 @@ def _shell_lines(body: str) -> list[str]:
     return lines
 
 
+def _pytest_invocation(page: str, args: list[str]) -> None:
+    """A documented pytest run names test paths that exist and plugins the project installs."""
+    targets = [a for a in args if a.startswith("tests")]
+    assert targets, (page, args)
+    for target in targets:
+        assert (ROOT / target.split("::")[0]).exists(), f"{page}: no such test path {target!r}"
+    if "-n" in args:
+        assert importlib.util.find_spec("xdist") is not None, "pytest-xdist is not installed"
+
+
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "bash"], ids=_id)
 def test_shell_lines_are_real_commands(block: tuple[str, str, str]) -> None:
     page, _, body = block
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
     for line in _shell_lines(body):
-        words = shlex.split(line)
-        if words[0] == "cdc":
+        words = shlex.split(line.split(" | ")[0])
+        while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # VAR=value before the command
+            words = words[1:]
+        if words[:3] == [".venv/bin/python", "-m", "pytest"]:
+            _pytest_invocation(page, words[3:])
+        elif words[0] == ".venv/bin/python" and words[1].endswith(".py"):
+            assert (ROOT / words[1]).is_file(), f"{page}: no such script {words[1]!r}"
+        elif words[0] == "cdc":
             _cdc_invocation(words[1:])
         elif words[:2] == ["pip", "install"]:
             for spec in words[2:]:
