@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
+from record import append_record  # noqa: E402
 
 import cdc  # noqa: E402
 from cdc.backends.local import LocalLog  # noqa: E402
@@ -121,7 +122,14 @@ def main() -> None:
         print(f"cdc stream / parquet (includes the streaming query's fixed start cost): "
               f"{best['parquet'] / best['cdc stream']:.2f}")
         spark.stop()
-        print(f"ratio {best['parquet'] / best['cdc batch']:.2f}")
+        ratio = best["parquet"] / best["cdc batch"]
+        append_record(
+            "source_overhead",
+            {name: (args.rows / secs, "rows/s") for name, secs in best.items()},
+            ratio=ratio, target=">= 0.8", params={"rows": args.rows, "repeat": args.repeat},
+        )
+        print(f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(f"ratio {ratio:.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -40,14 +40,14 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
 from cdc.errors import OptionError
-from cdc.options import BackendOptions
+from cdc.options import BackendOptions, OptionDoc, SourceOptions, describe_options
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
@@ -236,6 +236,15 @@ BACKENDS: dict[str, str] = {
 }
 
 
+# Each backend's options model, importable without the backend's client library (`cdc options`, the docs).
+BACKEND_OPTIONS: dict[str, str] = {
+    "local": "cdc.backends.local.options:LocalOptions",
+    "pulsar": "cdc.backends.pulsar.options:PulsarOptions",
+    "tablestore": "cdc.backends.tablestore.options:TablestoreOptions",
+    "postgres": "cdc.backends.postgres.options:PostgresOptions",
+}
+
+
 @dataclass
 class _Registry:
     extra: dict[str, type[Backend]] = field(default_factory=dict)
@@ -269,6 +278,30 @@ def backend_class(name: str) -> type[Backend]:
     except (ImportError, AttributeError) as exc:
         raise OptionError(f"backend {key!r} is not available in this installation: {exc}", "backend") from exc
     return cls
+
+
+def options_model(name: str) -> type[BackendOptions]:
+    """The options model of backend ``name``, without importing the backend itself where it is known."""
+    key = name.strip().lower()
+    target = BACKEND_OPTIONS.get(key)
+    if target is None or key in _registry.extra:
+        return backend_class(key).options_model
+    module, _, attr = target.partition(":")
+    model: type[BackendOptions] = getattr(importlib.import_module(module), attr)
+    return model
+
+
+def option_tables(backend: str | None = None) -> list[tuple[str, list[OptionDoc]]]:
+    """The source's options, then ``backend``'s, as ``(title, rows)`` (``cdc options``, the docs' tables)."""
+    source = [
+        replace(row, type="one of " + ", ".join(f"`{b}`" for b in available_backends()))
+        if row.name == "backend" else row
+        for row in describe_options(SourceOptions)
+    ]
+    tables = [("source", source)]
+    if backend:
+        tables.append((f"backend={backend}", describe_options(options_model(backend))))
+    return tables
 
 
 def writing_backends() -> list[str]:

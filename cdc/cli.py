@@ -16,10 +16,8 @@ import logging
 import os
 
 import click
-from pydantic import BaseModel
 
-from cdc.backend import available_backends, backend_class
-from cdc.options import SourceOptions
+from cdc.backend import available_backends
 
 
 class _LazyGroup(click.Group):
@@ -98,15 +96,12 @@ _QUIET_LOGGERS = ("tablestore.encoder", "tablestore.decoder")
 @main.command("options")
 @click.argument("backend", type=click.Choice(available_backends()), required=False)
 def options_cmd(backend: str | None) -> None:
-    """Print the options of the source and of BACKEND as a Markdown table."""
-    models: list[tuple[str, type[BaseModel]]] = [("source", SourceOptions)]
-    if backend:
-        models.append((f"backend={backend}", backend_class(backend).options_model))
-    click.echo("| option | default | meaning |\n| --- | --- | --- |")
-    for _, model in models:
-        for name, info in model.model_fields.items():
-            default = "required" if info.is_required() else f"`{info.default}`"
-            click.echo(f"| `{info.alias or name}` | {default} | {info.description or ''} |")
+    """Print the options of the source and of BACKEND as Markdown tables (the documentation's tables)."""
+    from cdc.backend import option_tables
+    from cdc.options import options_markdown
+
+    for i, (title, rows) in enumerate(option_tables(backend)):
+        click.echo(("\n" if i else "") + f"### {title}\n\n" + options_markdown(rows))
 
 
 @main.command("offsets")

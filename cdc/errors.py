@@ -8,6 +8,8 @@ its constructor, so a subclass may take any constructor arguments and set attrib
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -64,3 +66,31 @@ class MalformedRecordError(TerminalError):
 
 class BackendUnavailableError(TransientError):
     """The backend could not be reached after retries."""
+
+
+class MissingExtraError(TerminalError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the extra to install."""
+
+    def __init__(self, message: str, extra: str | None = None, module: str | None = None) -> None:
+        super().__init__(message)
+        self.extra = extra
+        self.missing_module = module
+
+
+@contextmanager
+def requires_extra(extra: str, feature: str) -> Iterator[None]:
+    """Imports inside the block that fail for want of a module raise :class:`MissingExtraError` naming
+    ``pip install 'cdc-tunnel[<extra>]'`` instead of a bare ``ModuleNotFoundError``::
+
+        with requires_extra("pulsar", "backend 'pulsar'"):
+            import pulsar
+    """
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        missing = exc.name or "a module"
+        raise MissingExtraError(
+            f"{feature} needs {missing!r}, which is not installed: pip install 'cdc-tunnel[{extra}]'",
+            extra,
+            exc.name,
+        ) from exc

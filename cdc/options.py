@@ -15,11 +15,14 @@ from ``.option(...)``: a driver logging py4j at DEBUG logs every option value it
 from __future__ import annotations
 
 import difflib
+import enum
 import logging
 import re
-from collections.abc import Mapping
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ClassVar, TypeVar, get_args
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -38,9 +41,12 @@ from cdc.errors import OptionError
 __all__ = [
     "BackendOptions",
     "Field",
+    "OptionDoc",
     "SecretStr",
     "SourceOptions",
     "accepted_options",
+    "describe_options",
+    "options_markdown",
     "parse",
     "split_and_parse",
 ]
@@ -56,6 +62,10 @@ class _Model(BaseModel):
 
 class BackendOptions(_Model):
     """Base of every backend's options model."""
+
+    scope: ClassVar[str] = "stream, batch"
+    """Where the model's options apply, as the option tables show it: ``stream, batch`` (a source's reads),
+    ``write`` (a sink's), ``batch``. A field narrows it with ``json_schema_extra={"scope": ...}``."""
 
     passthrough: ClassVar[Mapping[str, str]] = {}
     """Option-name prefixes (lower case, ending in ``.``) whose options are gathered, prefix removed, into a
@@ -90,6 +100,7 @@ class SourceOptions(_Model):
         "latest",
         alias="endingOffsets",
         description="Batch reads only: `latest` or JSON `{channel: position}`.",
+        json_schema_extra={"scope": "batch"},
     )
     max_records_per_trigger: PositiveInt | None = Field(
         None, alias="maxRecordsPerTrigger", description="Most records a micro-batch takes (all channels)."
@@ -115,12 +126,14 @@ class SourceOptions(_Model):
         alias="minRecordsPerTrigger",
         description="Fewest records a micro-batch waits for (all channels), until maxTriggerDelay has passed since "
         "the last batch (Kafka's minOffsetsPerTrigger). Trigger.AvailableNow ignores it.",
+        json_schema_extra={"scope": "stream"},
     )
     max_trigger_delay: str = Field(
         "15m",
         alias="maxTriggerDelay",
         description="With minRecordsPerTrigger: the longest a batch waits for the minimum (`500ms`, `30s`, `15m`, "
         "`1h`, `1d`).",
+        json_schema_extra={"scope": "stream"},
     )
     starting_timestamp: str | None = Field(
         None,
@@ -134,6 +147,7 @@ class SourceOptions(_Model):
         alias="endingTimestamp",
         description="Batch reads only: end every channel before its first record committed at or after this time; "
         "not with endingOffsets.",
+        json_schema_extra={"scope": "batch"},
     )
 
     @field_validator("max_trigger_delay")
@@ -316,3 +330,96 @@ def split_and_parse(
     _check_exclusive(source, given_as)
     return source, parse(backend_model, backend_raw, what=f"backend {backend_name!r}")
 
+
+
+# ---------------------------------------------------------------------------------------------- describing
+# `cdc options` and the documentation's option tables are both made here, from the models, so they cannot
+# drift from what `parse` accepts.
+
+
+@dataclass(frozen=True)
+class OptionDoc:
+    """One option as the tables show it (``cdc options``, the documentation site)."""
+
+    name: str
+    type: str
+    default: str
+    """The default as a user writes it (``true``, ``100000``, ``earliest``); empty when there is none."""
+    required: bool
+    scope: str
+    """``stream, batch``, ``stream``, ``batch`` or ``write``."""
+    description: str
+    secret: bool
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _type_name(info: FieldInfo) -> str:
+    annotation = _unwrap_optional(info.annotation)
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(f"`{v}`" for v in get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "one of " + ", ".join(f"`{m.value}`" for m in annotation)
+    if isinstance(annotation, type) and issubclass(annotation, (SecretStr, SecretBytes)):
+        return "string (secret)"
+    if get_origin(annotation) is dict or annotation is dict:
+        return "prefix"
+    names = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    base = names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    positive = any(getattr(m, "gt", None) == 0 for m in info.metadata)
+    return f"{base} > 0" if positive else base
+
+
+def _default_text(info: FieldInfo) -> str:
+    if info.is_required():
+        return ""
+    value = info.get_default(call_default_factory=True)
+    if value is None or value == {}:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    return str(value)
+
+
+def describe_options(model: type[BaseModel]) -> list[OptionDoc]:
+    """Every option of ``model`` in declaration order, as :class:`OptionDoc` rows."""
+    default_scope = getattr(model, "scope", "stream, batch")
+    rows = []
+    for name, info in model.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        rows.append(
+            OptionDoc(
+                name=info.alias or name,
+                type=_type_name(info),
+                default=_default_text(info),
+                required=info.is_required(),
+                scope=str(extra.get("scope", default_scope)),
+                description=" ".join((info.description or "").split()),
+                secret=_holds_secret(info.annotation),
+            )
+        )
+    return rows
+
+
+def options_markdown(rows: Iterable[OptionDoc]) -> str:
+    """A Markdown table of options: option, type, default, required, where it applies, meaning."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| option | type | default | required | applies to | meaning |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        default = f"`{cell(r.default)}`" if r.default else ""
+        lines.append(
+            f"| `{cell(r.name)}` | {cell(r.type)} | {default} | {'yes' if r.required else 'no'} | {r.scope} | "
+            f"{cell(r.description)} |"
+        )
+    return "\n".join(lines)

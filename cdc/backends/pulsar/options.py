@@ -243,7 +243,12 @@ class PulsarOptions(ConnectionOptions):
         "Give each query its own name.",
     )
     acknowledge: bool = Field(True, alias="acknowledge", description="Advance the subscription on commit.")
-    operation_timeout_s: PositiveInt = Field(30, alias="operationTimeoutSeconds")
+    operation_timeout_s: PositiveInt = Field(
+        30,
+        alias="operationTimeoutSeconds",
+        description="Seconds pulsar-client waits for a broker operation (lookups, creating readers and consumers); "
+        "a broker refusing credentials shows up as this timeout.",
+    )
     reader_settings: dict[str, Any] = Field(
         {},  # pydantic copies it per model
         alias="pulsar.reader.*",
@@ -341,6 +346,8 @@ class PulsarOptions(ConnectionOptions):
 class PulsarSinkOptions(ConnectionOptions):
     """Writes: ``df.write.format("cdc").option("backend", "pulsar")...`` (or format ``cdc-pulsar``)."""
 
+    scope: ClassVar[str] = "write"
+
     topic: str | None = Field(None, alias="topic", description="Target topic when the rows have no topic column.")
     admin_url: str | None = Field(
         None,
@@ -348,19 +355,38 @@ class PulsarSinkOptions(ConnectionOptions):
         description="Admin REST URL (http://host:8080), optional: a broker refuses a wrong credential with a "
         "timeout, and the admin API's answer then makes the error name the credential option for certain.",
     )
-    value_format: Literal["bytes", "json"] = Field("bytes", alias="valueFormat")
+    value_format: Literal["bytes", "json"] = Field(
+        "bytes",
+        alias="valueFormat",
+        description="`bytes`: the `value` column (binary or string) is the payload; `json`: the columns other than "
+        "topic, key, properties and event time, as one JSON object.",
+    )
     max_message_size: PositiveInt = Field(
         5 * 1024 * 1024,
         alias="maxMessageSize",
         description="The broker's limit (Pulsar's default 5 MiB); a larger payload fails naming the row's key.",
     )
-    batching: bool = Field(True, alias="producer.batching")
-    batching_max_messages: PositiveInt = Field(1000, alias="producer.batchingMaxMessages")
-    batching_max_delay_ms: PositiveInt = Field(10, alias="producer.batchingMaxPublishDelayMs")
-    compression: Compression = Field("none", alias="producer.compression")
-    max_pending: PositiveInt = Field(10_000, alias="producer.maxPendingMessages")
-    send_timeout_ms: PositiveInt = Field(30_000, alias="producer.sendTimeoutMs")
-    operation_timeout_s: PositiveInt = Field(30, alias="operationTimeoutSeconds")
+    batching: bool = Field(True, alias="producer.batching", description="Group messages into batches.")
+    batching_max_messages: PositiveInt = Field(
+        1000, alias="producer.batchingMaxMessages", description="Most messages in one batch."
+    )
+    batching_max_delay_ms: PositiveInt = Field(
+        10, alias="producer.batchingMaxPublishDelayMs", description="Longest a message waits for its batch to fill."
+    )
+    compression: Compression = Field("none", alias="producer.compression", description="Compression of batches.")
+    max_pending: PositiveInt = Field(
+        10_000,
+        alias="producer.maxPendingMessages",
+        description="Messages sent but not yet acknowledged by the broker, at most; the writer waits beyond it.",
+    )
+    send_timeout_ms: PositiveInt = Field(
+        30_000,
+        alias="producer.sendTimeoutMs",
+        description="A message the broker has not acknowledged after this long fails the write (SendError).",
+    )
+    operation_timeout_s: PositiveInt = Field(
+        30, alias="operationTimeoutSeconds", description="Seconds pulsar-client waits for a broker operation."
+    )
     checkpoint_location: str | None = Field(None, alias="checkpointLocation", description="Spark's; ignored.")
     path: str | None = Field(None, alias="path", description="Same as topic (df.write...save(topic)).")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 from pydantic import PositiveInt
@@ -58,6 +58,8 @@ _MAX_PAGE_ROWS = 5000  # GetRange returns at most this many rows a call
 
 class ScanOptions(TablestoreConnection):
     """Options of the ``tablestore`` batch format (the connection's are shared with ``backend=tablestore``)."""
+
+    scope: ClassVar[str] = "batch"
 
     table_name: str = Field(alias="table.name", description="The table to read.")
     catalog: str | None = Field(
