@@ -389,24 +389,26 @@ def complete_key_changes(
     q_join = q_tag.join(groups, keys, join_type="left outer", use_threads=False)
     q_join = q_join.take(pc.sort_indices(q_join.column("__cdc_at")))
     q_gid = pc.fill_null(q_join.column("__cdc_gid"), -1).to_numpy(zero_copy_only=False)
-    ranks = np.unique(np.concatenate([h_seq, seqs[q_rows]]))
-    width = len(ranks) + 1
-    h_comb = gid * width + np.searchsorted(ranks, h_seq)
-    q_comb = q_gid * width + np.searchsorted(ranks, seqs[q_rows])
+    # (group, sequence) as one orderable number: the sequence's dense rank among the sequences in play.
+    both = np.concatenate([h_seq, seqs[q_rows]])
+    ranks = pc.rank(pa.array(both), sort_keys="ascending", tiebreaker="dense").to_numpy(zero_copy_only=False)
+    width = int(ranks.max()) + 1 if len(ranks) else 1
+    h_comb = gid * width + ranks[: len(h_seq)].astype(np.int64)
+    q_comb = q_gid * width + ranks[len(h_seq) :].astype(np.int64)
     h_delete = h_delete[order_np]
     h_batch = np.full(len(order_np), -1, dtype=np.int64)  # the batch row of a history entry (-1: the table's)
     h_batch[order_np < m_b] = batch_rows[order_np[order_np < m_b]]
     row_query = np.full(n, -1, dtype=np.int64)
     row_query[q_rows] = np.arange(len(q_rows))
-    flat = pc.list_flatten(unchanged).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(unchanged)
     parents = pc.list_parent_indices(unchanged).to_numpy(zero_copy_only=False)
-    needed = sorted({str(c) for c in np.unique(flat[np.isin(parents, q_rows)])})
+    needed = sorted(str(c) for c in pc.unique(pc.list_flatten(unchanged.take(pa.array(q_rows)))).to_pylist())
     out = changes
     for c in needed:
         if c not in names:
             continue
         leaves = np.zeros(n, dtype=bool)
-        leaves[parents[flat == c]] = True
+        leaves[parents[pc.equal(flat, c).to_numpy(zero_copy_only=False)]] = True
         h_leaves = np.where(h_batch >= 0, leaves[np.maximum(h_batch, 0)], False)
         h_pending = h_leaves & (h_batch >= 0) & rekey[np.maximum(h_batch, 0)]
         # Candidates: what sets c (whole rows, deletes, the table's rows), and key changes still to complete.

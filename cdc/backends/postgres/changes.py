@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc.backends.postgres.errors import ReplicaIdentityError
 from cdc.backends.postgres.pgoutput import PG_EPOCH, UNCHANGED, Relation, Truncate, decode
 from cdc.backends.postgres.positions import INDEX_BITS, MAX_INDEX, format_lsn, pack
 from cdc.backends.postgres.records import Layout, Record
@@ -58,6 +59,14 @@ class _Relation:
         # pgoutput flags the replica identity's columns as the key: the primary key under the default
         # identity, every column under REPLICA IDENTITY FULL. Records are keyed by the primary key.
         primary = next((t.keys for t in layout.tables if t.name == rel.qualified), None)
+        if primary is not None and rel.identity == "i" and {c.name for c in rel.columns if c.is_key} != set(primary):
+            raise ReplicaIdentityError(
+                f"table {rel.qualified!r} has REPLICA IDENTITY USING INDEX on columns "
+                f"{[c.name for c in rel.columns if c.is_key]}, not its primary key {list(primary)}: its updates "
+                "and deletes would be logged by other columns than the records' key. Run ALTER TABLE "
+                f"{rel.qualified} REPLICA IDENTITY DEFAULT (or FULL), then restart the query",
+                rel.qualified,
+            )
         if primary is not None:
             rel = replace(rel, columns=tuple(replace(c, is_key=c.name in primary) for c in rel.columns))
         keys = rel.key_indexes

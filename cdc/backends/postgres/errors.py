@@ -20,3 +20,12 @@ class SchemaChangedError(TerminalError):
     def __init__(self, message: str, table: str) -> None:
         super().__init__(message)
         self.table = table
+
+
+class ReplicaIdentityError(TerminalError):
+    """A table's replica identity is an index other than its primary key: its old rows are logged by columns
+    the records are not keyed by. ``table`` names it."""
+
+    def __init__(self, message: str, table: str) -> None:
+        super().__init__(message)
+        self.table = table
