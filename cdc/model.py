@@ -207,8 +207,10 @@ class ChangeSchema:
 
 
 def old_key_type(table: pa.Schema, keys: Sequence[str]) -> pa.StructType:
-    """The type of ``_old_key`` for a table with these key columns (see the module docstring)."""
-    return pa.struct([pa.field(k, table.field(k).type, nullable=False) for k in keys])
+    """The type of ``_old_key`` for a table with these key columns (see the module docstring). Its fields are
+    nullable as Arrow sees them: a null ``_old_key`` has null children, which Spark's Arrow conversion
+    (``toArrow``) refuses to view as non-nullable fields."""
+    return pa.struct([pa.field(k, table.field(k).type) for k in keys])
 
 
 def schema_to_json(schema: pa.Schema) -> str:

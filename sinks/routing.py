@@ -107,5 +107,5 @@ class RoutingDeltaSink:
         """``_old_key`` ``{_table, _key}`` as a struct of the table's key columns, typed like them."""
         objs = [None if o is None else json.loads(o["_key"]) for o in old]
         children = [pa.array([None if o is None else o.get(k) for o in objs], type=arrays[k].type) for k in keys]
-        fields = [pa.field(k, arrays[k].type, nullable=False) for k in keys]
+        fields = [pa.field(k, arrays[k].type) for k in keys]
         return pa.StructArray.from_arrays(children, fields=fields, mask=pa.array([o is None for o in objs], pa.bool_()))
