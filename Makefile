@@ -34,17 +34,17 @@ check-java:
 	  echo "       macOS: brew install openjdk@17; or set JAVA_HOME to a JDK 17."; \
 	  exit 1; }
 
-# The tablestore SDK declares protobuf<6 while Spark Connect's client needs protobuf 6 (pinned in pyproject,
-# with the SDK's real dependencies): pip cannot resolve both, so the SDK goes in without its declared ones.
-# It was measured to work on protobuf 6.33 (tests/connect imports both and round-trips a table call);
-# `pip check` reports this one conflict on purpose.
+# The official tablestore SDK is a test-only interop check (its client against the local server): cdc-tunnel
+# speaks the protocol itself and does not depend on it. The SDK declares protobuf<6 while Spark Connect's client
+# needs protobuf 6, so it goes into the test virtualenv without its declared dependencies (its others are in
+# the dev extra); it works on protobuf 6.33. `pip check` of .venv reports that conflict and delta-spark's.
 TABLESTORE_SDK := tablestore==6.4.8
 
 $(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]'  # dev = every extra ([all]), the docs and the test tools
 	$(PY) -m pip install --quiet --no-deps '$(TABLESTORE_SDK)'
 	@touch $(STAMP)
 

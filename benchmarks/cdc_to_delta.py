@@ -47,6 +47,7 @@ from typing import Any
 import click
 import numpy as np
 import pyarrow as pa
+from record import append_record
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -332,6 +333,7 @@ def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | Non
     print(f"peak RSS: driver (Python, incl. delta-rs) {driver_peak:.0f} MB, JVM {jvm_peak:.0f} MB")
     print(f"at {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     ours = timings["spark" if engine == "delta-spark" else "rs"][0]
+    append_record("cdc_to_delta", {labels[key]: (total / t, "changes/s") for key, (t, _, _) in timings.items()}, ratio=t_alone / ours, params={"engine": engine, "changes": total})
     print(f"ratio {t_alone / ours:.3f}")
 
 

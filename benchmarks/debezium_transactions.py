@@ -25,6 +25,7 @@ import time
 from collections import Counter
 
 import click
+from record import append_record
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -138,6 +139,7 @@ def main(quick: bool, messages: int | None) -> None:
                       f"{count} batches, {elapsed:.2f} s ({n / elapsed:,.0f} changes/s)")
         print(f"with a budget of {BUDGET}: ratio {figures[(BUDGET, False)] / figures[(BUDGET, True)]:.3f}")
     print(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)")
+    append_record("debezium_transactions", {f"budget {b or 'none'}, transactionTopic {'given' if tx else 'absent'}": (n / e, "changes/s") for (b, tx), e in figures.items()}, ratio=figures[(None, False)] / figures[(None, True)], params={"envelopes": n})
     print(f"ratio {figures[(None, False)] / figures[(None, True)]:.3f}")
 
 

@@ -1,5 +1,5 @@
 """What ``debezium.truncate=apply`` adds to planning: the driver's id index checks every message for a
-truncate (:func:`cdc.backends.pulsar.debezium.is_truncate`). Measured against decoding the same messages
+truncate (:func:`cdc.formats.debezium.is_truncate`). Measured against decoding the same messages
 into change records (what the executors do with them anyway), in the same run, on real-shaped Debezium
 envelopes (PostgreSQL connector, with and without schemas).
 
@@ -14,8 +14,10 @@ import json
 import sys
 import time
 
-from cdc.backends.pulsar.codec import Decoder
-from cdc.backends.pulsar.debezium import is_truncate
+from record import append_record
+
+from cdc.backends.pulsar.records import Decoder
+from cdc.formats.debezium import is_truncate
 
 SCHEMA = json.dumps({"type": "record", "name": "items", "fields": [
     {"name": "id", "type": "int"}, {"name": "name", "type": ["null", "string"]},
@@ -48,6 +50,7 @@ def main() -> None:
     scan = best_of(3, is_truncate, payloads)
     decode = best_of(3, lambda p: decoder.decode_change(p, 0), payloads)
     print(f"{n} envelopes: truncate scan {scan / n * 1e9:.0f} ns/message, decode {decode / n * 1e9:.0f} ns/message")
+    append_record("debezium_truncate_scan", {"truncate scan": (scan / n * 1e9, "ns/message"), "decode": (decode / n * 1e9, "ns/message")}, ratio=scan / decode, params={"envelopes": n})
     print(f"ratio {scan / decode:.4f}")
 
 

@@ -8,7 +8,7 @@ of other columns send it as unchanged TOAST): 40% inserts, 35% updates of one in
 columns, 10% deletes, 5% key changes (a delete and an insert each). The slot's messages are peeked once
 (timed: PostgreSQL's own logical decoding and the transfer), then both decoders turn the same messages
 into Arrow batches, alternately, best of ``--repeat``; the results must be equal. Printed too: planning's
-count of the range (:func:`cdc.backends.postgres.slot.transaction_sizes`, decoded by PostgreSQL again) and
+count of the range (:func:`cdc.backends.postgres.connection.transaction_sizes`, decoded by PostgreSQL again) and
 a whole in-process read (peek and decode), to show where a read's time goes. ``--profile`` prints each
 decoder's cProfile. Last line: ``ratio <new decoder's changes/s / old decoder's changes/s>``.
 
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from record import append_record
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -92,7 +93,7 @@ def main(changes: int, repeat: int, with_profile: bool) -> None:
 
     from benchmarks.pgoutput_reference import old_read
     from cdc.backend import open_backend
-    from cdc.backends.postgres import slot as slots
+    from cdc.backends.postgres import connection
     from cdc.backends.postgres.changes import decode_changes
     from cdc.backends.postgres.positions import lsn_of
     from cdc.servers.postgres import PostgresServer
@@ -110,9 +111,9 @@ def main(changes: int, repeat: int, with_profile: bool) -> None:
         print(f"workload: {time.perf_counter() - began:.1f} s")
         start, end = backend.earliest("changes"), backend.latest("changes")
         slot, publication, layout = backend.slot, backend.publication, backend.layout  # type: ignore[attr-defined]
-        with slots.connect(dsn) as conn:
-            planned, sizes = best(lambda: list(slots.transaction_sizes(conn, slot, publication, start, lsn_of(end))), 1)
-            peeked, rows = best(lambda: list(slots.peek(conn, slot, publication, lsn_of(end))), 1)
+        with connection.connect(dsn) as conn:
+            planned, sizes = best(lambda: list(connection.transaction_sizes(conn, slot, publication, start, lsn_of(end))), 1)
+            peeked, rows = best(lambda: list(connection.peek(conn, slot, publication, lsn_of(end))), 1)
         n = sum(s for _, s in sizes)
         print(f"{len(rows):,} messages, {len(sizes):,} transactions, {n:,} change records counted by planning")
 
@@ -138,7 +139,7 @@ def main(changes: int, repeat: int, with_profile: bool) -> None:
         backend.acknowledge({"changes": end})
         backend.close()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            slots.drop_slot(conn, slot)
+            connection.drop_slot(conn, slot)
 
     def us(seconds: float) -> str:
         return f"{seconds / records * 1e6:5.1f} us/change ({records / seconds:9,.0f} changes/s)"
@@ -152,6 +153,7 @@ def main(changes: int, repeat: int, with_profile: bool) -> None:
     if with_profile:
         profile(old, "old decoder")
         profile(new, "new decoder")
+    append_record("postgres_decode", {"old decoder": (old_s / records * 1e6, "us/change"), "new decoder": (new_s / records * 1e6, "us/change"), "peek": (peeked / records * 1e6, "us/change"), "planning's count": (planned / records * 1e6, "us/change")}, ratio=old_s / new_s, params={"changes": records})
     print(f"ratio {old_s / new_s:.2f}")
 
 

@@ -35,6 +35,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 from postgres_source import copy_rows_per_s, create_bench_table  # noqa: E402 (this script's folder)
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
+from record import append_record  # noqa: E402
 
 
 class DirectReader(DataSourceReader):
@@ -121,6 +122,7 @@ def main(rows: int) -> None:
         copy_rate = (copy_before + copy_after) / 2
         print(f"COPY TO: {copy_rate:,.0f} rows/s (before {copy_before:,.0f}, after {copy_after:,.0f})")
         print(f"best direct read: {best:,.0f} rows/s; 0.5x COPY would be {copy_rate / 2:,.0f} rows/s")
+        append_record("postgres_snapshot_bound", {"best direct read": (best, "rows/s"), "COPY TO": (copy_rate, "rows/s")}, ratio=best / copy_rate, params={"rows": rows})
         print(f"ratio {best / copy_rate:.3f}")
 
 

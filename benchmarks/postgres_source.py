@@ -25,6 +25,7 @@ import tempfile
 import time
 
 import click
+from record import append_record
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -146,6 +147,7 @@ def main(rows: int, changes: int, quick: bool) -> None:
         seconds, _ = cdc_delta(spark, {**base, "slot.name": "changes", "startingOffsets": "earliest"}, lake, 1)
         print(f"cdc changes -> Delta: {changes:,} rows in {seconds:.2f} s = {changes / seconds:,.0f} rows/s")
         spark.stop()
+        append_record("postgres_source", {"snapshot -> noop": (snap_rate, "rows/s"), "COPY TO": (copy_rate, "rows/s")}, ratio=snap_rate / copy_rate, target=">= 0.5")
         print(f"ratio {snap_rate / copy_rate:.3f}")
 
 

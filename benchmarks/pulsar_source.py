@@ -25,6 +25,7 @@ import tempfile
 import time
 
 import click
+from record import append_record
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -229,6 +230,7 @@ def main(quick: bool, messages: int | None, size: int) -> None:
         spark.stop()
     pool.close()
     print(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)")
+    append_record("pulsar_source", {"pulsar-client Reader (reference)": (n / t_reader, "msg/s"), "cdc source -> noop": (n / t_cdc, "msg/s")}, ratio=t_reader / t_cdc, params={"messages": n})
     print(f"ratio {t_reader / t_cdc:.3f}")
 
 

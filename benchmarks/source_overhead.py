@@ -98,14 +98,14 @@ def main() -> None:
 
         def cdc_stream() -> None:
             ck = work / f"ck-{time.monotonic_ns()}"
-            q = (spark.readStream.format("cdc").option("path", str(log.path)).load()
+            q = (spark.readStream.format("cdc").option("backend", "local").option("path", str(log.path)).load()
                  .writeStream.format("noop").option("checkpointLocation", str(ck))
                  .trigger(availableNow=True).start())
             q.awaitTermination()
             assert q.lastProgress["numInputRows"] == args.rows, q.lastProgress
 
         def cdc_batch() -> None:
-            spark.read.format("cdc").option("path", str(log.path)).load().write.format("noop").mode("overwrite").save()
+            spark.read.format("cdc").option("backend", "local").option("path", str(log.path)).load().write.format("noop").mode("overwrite").save()
 
         def parquet() -> None:
             spark.read.parquet(str(pq_dir)).write.format("noop").mode("overwrite").save()

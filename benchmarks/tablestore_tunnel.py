@@ -43,6 +43,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 import tablestore as ots  # noqa: E402
+from record import append_record  # noqa: E402
 
 from cdc.backends.tablestore import TablestoreBackend, TunnelClient, plainbuffer  # noqa: E402
 from cdc.backends.tablestore.options import TablestoreOptions  # noqa: E402
@@ -254,6 +255,7 @@ def main() -> None:
             print(f"spark stream / client (includes the streaming query's start): {stream:.3f}")
         print(f"best spark batch / best client: {best['spark batch'] / best['client']:.3f}")
         print(f"per-round spark batch / client: {', '.join(f'{r:.3f}' for r in paired)}")
+        append_record("tablestore_tunnel", {name: (rate, "records/s") for name, rate in best.items()}, ratio=statistics.median(paired))
         print(f"ratio {statistics.median(paired):.3f}")
     finally:
         server.stop()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from cdc.lazy import lazy_exports
+
 if TYPE_CHECKING:
     from cdc.backend import Backend, ChannelInfo, PlannedRange, RangeReader, open_backend, register_backend
     from cdc.errors import CdcError, DataLossError, OptionError
@@ -33,27 +35,22 @@ __all__ = [
 
 # ``import cdc`` alone loads nothing heavy (pydantic, pyarrow, pyspark): the public names are imported on
 # first use, so a wire-format module such as ``cdc.backends.tablestore.plainbuffer`` stays light.
-_LAZY = {
-    "Backend": "cdc.backend",
-    "ChannelInfo": "cdc.backend",
-    "PlannedRange": "cdc.backend",
-    "RangeReader": "cdc.backend",
-    "open_backend": "cdc.backend",
-    "register_backend": "cdc.backend",
-    "CdcError": "cdc.errors",
-    "DataLossError": "cdc.errors",
-    "OptionError": "cdc.errors",
-    "ChangeSchema": "cdc.model",
-    "Op": "cdc.model",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Backend": "cdc.backend",
+        "ChannelInfo": "cdc.backend",
+        "PlannedRange": "cdc.backend",
+        "RangeReader": "cdc.backend",
+        "open_backend": "cdc.backend",
+        "register_backend": "cdc.backend",
+        "CdcError": "cdc.errors",
+        "DataLossError": "cdc.errors",
+        "OptionError": "cdc.errors",
+        "ChangeSchema": "cdc.model",
+        "Op": "cdc.model",
+    },
+)
 
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -77,8 +74,9 @@ def _warn_if_py4j_logs_option_values() -> None:
 
 
 def register(spark: Any, *, functions: bool = True) -> None:
-    """Register the ``cdc`` data source, the ``tablestore`` table scan and (where installed) the change-record SQL
-    functions with ``spark``.
+    """Register the ``cdc`` data source, the backends' own data sources (:meth:`cdc.backend.Backend.register_spark`:
+    Tablestore's ``tablestore`` table scan, Pulsar's ``cdc-pulsar`` sink) and, where installed, the change-record
+    SQL functions with ``spark``.
 
     Works with a classic session, a Spark Connect session and inside a Spark Declarative Pipelines definition
     file. Pipelines block ``spark.udf.register`` there (``SESSION_MUTATION_IN_DECLARATIVE_PIPELINE``) while
@@ -89,17 +87,10 @@ def register(spark: Any, *, functions: bool = True) -> None:
     from cdc.source import CdcDataSource
 
     spark.dataSource.register(CdcDataSource)
-    from cdc.backends.tablestore.scan_source import TablestoreTableSource
+    from cdc.backend import installed_backends
 
-    spark.dataSource.register(TablestoreTableSource)  # "tablestore": a table's current rows, batch only
-    # "cdc-pulsar", the sink-only format name, where pulsar-client is installed (asked without loading its
-    # C++ core, which is slow to load and not needed by reads of other backends).
-    import importlib.util
-
-    if importlib.util.find_spec("pulsar") is not None:
-        from cdc.backends.pulsar.writer import register as register_pulsar_sink
-
-        register_pulsar_sink(spark)
+    for backend in installed_backends():  # their own formats: Tablestore's table scan, Pulsar's sink name
+        backend.register_spark(spark)
     if functions:
         _register_functions(spark)
 

@@ -46,15 +46,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from cdc.errors import OptionError
+from cdc.channels import Position as Position
+from cdc.errors import MissingExtraError, OptionError, requires_extra
 from cdc.options import BackendOptions, OptionDoc, SourceOptions, describe_options
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
     from pyspark.sql.types import StructType
 
-Position = Any
-"""A JSON-safe value (int, str, list or dict of those) that addresses a gap between records."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +220,12 @@ class Backend(ABC):
         """The Spark streaming writer of a backend that accepts writes; others raise :class:`OptionError`."""
         raise _no_writes(cls.name)
 
+    @classmethod  # noqa: B027 - optional hook
+    def register_spark(cls, spark: Any) -> None:
+        """Register this backend's own Spark data sources, besides ``format("cdc")``, with ``spark`` (a
+        table scan, a sink-only format name). :func:`cdc.register` calls it for every backend installed here,
+        so a backend whose sources need an optional client package checks for it here. Default: none."""
+
     @classmethod
     def accepts_writes(cls) -> bool:
         """Whether the backend overrides :meth:`writer`."""
@@ -235,6 +240,15 @@ BACKENDS: dict[str, str] = {
     "postgres": "cdc.backends.postgres:PostgresBackend",
 }
 
+
+# The extra (`pip install 'cdc-tunnel[<extra>]'`) that brings each backend's client library.
+BACKEND_EXTRAS: dict[str, str] = {
+    "pulsar": "pulsar",
+    "tablestore": "tablestore",
+    "postgres": "postgres",
+    "kafka": "kafka",
+    "mysql": "mysql",
+}
 
 # Each backend's options model, importable without the backend's client library (`cdc options`, the docs).
 BACKEND_OPTIONS: dict[str, str] = {
@@ -273,10 +287,8 @@ def backend_class(name: str) -> type[Backend]:
             "backend",
         )
     module, _, attr = target.partition(":")
-    try:
+    with requires_extra(BACKEND_EXTRAS.get(key, key), f"backend {key!r}"):
         cls: type[Backend] = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise OptionError(f"backend {key!r} is not available in this installation: {exc}", "backend") from exc
     return cls
 
 
@@ -304,16 +316,20 @@ def option_tables(backend: str | None = None) -> list[tuple[str, list[OptionDoc]
     return tables
 
 
-def writing_backends() -> list[str]:
-    """The backends that accept writes (imports each available backend to ask it)."""
-    names = []
+def installed_backends() -> list[type[Backend]]:
+    """The class of every backend that imports in this installation."""
+    classes = []
     for name in available_backends():
         try:
-            if backend_class(name).accepts_writes():
-                names.append(name)
-        except OptionError:  # not installed here: it cannot take this write anyway
+            classes.append(backend_class(name))
+        except (OptionError, MissingExtraError):  # its package's dependencies are not installed here
             continue
-    return names
+    return classes
+
+
+def writing_backends() -> list[str]:
+    """The backends that accept writes (imports each available backend to ask it)."""
+    return [cls.name for cls in installed_backends() if cls.accepts_writes()]
 
 
 def _no_writes(name: str) -> OptionError:

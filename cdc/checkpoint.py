@@ -26,8 +26,9 @@ from typing import Any
 
 from pyarrow import fs
 
+from cdc.channels import Position
 from cdc.errors import OffsetError, TerminalError
-from cdc.offsets import Offset, Position
+from cdc.offsets import Offset
 
 _BATCH_FILE = re.compile(r"^\d+$")
 

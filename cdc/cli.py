@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 import click
 
 from cdc.backend import available_backends
+from cdc.cli_secrets import options_from
 
 
 class _LazyGroup(click.Group):
@@ -33,12 +33,29 @@ class _LazyGroup(click.Group):
         visible = [name for name, (*_, hidden) in self.lazy.items() if not hidden]
         return sorted([*super().list_commands(ctx), *visible])
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``--help`` from the table above: no sub-command is imported to build it."""
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.lazy:
+                rows.append((name, self.lazy[name][2]))
+            elif (cmd := super().get_command(ctx, name)) is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str()))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.lazy:
             import importlib
 
+            from cdc.errors import MissingExtraError
+
             module, attr, _, hidden = self.lazy[name]
-            cmd: click.Command = getattr(importlib.import_module(module), attr)
+            try:
+                cmd: click.Command = getattr(importlib.import_module(module), attr)
+            except MissingExtraError as exc:  # a command module that needs an extra to load at all
+                raise click.ClickException(str(exc)) from None
             if hidden:
                 click.echo(f"warning: 'cdc {name}' is deprecated and will be removed in the next release; "
                            f"use {_ALIASES[name]}", err=True)
@@ -61,6 +78,15 @@ class _Main(_LazyGroup):
     }
 
 
+    def invoke(self, ctx: click.Context) -> object:
+        from cdc.errors import MissingExtraError
+
+        try:
+            return super().invoke(ctx)
+        except MissingExtraError as exc:  # a command whose system's client is not installed: say which extra
+            raise click.ClickException(str(exc)) from None
+
+
 class _Servers(_LazyGroup):
     lazy = {
         "tablestore": ("cdc.servers.tablestore.cli", "main", "The local Tablestore server; split/merge partitions.",
@@ -79,6 +105,7 @@ def server_group() -> None:
 
 
 @click.group(cls=_Main)
+@click.version_option(package_name="cdc-tunnel", message="cdc-tunnel %(version)s")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """cdc-tunnel: change-data-capture ingestion for Apache Spark."""
@@ -105,12 +132,15 @@ def options_cmd(backend: str | None) -> None:
 
 
 @main.command("offsets")
-@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
+@click.argument("checkpoint")
 @click.option("--batch", "batch_id", type=int, default=None, help="A batch id (default: the last committed batch).")
 @click.option("--source", "source_index", type=int, default=0, show_default=True, help="Which source of the query.")
 @click.option("--starting-offsets", "as_start", is_flag=True, help="Print only the startingOffsets JSON for a new query.")
 def offsets_cmd(checkpoint: str, batch_id: int | None, source_index: int, as_start: bool) -> None:
     """Show where the streaming query of CHECKPOINT is: each channel's position after a batch.
+
+    CHECKPOINT is a path or a URI pyarrow opens (s3://bucket/ck?endpoint_override=host:port&scheme=http), as
+    for `cdc status`; the store's credentials come from the environment (AWS_ACCESS_KEY_ID...).
 
     With --starting-offsets, print the `startingOffsets` value that starts a new query (a new checkpoint)
     right after that batch.
@@ -123,9 +153,9 @@ def offsets_cmd(checkpoint: str, batch_id: int | None, source_index: int, as_sta
         if as_start:
             click.echo(json.dumps(starting_offsets(offset), sort_keys=True))
             return
+        latest = read_batch(checkpoint)
     except CheckpointError as e:
         raise click.ClickException(str(e)) from e
-    latest = read_batch(checkpoint)
     click.echo(f"batch {batch.batch_id} ({'committed' if batch.committed else 'not committed'}); "
                f"last batch in the offset log: {latest.batch_id} "
                f"({'committed' if latest.committed else 'planned, replayed on restart'})")
@@ -134,39 +164,27 @@ def offsets_cmd(checkpoint: str, batch_id: int | None, source_index: int, as_sta
         click.echo(json.dumps({"channel": cid, "pos": entry.pos, **({"flags": flags} if flags else {})}))
 
 
-def _options(pairs: tuple[str, ...], from_env: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for pair, env in [(p, False) for p in pairs] + [(p, True) for p in from_env]:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            flag = "--option-from-env" if env else "--option"
-            raise click.BadParameter(f"{pair!r}: expected key={'VARIABLE' if env else 'value'}", param_hint=flag)
-        if env:
-            if value not in os.environ:
-                raise click.BadParameter(f"environment variable {value!r} is not set", param_hint="--option-from-env")
-            value = os.environ[value]
-        out[key.strip()] = value
-    return out
-
-
 @main.command("status")
 @click.argument("checkpoint")
 @click.option("-o", "--option", "pairs", multiple=True, metavar="KEY=VALUE",
               help="A source option, as given to the query (backend=..., path=..., tunnel.name=...). Repeatable.")
 @click.option("--option-from-env", "from_env", multiple=True, metavar="KEY=VARIABLE",
               help="An option whose value is in an environment variable (secrets). Repeatable.")
+@click.option("--option-from-file", "from_file", multiple=True, metavar="KEY=FILE",
+              help="An option whose value is the content of a file (secrets). Repeatable.")
 @click.option("--source", "source_index", type=int, default=0, show_default=True, help="Which source of the query.")
 @click.option("--watch", is_flag=True, help="Refresh the table until interrupted (Ctrl-C).")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
               help="Seconds between refreshes with --watch.")
-def status_cmd(checkpoint: str, pairs: tuple[str, ...], from_env: tuple[str, ...], source_index: int, watch: bool,
-               interval: float) -> None:
+def status_cmd(checkpoint: str, pairs: tuple[str, ...], from_env: tuple[str, ...], from_file: tuple[str, ...],
+               source_index: int, watch: bool, interval: float) -> None:
     """Show, per channel, where the query of CHECKPOINT is against the change log's head now: position,
     head, records behind, time behind, state (reading, finished, waiting-for-parents, new, snapshot).
 
     CHECKPOINT is a path or a URI pyarrow opens (s3://bucket/ck?endpoint_override=host:port&scheme=http);
     the store's credentials and the backend's secrets come from the environment (ALIBABA_CLOUD_ACCESS_KEY_ID,
-    AWS_ACCESS_KEY_ID...) or --option-from-env, never from the command line.
+    ALIBABA_CLOUD_ACCESS_KEY_SECRET, PULSAR_AUTH_TOKEN, PGPASSWORD, AWS_ACCESS_KEY_ID...), --option-from-env or
+    --option-from-file, never from the command line.
     """
     import time
 
@@ -182,7 +200,7 @@ def status_cmd(checkpoint: str, pairs: tuple[str, ...], from_env: tuple[str, ...
         # Opening a backend and walking to its heads can take seconds (a Tablestore tunnel): a spinner on
         # stderr while it does, shown only on a terminal.
         with Console(stderr=True).status("reading the checkpoint and the change log's heads..."):
-            backend = open_source_backend(_options(pairs, from_env))
+            backend = open_source_backend(options_from(pairs, from_env, from_file))
     except CdcError as e:
         raise click.ClickException(str(e)) from e
     try:

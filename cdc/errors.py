@@ -60,6 +60,26 @@ class OffsetError(TerminalError, ValueError):
     """An offset (from Spark's offset log or a checkpoint) is not a cdc offset."""
 
 
+class SchemaError(TerminalError, ValueError):
+    """A table's schema does not fit the change model: an unsupported type, a key column missing or clashing
+    with a metadata column. A :class:`ValueError` too, as the change model raised before."""
+
+
+class SchemaChangedError(TerminalError):
+    """A table's columns changed while a query that decodes them with the schema it started with read it:
+    restart the query to take the new schema (Auto Loader's convention). ``table`` names the table when the
+    source tells it."""
+
+    def __init__(self, message: str, table: str | None = None) -> None:
+        super().__init__(message)
+        self.table = table
+
+
+class TruncateError(TerminalError):
+    """A source emptied a table (a Debezium truncate event): not a row change the query can apply unless it is
+    configured to deliver truncates (``debezium.truncate=apply``)."""
+
+
 class MalformedRecordError(TerminalError):
     """A record cannot be decoded; raised when ``onMalformed`` is ``fail``."""
 
@@ -77,6 +97,9 @@ class MissingExtraError(TerminalError, ImportError):
         self.missing_module = module
 
 
+_OWN_PACKAGES = frozenset({"cdc", "sinks", "udfs"})
+
+
 @contextmanager
 def requires_extra(extra: str, feature: str) -> Iterator[None]:
     """Imports inside the block that fail for want of a module raise :class:`MissingExtraError` naming
@@ -89,6 +112,8 @@ def requires_extra(extra: str, feature: str) -> Iterator[None]:
         yield
     except ModuleNotFoundError as exc:
         missing = exc.name or "a module"
+        if missing.partition(".")[0] in _OWN_PACKAGES:
+            raise  # a module of this project: a broken installation, not a missing extra
         raise MissingExtraError(
             f"{feature} needs {missing!r}, which is not installed: pip install 'cdc-tunnel[{extra}]'",
             extra,

@@ -68,6 +68,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc.errors import SchemaError
+
 
 class Op(StrEnum):
     """The kinds of change."""
@@ -117,7 +119,7 @@ _SUPPORTED = (
 def _check_type(name: str, t: pa.DataType) -> pa.DataType:
     if pa.types.is_timestamp(t):
         if t.tz is None:
-            raise ValueError(f"column {name!r}: naive timestamps are not supported; use a UTC timestamp")
+            raise SchemaError(f"column {name!r}: naive timestamps are not supported; use a UTC timestamp")
         return pa.timestamp("us", tz="UTC")
     if pa.types.is_large_string(t):
         return pa.string()
@@ -125,7 +127,7 @@ def _check_type(name: str, t: pa.DataType) -> pa.DataType:
         return pa.binary()
     if any(check(t) for check in _SUPPORTED):
         return t
-    raise ValueError(f"column {name!r}: type {t} is not supported by the change model")
+    raise SchemaError(f"column {name!r}: type {t} is not supported by the change model")
 
 
 @dataclass(frozen=True)
@@ -139,14 +141,14 @@ class ChangeSchema:
 
     def __post_init__(self) -> None:
         if not self.keys:
-            raise ValueError("a change schema needs at least one key column")
+            raise SchemaError("a change schema needs at least one key column")
         names = self.table.names
         for k in self.keys:
             if k not in names:
-                raise ValueError(f"key column {k!r} is not a column of the table ({', '.join(names)})")
+                raise SchemaError(f"key column {k!r} is not a column of the table ({', '.join(names)})")
         clash = set(names) & RESERVED_COLUMNS
         if clash:
-            raise ValueError(f"table columns {sorted(clash)} collide with the change model's metadata columns")
+            raise SchemaError(f"table columns {sorted(clash)} collide with the change model's metadata columns")
         fields = []
         for f in self.table:
             fields.append(pa.field(f.name, _check_type(f.name, f.type), nullable=f.name not in self.keys))

@@ -23,9 +23,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from cdc.errors import requires_extra
+
+with requires_extra("monitor", "cdc.monitor"):
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from cdc.lag import ChannelLag, from_report

@@ -32,10 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cdc.channels import Position as Position
 from cdc.errors import OffsetError
-
-Position = Any
-"""A backend's JSON-safe position (see :mod:`cdc.backend`)."""
 
 OffsetJson = dict[str, Any]
 """An offset as Spark stores it and hands it to the source."""

@@ -88,7 +88,12 @@ def _passthrough(model: type[BaseModel], key: str) -> tuple[str, str] | None:
 class SourceOptions(_Model):
     """Options of the ``cdc`` source itself, whatever the backend."""
 
-    backend: str = Field("local", alias="backend", description="Which backend reads the change log.")
+    backend: str = Field(
+        "local",
+        alias="backend",
+        description="Which backend reads the change log: required, as for writes. Without it a read still takes "
+        "`local`, with a deprecation warning; the next release refuses it.",
+    )
     starting_offsets: str = Field(
         "earliest",
         alias="startingOffsets",

@@ -32,25 +32,32 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from cdc.backend import Backend, ChannelInfo, Position
+from cdc.backend import Backend, ChannelInfo
+from cdc.channels import ChannelRange, Position
 from cdc.errors import DataLossError, OptionError
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class ChannelRange:
-    """One channel's range in a batch: ``[start, end)``."""
-
-    channel: str
-    start: Position
-    end: Position
+__all__ = [
+    "ChannelPlan",
+    "ChannelRange",
+    "Planner",
+    "Taken",
+    "batch_ranges",
+    "describe",
+    "eligible_channels",
+    "end_offset",
+    "parents_done",
+    "per_channel",
+    "positions",
+    "share_budget",
+]
 
 
 @dataclass(frozen=True)
@@ -63,13 +70,18 @@ class Taken:
 
 @dataclass(frozen=True)
 class ChannelPlan:
-    """A channel's range in the batch being planned: ``[begin, end)``."""
+    """A channel's range ``[start, end)`` while the batch is being planned (the channel is the key it is
+    kept under), and what planning learned of it."""
 
-    begin: Position
+    start: Position
     end: Position
     finished: bool = False
     skipped: bool = False
-    """``begin`` jumped forward past data the backend no longer holds (``failOnDataLoss=false``)."""
+    """``start`` jumped forward past data the backend no longer holds (``failOnDataLoss=false``)."""
+
+
+_STARTING_ACCEPTED = 'earliest, latest, or a JSON object {"<channel>": <position> | "earliest" | "latest"}'
+_ENDING_ACCEPTED = 'latest or a JSON object {"<channel>": <position> | "latest"}'
 
 
 def _channel_sort_key(cid: str) -> tuple[int, str]:
@@ -184,8 +196,8 @@ def end_offset(
     if not new and not any(p.skipped for p in plans.values()) and entries == start.without_from():
         return None
     for cid, p in plans.items():
-        if p.skipped or (cid in new and p.begin != p.end):
-            entries[cid] = replace(entries[cid], from_=p.begin)
+        if p.skipped or (cid in new and p.start != p.end):
+            entries[cid] = replace(entries[cid], from_=p.start)
     if start.initial:
         for cid, e in entries.items():
             if e.from_ is None:
@@ -200,15 +212,32 @@ def batch_ranges(start: Offset, end: Offset) -> list[ChannelRange]:
     out = []
     for cid, e in end.channels.items():
         if e.from_ is not None:
-            begin = e.from_
+            first = e.from_
         elif cid in start.channels:
-            begin = start.channels[cid].pos
+            first = start.channels[cid].pos
         else:
             continue  # registered in this batch with nothing to read
-        if begin != e.pos:
-            out.append(ChannelRange(cid, begin, e.pos))
+        if first != e.pos:
+            out.append(ChannelRange(cid, first, e.pos))
     out.sort(key=lambda r: _channel_sort_key(r.channel))
     return out
+
+
+def per_channel(spec: str, option: str, accepted: str, channels: Iterable[str]) -> dict[str, Any]:
+    """The JSON object ``{"<channel>": <value>}`` of ``startingOffsets`` or ``endingOffsets`` (``option``);
+    anything else, or a channel not among ``channels``, raises an :class:`OptionError` that names the option
+    and what it accepts."""
+    try:
+        given = json.loads(spec)
+    except json.JSONDecodeError:
+        given = None
+    if not isinstance(given, dict):
+        raise OptionError(f"option {option!r}: accepted values are {accepted}; got {spec!r}", option)
+    known = set(channels)
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise OptionError(f"option {option!r}: unknown channels {unknown}; channels: {sorted(known)}", option)
+    return given
 
 
 # ---------------------------------------------------------------------- the planner
@@ -246,30 +275,13 @@ class Planner:
         if at is not None:
             return Offset({ch.id: ChannelOffset(self.backend.position_at(ch.id, at)) for ch in channels},
                           initial=True).to_json()
-        per_channel: dict[str, Any] = {}
+        given: dict[str, Any] = {}
         if default not in ("earliest", "latest"):
-            try:
-                given = json.loads(text)
-            except json.JSONDecodeError:
-                given = None
-            if not isinstance(given, dict):
-                raise OptionError(
-                    "option 'startingOffsets': accepted values are earliest, latest, or a JSON object "
-                    f'{{"<channel>": <position> | "earliest" | "latest"}}; got {spec!r}',
-                    "startingOffsets",
-                )
-            per_channel = given
-            known = {c.id for c in channels}
-            unknown = sorted(set(per_channel) - known)
-            if unknown:
-                raise OptionError(
-                    f"option 'startingOffsets': unknown channels {unknown}; channels: {sorted(known)}",
-                    "startingOffsets",
-                )
+            given = per_channel(text, "startingOffsets", _STARTING_ACCEPTED, (c.id for c in channels))
             default = "earliest"
         out: dict[str, ChannelOffset] = {}
         for ch in channels:
-            where = per_channel.get(ch.id, default)
+            where = given.get(ch.id, default)
             if where == "earliest":
                 out[ch.id] = ChannelOffset(self.backend.earliest(ch.id))
             elif where == "latest":
@@ -302,23 +314,12 @@ class Planner:
         text = spec.strip()
         if text.lower() == "latest":
             return {c.id: head(c.id) for c in self.backend.list_channels()}, set()
-        try:
-            given = json.loads(text)
-        except json.JSONDecodeError:
-            given = None
-        if not isinstance(given, dict):
-            raise OptionError(
-                f'option \'endingOffsets\': accepted values are latest or a JSON object {{"<channel>": <position>}}; got {spec!r}',
-                "endingOffsets",
-            )
-        out: dict[str, Position] = {}
         known = {c.id for c in self.backend.list_channels()}
+        given = per_channel(text, "endingOffsets", _ENDING_ACCEPTED, known)
+        out: dict[str, Position] = {}
         for ch in known:
             value = given.get(ch, "latest")
             out[ch] = head(ch) if value == "latest" else self.backend.parse_position(ch, value)
-        unknown = sorted(set(given) - known)
-        if unknown:
-            raise OptionError(f"option 'endingOffsets': unknown channels {unknown}", "endingOffsets")
         return out, {ch for ch in known if given.get(ch, "latest") != "latest"}
 
     def batch_end(self, start: OffsetJson, ending: str, at: datetime | None = None) -> OffsetJson:
@@ -410,4 +411,4 @@ def positions(offset: OffsetJson) -> dict[str, Position]:
 
 
 def describe(ranges: Sequence[ChannelRange]) -> str:
-    return ", ".join(f"{r.channel}[{r.start!r}, {r.end!r})" for r in ranges) or "nothing"
+    return ", ".join(map(str, ranges)) or "nothing"

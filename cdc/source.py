@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -33,7 +33,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from cdc.backend import Backend, Position, RangeReader, backend_class
+from cdc.backend import Backend, RangeReader, backend_class
+from cdc.channels import ChannelRange, Position
 from cdc.errors import CdcError, OptionError
 from cdc.lag import measure, to_report
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
@@ -45,16 +46,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ChannelPartition(InputPartition):
-    """One channel range of one batch; pickled to an executor."""
+    """One channel range of one batch and the reader that reads it; pickled to an executor.
 
-    channel: str
-    start: Position
-    end: Position
+    A plain dataclass, as :class:`pyspark.sql.datasource.InputPartition` documents its subclasses."""
+
+    range: ChannelRange
     reader: RangeReader
-
-    def __init__(self, channel: str, start: Position, end: Position, reader: RangeReader) -> None:
-        super().__init__(channel)
-        self.channel, self.start, self.end, self.reader = channel, start, end, reader
 
 
 def _conform(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -74,11 +71,10 @@ class _Config:
     """Parsed options shared by the stream and batch readers. Picklable; holds no connections."""
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
-        name = str(raw.get("backend", "local"))
-        self.backend_cls: type[Backend] = backend_class(name)
+        self.backend_cls: type[Backend] = named_backend(raw, "read")
         self.source: SourceOptions
         self.backend_options: BackendOptions
-        self.source, self.backend_options = split_and_parse(raw, self.backend_cls.options_model, name)
+        self.source, self.backend_options = split_and_parse(raw, self.backend_cls.options_model, self.backend_cls.name)
 
     def open(self) -> Backend:
         return self.backend_cls(self.backend_options)
@@ -117,13 +113,14 @@ class _ReaderBase:
         ranges = Planner.ranges(start, end)
         log.debug("batch ranges: %s", describe(ranges))
         reader = self.backend.reader()
-        return [ChannelPartition(r.channel, r.start, r.end, reader) for r in ranges]
+        return [ChannelPartition(r, reader) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, ChannelPartition):
             # PySpark hands a batch read that planned no partition one InputPartition(None) all the same.
             return iter(())
-        return _conform(partition.reader.read(partition.channel, partition.start, partition.end), self._arrow_schema)
+        r = partition.range
+        return _conform(partition.reader.read(r.channel, r.start, r.end), self._arrow_schema)
 
 
 class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -277,25 +274,27 @@ class CdcDataSource(DataSource):
 
     # Writes go to the change-log system named by ``backend``, if it accepts them (see Backend.writer).
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return _write_backend(self.options).writer(self.options, schema, overwrite)
+        return named_backend(self.options, "write").writer(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return _write_backend(self.options).stream_writer(self.options, schema, overwrite)
+        return named_backend(self.options, "write").stream_writer(self.options, schema, overwrite)
 
 
-_WRITE_DEFAULT = "pulsar"
+_FORMER_DEFAULTS = {"read": "local", "write": "pulsar"}
 
 
-def _write_backend(options: Mapping[str, Any]) -> type[Backend]:
-    """The backend a write names; a write that names none goes to Pulsar (deprecated: writes before there
-    was a writer hook had no other target)."""
+def named_backend(options: Mapping[str, Any], use: Literal["read", "write"]) -> type[Backend]:
+    """The backend that option ``backend`` names: reads and writes both need it.
+
+    Without it, this release still takes the former defaults, a read the local log and a write Pulsar, with
+    a warning; the next one raises :class:`~cdc.errors.OptionError`."""
     name = next((str(v) for k, v in options.items() if k.lower() == "backend"), None)
     if name is None:
+        name = _FORMER_DEFAULTS[use]
         message = (
-            "a write to format('cdc') without option 'backend' goes to Pulsar; this default is deprecated and "
-            "will be removed: add .option('backend', 'pulsar')"
+            f"a {use} of format('cdc') without option 'backend' uses backend {name!r}; this default is deprecated "
+            f"and will be removed (reads and writes will both require the option): add .option('backend', {name!r})"
         )
         log.warning(message)
         warnings.warn(message, FutureWarning, stacklevel=3)
-        name = _WRITE_DEFAULT
     return backend_class(name)

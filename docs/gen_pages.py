@@ -1,10 +1,9 @@
 """Generated pages of the documentation site (mkdocs-gen-files runs this during every build).
 
-The API reference: one page per public module of the packages ``cdc``, ``sinks`` and ``udfs``, found by
-walking the source tree (never a hand-kept list, so a module renamed or added shows up by itself), and a
-``reference/SUMMARY.md`` that literate-nav turns into the section's navigation. A module is public when no
-part of its dotted name starts with ``_`` (``__init__`` stands for its package); ``cdc.testing`` is public
-(backend authors use it), the stand-in servers' internals are documented through their packages.
+The API reference: one page per public package of ``cdc``, ``sinks`` and ``udfs`` with each of its public
+modules, found by walking the source tree (never a hand-kept list, so a module renamed or added shows up by
+itself), and a ``reference/SUMMARY.md`` that literate-nav turns into the section's navigation. A module is
+public when no part of its dotted name starts with ``_``; ``cdc.testing`` is public (backend authors use it).
 """
 
 from __future__ import annotations
@@ -17,29 +16,38 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("cdc", "sinks", "udfs")
 
 
-def public_modules() -> list[tuple[str, ...]]:
-    """Dotted names (as tuples) of every public module of :data:`PACKAGES`, sorted."""
+def public_packages() -> list[tuple[str, ...]]:
+    """Dotted names (as tuples) of every public package of :data:`PACKAGES` (a folder with ``__init__.py``)."""
     found = []
     for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            if parts[-1] == "__main__" or any(p.startswith("_") for p in parts):
-                continue
-            found.append(parts)
+        for init in sorted((ROOT / package).rglob("__init__.py")):
+            parts = init.parent.relative_to(ROOT).parts
+            if not any(p.startswith("_") for p in parts):
+                found.append(parts)
     return sorted(found)
 
 
+def public_modules(package: tuple[str, ...]) -> list[str]:
+    """The package's own public modules (not those of its sub-packages), by name."""
+    folder = ROOT.joinpath(*package)
+    return sorted(
+        p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "__main__"
+    )
+
+
 def main() -> None:
+    """One page per package: the package's docstring, then each of its modules (a page per module made the
+    navigation of every page list a hundred modules, which cost the build more than the pages themselves)."""
     nav = mkdocs_gen_files.Nav()
-    for parts in public_modules():
-        page = Path("reference", *parts).with_suffix(".md")
-        if (ROOT / Path(*parts)).is_dir():
-            page = Path("reference", *parts, "index.md")
+    for parts in public_packages():
+        page = Path("reference", *parts, "index.md")
         nav[parts] = page.relative_to("reference").as_posix()
+        name = ".".join(parts)
+        lines = [f"# `{name}`\n", f"::: {name}\n    options:\n      show_root_heading: false\n      members: false\n"]
+        for module in public_modules(parts):
+            lines.append(f"::: {name}.{module}\n    options:\n      heading_level: 2\n")
         with mkdocs_gen_files.open(page, "w") as fd:
-            fd.write(f"# `{'.'.join(parts)}`\n\n::: {'.'.join(parts)}\n    options:\n      show_root_heading: false\n")
+            fd.write("\n".join(lines))
     with mkdocs_gen_files.open("reference/SUMMARY.md", "w") as fd:
         fd.writelines(nav.build_literate_nav())
 

@@ -12,8 +12,10 @@ The functions are plain so tests call them without mkdocs (tests/docs/).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -113,6 +115,7 @@ def _area(module: str) -> str:
     return "core"
 
 
+@functools.cache
 def _classes() -> dict[str, list[tuple[str, tuple[str, ...], str]]]:
     """Module -> its top-level classes as (name, simple base names, docstring), parsed, never imported."""
     found: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}
@@ -170,7 +173,9 @@ def missing_error_entries() -> tuple[list[str], list[str]]:
 
 
 def _kind(err: ErrorClass, by_name: dict[str, ErrorClass]) -> str:
-    seen, todo = set(), list(err.bases)
+    if err.name == "CdcError":
+        return "the root of every error"
+    seen, todo = set(), [err.name, *err.bases]
     while todo:
         b = todo.pop()
         if b in ("TransientError",):
@@ -227,7 +232,29 @@ def _benchmark_summary(name: str) -> str:
     if not path.exists():
         return ""
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-    return " ".join(doc.split("\n\n")[0].split())
+    text = " ".join(doc.split("\n\n")[0].split())
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)  # Sphinx roles -> code
+    return text.replace("``", "`")
+
+
+def _ratio_svg(recs: list[dict[str, Any]], width: int = 480, height: int = 120) -> str:
+    """A small line chart of the ratio over the runs (oldest left), drawn as inline SVG."""
+    points = [(r["date"], float(r["ratio"])) for r in recs if r.get("ratio") is not None]
+    if len(points) < 2:
+        return ""
+    top = max(v for _, v in points) * 1.15 or 1.0
+    step = (width - 40) / (len(points) - 1)
+    xy = [(30 + i * step, height - 20 - v / top * (height - 35)) for i, (_, v) in enumerate(points)]
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+    dots = "".join(
+        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3"><title>{d}: {v:.3f}</title></circle>'
+        for (x, y), (d, v) in zip(xy, points, strict=True)
+    )
+    return (
+        f'<svg width="{width}" height="{height}" role="img" aria-label="ratio per run">'
+        f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-width="2"/>{dots}'
+        f'<text x="2" y="12" font-size="11" fill="currentColor">ratio (max {top / 1.15:.3f})</text></svg>\n'
+    )
 
 
 def _number(value: float, unit: str) -> str:
@@ -238,9 +265,9 @@ def _number(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}".strip()
 
 
-def performance_tables(last: int = 5) -> str:
+def performance_tables(last: int = 5, folder: Path = RESULTS) -> str:
     """Per benchmark: what it measures, then its last ``last`` runs (figures, ratio, load, machine, date)."""
-    records = load_records()
+    records = load_records(folder)
     if not records:
         return "*No benchmark has recorded a run in this checkout yet (`benchmarks/results/` is empty).*\n"
     out = []
@@ -264,6 +291,9 @@ def performance_tables(last: int = 5) -> str:
             row = [rec["date"].replace("T", " ").rstrip("Z"), *figs, ratio, rec.get("target") or "",
                    f"{rec['load'][0]:.2f}", str(rec.get("cores", ""))]
             out.append("| " + " | ".join(row) + " |")
+        chart = _ratio_svg(recs)
+        if chart:
+            out.append("\n" + chart)
         params = shown[-1].get("params") or {}
         if params:
             out.append("\nLast run's parameters: " + ", ".join(f"`{k}={v}`" for k, v in params.items()) + ".")

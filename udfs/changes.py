@@ -21,7 +21,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from cdc.backends.pulsar.debezium import DEFAULT_PLACEHOLDER, placeholder_octets
+from cdc.formats.debezium import DEFAULT_PLACEHOLDER, placeholder_octets
 from cdc.model import COMMIT_TS, OLD_KEY, OP, UNCHANGED, Op
 
 _DEBEZIUM_OPS = {"c": Op.INSERT.value, "u": Op.UPDATE.value, "d": Op.DELETE.value, "r": Op.SNAPSHOT.value}

@@ -16,6 +16,11 @@ with :mod:`~sinks.delta.frame`; :mod:`~sinks.delta.session` finds its jars and c
 :mod:`~sinks.delta.reader` reads a table into Spark.
 """
 
+from cdc.errors import requires_extra
+
+with requires_extra("delta", "the Delta Lake sink (sinks.delta)"):
+    import deltalake  # noqa: F401 - the engine every path of the sink uses (table logs, delta-rs merges)
+
 from sinks.delta.reader import read
 from sinks.delta.schema import SchemaEvolutionError
 from sinks.delta.sink import DeltaUpsertSink

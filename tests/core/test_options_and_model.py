@@ -74,7 +74,7 @@ def test_change_schema_rejects(table: list, keys: list, message: str) -> None:
 
 def test_unknown_option_names_it_and_lists_accepted() -> None:
     with pytest.raises(OptionError) as e:
-        _Config({"path": "/x", "maxRecordsPerTriger": "3"})
+        _Config({"backend": "local", "path": "/x", "maxRecordsPerTriger": "3"})
     assert "'maxRecordsPerTriger'" in str(e.value) and "maxRecordsPerTrigger" in str(e.value)
     assert e.value.option == "maxRecordsPerTriger"
 
@@ -82,13 +82,13 @@ def test_unknown_option_names_it_and_lists_accepted() -> None:
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
-        ({"path": "/x", "maxRecordsPerTrigger": "-3"}, "'maxRecordsPerTrigger'"),
-        ({"path": "/x", "maxrecordspertrigger": "many"}, "'maxRecordsPerTrigger'"),
-        ({"path": "/x", "maxBytesPerTrigger": "0"}, "'maxBytesPerTrigger'"),
-        ({"path": "/x", "maxBytesPerTrigger": "1MB"}, "'maxBytesPerTrigger'"),
-        ({"path": "/x", "failOnDataLoss": "maybe"}, "accepted values: true, false"),
+        ({"backend": "local", "path": "/x", "maxRecordsPerTrigger": "-3"}, "'maxRecordsPerTrigger'"),
+        ({"backend": "local", "path": "/x", "maxrecordspertrigger": "many"}, "'maxRecordsPerTrigger'"),
+        ({"backend": "local", "path": "/x", "maxBytesPerTrigger": "0"}, "'maxBytesPerTrigger'"),
+        ({"backend": "local", "path": "/x", "maxBytesPerTrigger": "1MB"}, "'maxBytesPerTrigger'"),
+        ({"backend": "local", "path": "/x", "failOnDataLoss": "maybe"}, "accepted values: true, false"),
         ({"backend": "kafka"}, "accepted values: local, postgres, pulsar, tablestore"),
-        ({}, "option 'path' is required"),
+        ({"backend": "local"}, "option 'path' is required"),
     ],
 )
 def test_invalid_options(raw: dict, fragment: str) -> None:
@@ -97,7 +97,7 @@ def test_invalid_options(raw: dict, fragment: str) -> None:
 
 
 def test_options_are_case_insensitive() -> None:
-    cfg = _Config({"PATH": "/x", "maxrecordspertrigger": "7", "FAILONDATALOSS": "false"})
+    cfg = _Config({"Backend": "local", "PATH": "/x", "maxrecordspertrigger": "7", "FAILONDATALOSS": "false"})
     assert cfg.source.max_records_per_trigger == 7
     assert cfg.source.fail_on_data_loss is False
 
@@ -182,7 +182,7 @@ def test_max_bytes_per_trigger_needs_a_backend_that_estimates_record_sizes(tmp_p
 
     log = LocalLog.create(tmp_path / "log", [("k", pa.int64())], ["k"], channels=1)
     log.append([{"k": i} for i in range(100)])
-    config = _Config({"path": str(log.path), "maxBytesPerTrigger": str(int(log.average_record_bytes() * 30))})
+    config = _Config({"backend": "local", "path": str(log.path), "maxBytesPerTrigger": str(int(log.average_record_bytes() * 30))})
     schema = from_arrow_schema(log.arrow_schema)
     reader = CdcStreamReader(config, schema)
     start = reader.initialOffset()

@@ -101,7 +101,7 @@ def test_batch_read_with_starting_and_ending_offsets(spark: Any, tmp_path: Path)
     log = new_log(tmp_path)
     log.append(orders(0, 40), channel="c0")
     log.append(orders(100, 10), channel="c1")
-    base = spark.read.format("cdc").option("path", str(log.path))
+    base = spark.read.format("cdc").option("backend", "local").option("path", str(log.path))
     assert base.load().count() == 50
     df = base.option("startingOffsets", '{"c0": 10}').option("endingOffsets", '{"c0": 25}').load()
     assert df.count() == 15 + 10
@@ -121,7 +121,7 @@ def test_batch_reads_with_nothing_to_read_return_no_rows(spark: Any, tmp_path: P
     log = new_log(tmp_path)
 
     def count(**options: str) -> int:
-        reader = spark.read.format("cdc").option("path", str(log.path))  # a DataFrameReader keeps its options
+        reader = spark.read.format("cdc").option("backend", "local").option("path", str(log.path))  # a DataFrameReader keeps its options
         for key, value in options.items():
             reader = reader.option(key, value)
         return int(reader.load().count())
@@ -142,7 +142,7 @@ def test_a_batch_read_ending_before_its_start_fails_naming_both(spark: Any, tmp_
     log = new_log(tmp_path)
     log.append(orders(0, 20), channel="c0")
     backwards = (
-        spark.read.format("cdc").option("path", str(log.path))
+        spark.read.format("cdc").option("backend", "local").option("path", str(log.path))
         .option("startingOffsets", '{"c0": 12}').option("endingOffsets", '{"c0": 4}')
     )
     with pytest.raises(Exception, match=r"endingOffsets.*'c0'.*4.*before.*startingOffsets.*12") as e:
@@ -152,7 +152,7 @@ def test_a_batch_read_ending_before_its_start_fails_naming_both(spark: Any, tmp_
 
 def test_schema_is_the_change_model(spark: Any, tmp_path: Path) -> None:
     log = new_log(tmp_path)
-    df = spark.read.format("cdc").option("path", str(log.path)).load()
+    df = spark.read.format("cdc").option("backend", "local").option("path", str(log.path)).load()
     assert df.columns == ["_op", "_seq", "_commit_ts", "_channel", "_position", "order_id", "amount"]
     assert df.schema["_commit_ts"].dataType.typeName() == "timestamp"
 
@@ -160,7 +160,7 @@ def test_schema_is_the_change_model(spark: Any, tmp_path: Path) -> None:
 def test_unknown_option_fails_the_query_naming_it(spark: Any, tmp_path: Path) -> None:
     log = new_log(tmp_path)
     with pytest.raises(Exception, match="(?i)unknown option 'maxRecordPerTrigger'") as e:
-        spark.readStream.format("cdc").option("path", str(log.path)).option("maxRecordPerTrigger", 5).load()
+        spark.readStream.format("cdc").option("backend", "local").option("path", str(log.path)).option("maxRecordPerTrigger", 5).load()
     assert "did you mean 'maxRecordsPerTrigger'?" in str(e.value)
 
 

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc.backends.pulsar.debezium import TruncateError
+from cdc.errors import TruncateError
 from cdc.planner import Planner
 from cdc.servers.pulsar import ApachePulsar
 from cdc.testing import batches

@@ -4,6 +4,7 @@ every option a description, and `cdc options` prints the tables the site shows."
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -79,3 +80,22 @@ def test_defaults_are_written_one_way() -> None:
     assert rows["service.url"].required and rows["service.url"].default == ""
     assert rows["valueFormat"].type == "one of `bytes`, `json`, `avro`, `debezium`"
     assert rows["auth.token"].type == "string (secret)"
+
+
+def test_the_performance_page_is_made_from_the_records_benchmarks_append(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from record import append_record
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("CDC_BENCH_RESULTS", str(tmp_path))
+    append_record("source_overhead", {"cdc batch": (1.5e6, "rows/s"), "parquet": (1.6e6, "rows/s")}, ratio=0.9375,
+                  target=">= 0.8", params={"rows": 1000})
+    append_record("source_overhead", {"cdc batch": (1.2e6, "rows/s")}, ratio=0.75, params={"rows": 1000})
+    lines = (tmp_path / "source_overhead.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and {"load", "cores", "date", "figures", "ratio"} <= set(json.loads(lines[0]))
+    page = macros.performance_tables(folder=tmp_path)
+    assert "| date (UTC) | cdc batch | parquet | ratio | target | load (1 min) | cores |" in page
+    assert "1,500.0k rows/s" in page and "**0.938**" in page and "**0.750**" in page and "<svg" in page
+    monkeypatch.setenv("CDC_BENCH_RESULTS", "")
+    assert append_record("x", {"a": 1.0}) is None

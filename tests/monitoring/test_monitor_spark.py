@@ -32,7 +32,7 @@ def test_listener_logs_lag_per_channel_and_serves_it_to_prometheus_on_loopback(
     try:
         assert monitor._server is not None and monitor._server.server_address[0] == "127.0.0.1"
         reader = (
-            spark.readStream.format("cdc").option("path", str(log.path)).option("maxRecordsPerTrigger", "10")
+            spark.readStream.format("cdc").option("backend", "local").option("path", str(log.path)).option("maxRecordsPerTrigger", "10")
         )
         q = (
             reader.load()

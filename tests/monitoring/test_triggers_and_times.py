@@ -33,7 +33,7 @@ def new_log(tmp_path: Path, channels: int = 1) -> LocalLog:
 
 
 def stream_reader(log: LocalLog, **options: str) -> tuple[CdcStreamReader, FakeClock]:
-    reader = CdcStreamReader(_Config({"path": str(log.path), **options}), from_arrow_schema(log.arrow_schema))
+    reader = CdcStreamReader(_Config({"backend": "local", "path": str(log.path), **options}), from_arrow_schema(log.arrow_schema))
     clock = FakeClock()
     reader._clock = clock
     return reader, clock
@@ -100,7 +100,7 @@ def test_bad_trigger_and_time_options_name_the_option(
     tmp_path: Path, options: dict[str, str], message: str
 ) -> None:
     with pytest.raises(OptionError, match=message):
-        _Config({"path": str(tmp_path), **options})
+        _Config({"backend": "local", "path": str(tmp_path), **options})
 
 
 def timed_log(tmp_path: Path) -> LocalLog:
@@ -127,6 +127,7 @@ def test_a_batch_read_between_two_times(tmp_path: Path) -> None:
     minute = 60_000
     t0 = int(T0.timestamp() * 1000)
     options = {
+        "backend": "local",
         "path": str(log.path),
         "startingTimestamp": str(t0 + minute),
         "endingTimestamp": (T0 + timedelta(minutes=3)).isoformat(),

@@ -6,7 +6,9 @@ log's on-disk format, appends, splits, merges and snapshots), :mod:`.cli` (``cdc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cdc.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cdc.backends.local.backend import LocalBackend
@@ -16,18 +18,12 @@ if TYPE_CHECKING:
 
 __all__ = ["LocalBackend", "LocalLog", "LocalOptions", "LocalRangeReader"]
 
-_LAZY = {
-    "LocalBackend": "cdc.backends.local.backend",
-    "LocalLog": "cdc.backends.local.log",
-    "LocalOptions": "cdc.backends.local.options",
-    "LocalRangeReader": "cdc.backends.local.reader",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """Names are imported on first use, so importing one module of the package loads only what it needs."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "LocalBackend": ".backend",
+        "LocalLog": ".log",
+        "LocalOptions": ".options",
+        "LocalRangeReader": ".reader",
+    },
+)

@@ -39,7 +39,7 @@ def show(path: str) -> None:
 @cli.command("split")
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 @click.argument("channel")
-@click.option("--parts", default=2, show_default=True)
+@click.option("--parts", default=2, show_default=True, help="Children to split the channel into.")
 def split(path: str, channel: str, parts: int) -> None:
     """Split CHANNEL of the log at PATH into children."""
     from cdc.backends.local.log import LocalLog

@@ -36,7 +36,6 @@ import fcntl
 import json
 import logging
 import os
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -48,12 +47,15 @@ import pyarrow.compute as pc
 
 from cdc.backend import ChannelInfo
 from cdc.backends.local import segments
+from cdc.backends.local import snapshot as snapshots
 from cdc.backends.local.errors import CorruptLogError, LogFormatError
-from cdc.backends.local.files import fault, make_temp_dir, remove_dead_temporaries, write_atomic
+from cdc.backends.local.files import fault, remove_dead_temporaries, write_atomic
 from cdc.backends.local.manifest import MANIFEST, ChannelEntry, Manifest
+from cdc.backends.local.records import change_table, segment_table
 from cdc.backends.local.segments import Segment
+from cdc.backends.local.snapshot import SNAPSHOT_PREFIX
 from cdc.errors import DataLossError, PositionError
-from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, SEQ, ChangeSchema, Op
+from cdc.model import ChangeSchema
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,8 +64,6 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
 HASH_SPACE = 1 << 32
-_OPS = {o.value for o in Op}
-SNAPSHOT_PREFIX = "snap-"
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -268,36 +268,6 @@ class LocalLog:
         write_atomic(self.path / MANIFEST, manifest.to_bytes())
         fault("after-commit")
 
-    def _to_table(self, rows: pa.Table | Sequence[Mapping[str, Any]] | pd.DataFrame) -> pa.Table:
-        import pandas as pd  # imported here: readers (Spark's planner process) never need it
-
-        if isinstance(rows, pa.Table):
-            table = rows
-        elif isinstance(rows, pd.DataFrame):
-            table = pa.Table.from_pandas(rows, preserve_index=False)
-        else:
-            rows = list(rows)
-            cols: dict[str, list[Any]] = {OP: [r.get(OP, Op.INSERT.value) for r in rows]}
-            for name in self.change_schema.table.names:
-                cols[name] = [r.get(name) for r in rows]
-            if COMMIT_TS in {k for r in rows for k in r}:
-                cols[COMMIT_TS] = [r.get(COMMIT_TS) for r in rows]
-            unknown = {k for r in rows for k in r} - set(cols)
-            if unknown:
-                raise ValueError(f"unknown columns {sorted(unknown)}; the table has {self.change_schema.table.names}")
-            table = pa.table(cols)
-        if OP not in table.column_names:
-            table = table.append_column(OP, pa.array([Op.INSERT.value] * table.num_rows, pa.string()))
-        ops = set(table.column(OP).unique().to_pylist())
-        if not ops <= _OPS:
-            raise ValueError(f"column {OP!r}: invalid operations {sorted(map(str, ops - _OPS))}; accepted: {sorted(_OPS)}")
-        for k in self.change_schema.keys:
-            if k not in table.column_names:
-                raise ValueError(f"key column {k!r} is missing")
-            if table.column(k).null_count:
-                raise ValueError(f"key column {k!r} has nulls")
-        return table
-
     def _hashes(self, table: pa.Table) -> Any:
         import pandas as pd
 
@@ -312,7 +282,7 @@ class LocalLog:
     ) -> int:
         """Append changes; return the last sequence number given. Rows are routed by key hash unless a
         ``channel`` is named. Each row may carry ``_op`` (default ``insert``) and ``_commit_ts``."""
-        table = self._to_table(rows)
+        table = change_table(rows, self.change_schema)
         if table.num_rows == 0:
             return 0
         with self._locked() as manifest:
@@ -345,24 +315,7 @@ class LocalLog:
             return int(seq + table.num_rows - 1)
 
     def _write_segment(self, cid: str, start: int, part: pa.Table, seqs: pa.Array, ts: datetime) -> None:
-        n = part.num_rows
-        cols: dict[str, Any] = {
-            OP: part.column(OP).cast(pa.string()),
-            SEQ: seqs,
-            COMMIT_TS: (
-                part.column(COMMIT_TS).cast(pa.timestamp("us", tz="UTC"))
-                if COMMIT_TS in part.column_names
-                else pa.array([ts] * n, pa.timestamp("us", tz="UTC"))
-            ),
-            CHANNEL: pa.array([cid] * n, pa.string()),
-            POSITION: pa.array(range(start, start + n), pa.int64()),
-        }
-        for f in self.change_schema.table:
-            if f.name in part.column_names:
-                cols[f.name] = part.column(f.name).cast(f.type)
-            else:
-                cols[f.name] = pa.nulls(n, f.type)
-        segments.write(self._channel_dir(cid), start, pa.Table.from_pydict(cols, schema=self.arrow_schema))
+        segments.write(self._channel_dir(cid), start, segment_table(part, self.change_schema, cid, start, seqs, ts))
 
     def split(self, channel: str, parts: int = 2) -> list[str]:
         """Finish ``channel`` and hand its key-hash range to ``parts`` new children."""
@@ -428,80 +381,15 @@ class LocalLog:
                         seg.path.unlink()
             return earliest
 
-    # ------------------------------------------------------------------ snapshots
+    # ------------------------------------------------------------------ snapshots (see .snapshot)
     def snapshot(self, chunk_rows: int = 100_000) -> tuple[str, list[str], dict[str, int]]:
-        """Materialise the table's rows at a consistent cut of the log, without blocking writers.
-
-        The cut (every channel's head) is one published manifest, so it is consistent: a change is either
-        before the cut in its channel or after it, and every change after the cut has a larger sequence than
-        every change before it. The rows are then folded (last change per key by ``_seq``, deletes removed)
-        from the immutable segments before the cut and written as ``snapshot`` records into finished chunk
-        channels ``snap-<id>-<n>`` under ``snapshots/<id>/``, published by one rename of their folder.
-        Each row keeps the ``_seq`` and ``_commit_ts`` of the last change it folds in.
-
-        Returns ``(snapshot id, chunk channel ids, cut positions per channel)``.
-        """
-        manifest = self.manifest()
-        cut = {cid: e.head for cid, e in manifest.channels.items()}
-        parts: list[pa.RecordBatch] = []
-        for cid, entry in manifest.channels.items():
-            if entry.earliest > 0:
-                raise DataLossError(
-                    f"a snapshot needs the whole history, but channel {cid!r} was truncated before "
-                    f"position {entry.earliest}", cid
-                )
-            parts.extend(self.read(cid, 0, entry.head))
-        history = pa.Table.from_batches(parts, schema=self.arrow_schema)
-        table = self._fold(history)
-        sid = f"{time.time_ns():x}{os.getpid():x}"
-        tmp = make_temp_dir(self.path, "snap")
-        chunks: dict[str, ChannelEntry] = {}
-        n_chunks = max(1, -(-table.num_rows // chunk_rows))
-        for n in range(n_chunks):
-            cid = f"{SNAPSHOT_PREFIX}{sid}-{n}"
-            part = table.slice(n * chunk_rows, chunk_rows)
-            cols = {name: part.column(name) for name in part.column_names}
-            cols[CHANNEL] = pa.array([cid] * part.num_rows, pa.string())
-            cols[POSITION] = pa.array(range(part.num_rows), pa.int64())
-            (tmp / str(n)).mkdir()
-            if part.num_rows:
-                segments.write(tmp / str(n), 0, pa.Table.from_pydict(cols, schema=self.arrow_schema))
-            chunks[cid] = ChannelEntry((), (0, 0), 0, part.num_rows, True)
-        write_atomic(tmp / MANIFEST, Manifest(0, 0, chunks).to_bytes())
-        _write_json(tmp / "cut.json", {"positions": cut, "rows": table.num_rows})
-        (self.path / "snapshots").mkdir(exist_ok=True)
-        fault("snapshot-built")
-        os.replace(tmp, self.path / "snapshots" / sid)
-        log.info("snapshot %s: %d rows in %d chunks at cut %s", sid, table.num_rows, len(chunks), cut)
-        return sid, list(chunks), cut
-
-    def _fold(self, history: pa.Table) -> pa.Table:
-        """The table state after applying ``history``: last change per key, deletes removed, sorted by key."""
-        keys = list(self.change_schema.keys)
-        if history.num_rows == 0:
-            return history
-        ordered = history.sort_by([(SEQ, "ascending")])
-        others = [c for c in ordered.column_names if c not in keys]
-        keep_nulls = pc.ScalarAggregateOptions(skip_nulls=False)  # a value set to null stays null
-        last = ordered.group_by(keys, use_threads=False).aggregate([(c, "last", keep_nulls) for c in others])
-        names = {f"{c}_last": c for c in others}
-        last = last.rename_columns([names.get(n, n) for n in last.column_names])
-        last = last.filter(pc.not_equal(last.column(OP), Op.DELETE.value))
-        snapshot_ops = pa.array([Op.SNAPSHOT.value] * last.num_rows, pa.string())
-        last = last.set_column(last.schema.get_field_index(OP), OP, snapshot_ops)
-        return last.select(self.arrow_schema.names).sort_by([(k, "ascending") for k in keys]).cast(self.arrow_schema)
+        """Materialise the table's rows at a consistent cut, without blocking writers
+        (:func:`cdc.backends.local.snapshot.materialise`); returns ``(snapshot id, chunk ids, cut)``."""
+        return snapshots.materialise(self, chunk_rows)
 
     def drop_snapshots(self) -> int:
         """Remove every materialised snapshot (after the queries that started from them are past them)."""
-        import shutil
-
-        root = self.path / "snapshots"
-        if not root.exists():
-            return 0
-        names = [n for n in os.listdir(root) if not n.startswith(".")]
-        for n in names:
-            shutil.rmtree(root / n)
-        return len(names)
+        return snapshots.drop_all(self)
 
     def open_channels(self) -> list[str]:
         """Open channels in key-hash order, so neighbours in the list can be merged."""

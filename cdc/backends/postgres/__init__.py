@@ -1,14 +1,16 @@
 """``backend=postgres``: PostgreSQL logical replication (``pgoutput``) as a change log.
 
 Files: :mod:`.options`, :mod:`.backend` (driver side; the design), :mod:`.reader` (executor side),
-:mod:`.slot` (slot, publication, peeking), :mod:`.pgoutput` (the message decoder), :mod:`.catalog` (tables
+:mod:`.connection` (slot, publication, peeking), :mod:`.pgoutput` (the message decoder), :mod:`.catalog` (tables
 and types), :mod:`.records` (typed and JSON layouts), :mod:`.positions`, :mod:`.snapshot` (the exported
 snapshot, materialised), :mod:`.errors`, :mod:`.cli` (``cdc postgres``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cdc.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cdc.backends.postgres.backend import PostgresBackend
@@ -17,17 +19,11 @@ if TYPE_CHECKING:
 
 __all__ = ["PostgresBackend", "PostgresOptions", "PostgresRangeReader"]
 
-_LAZY = {
-    "PostgresBackend": "cdc.backends.postgres.backend",
-    "PostgresOptions": "cdc.backends.postgres.options",
-    "PostgresRangeReader": "cdc.backends.postgres.reader",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """Names are imported on first use (psycopg loads only when the backend is used)."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "PostgresBackend": ".backend",
+        "PostgresOptions": ".options",
+        "PostgresRangeReader": ".reader",
+    },
+)

@@ -46,7 +46,7 @@ import psycopg
 import pyarrow as pa
 
 from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader, SnapshotInfo
-from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres import connection
 from cdc.backends.postgres.catalog import describe
 from cdc.backends.postgres.options import PostgresOptions
 from cdc.backends.postgres.positions import boundary_after, lsn_of, pack
@@ -70,7 +70,7 @@ class PostgresBackend(Backend):
         self._conn: psycopg.Connection[Any] | None = None
         conn = self.conn
         self.layout = Layout(tuple(describe(conn, t) for t in options.table_list))
-        slots.ensure_publication(conn, self.publication, options.table_list)
+        connection.ensure_publication(conn, self.publication, options.table_list)
         self._chunks: dict[str, int] = {}
         manifest = self._manifest()
         if manifest is not None:
@@ -79,7 +79,7 @@ class PostgresBackend(Backend):
     @property
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = slots.connect(self.options.dsn.get_secret_value())
+            self._conn = connection.connect(self.options.dsn.get_secret_value())
         return self._conn
 
     def _manifest(self) -> Any:
@@ -90,7 +90,7 @@ class PostgresBackend(Backend):
         return self.layout.arrow_schema()
 
     def prepare_start(self) -> None:
-        slots.ensure_slot(self.conn, self.slot)
+        connection.ensure_slot(self.conn, self.slot)
 
     def list_channels(self) -> Sequence[ChannelInfo]:
         return [ChannelInfo(CHANGES)]
@@ -98,15 +98,15 @@ class PostgresBackend(Backend):
     def earliest(self, channel: str) -> Position:
         if channel.startswith(CHUNK_PREFIX):
             return 0
-        slots.ensure_slot(self.conn, self.slot)
-        st = slots.state(self.conn, self.slot)
+        connection.ensure_slot(self.conn, self.slot)
+        st = connection.state(self.conn, self.slot)
         assert st is not None
         return pack(st.confirmed_lsn)
 
     def latest(self, channel: str) -> Position:
         if channel.startswith(CHUNK_PREFIX):
             return self._chunk_rows(channel)
-        return pack(slots.flush_lsn(self.conn))
+        return pack(connection.flush_lsn(self.conn))
 
     def heads(self, positions: Mapping[str, Position]) -> dict[str, ChannelHead]:
         """The WAL flushed so far is the head; how far behind is in WAL bytes (``walBytesBehind``): counting the
@@ -149,13 +149,13 @@ class PostgresBackend(Backend):
         if channel != CHANGES:
             raise PositionError(f"backend postgres has no channel {channel!r}; channels: {CHANGES}")
         conn = self.conn
-        slots.check_held(conn, self.slot, begin)
-        bound = slots.flush_lsn(conn)
+        connection.check_held(conn, self.slot, begin)
+        bound = connection.flush_lsn(conn)
         if until is not None:
             bound = min(bound, lsn_of(int(until)))
         end, taken = begin, 0
         if max_records != 0:
-            for commit_lsn, n in slots.transaction_sizes(conn, self.slot, self.publication, begin, bound):
+            for commit_lsn, n in connection.transaction_sizes(conn, self.slot, self.publication, begin, bound):
                 if max_records is not None and taken > 0 and taken + n > max_records:
                     break
                 taken += n
@@ -173,7 +173,7 @@ class PostgresBackend(Backend):
             )
         root = Path(self.options.snapshot_path)
         manifest = self._manifest()
-        if manifest is None or slots.state(self.conn, self.slot) is None:
+        if manifest is None or connection.state(self.conn, self.slot) is None:
             manifest = export_and_materialise(
                 self.options.dsn.get_secret_value(), self.slot, self.publication, self.layout, root,
                 self.options.snapshot_chunk_rows, self.options.snapshot_parallelism,
@@ -190,7 +190,7 @@ class PostgresBackend(Backend):
 
     def acknowledge(self, positions: Mapping[str, Position]) -> None:
         if CHANGES in positions:
-            slots.advance(self.conn, self.slot, int(positions[CHANGES]))
+            connection.advance(self.conn, self.slot, int(positions[CHANGES]))
 
     def close(self) -> None:
         if self._conn is not None:

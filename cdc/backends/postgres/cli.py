@@ -11,6 +11,8 @@ import sys
 
 import click
 
+from cdc.errors import requires_extra
+
 
 def _dsn(dsn: str | None) -> str:
     if dsn:
@@ -23,11 +25,16 @@ def cli() -> None:
     """PostgreSQL backend tools."""
 
 
+_DSN_HELP = ("libpq connection URI of the database, without the password: libpq reads it from PGPASSWORD or "
+             "~/.pgpass.")
+
+
 @cli.command("slots")
-@click.option("--dsn", envvar="CDC_POSTGRES_DSN", help="Connection URI of the database.")
+@click.option("--dsn", envvar="CDC_POSTGRES_DSN", show_envvar=True, help=_DSN_HELP)
 def list_slots(dsn: str | None) -> None:
     """List the logical replication slots of the database and the WAL each one retains."""
-    import psycopg
+    with requires_extra("postgres", "cdc postgres"):
+        import psycopg
 
     with psycopg.connect(_dsn(dsn), autocommit=True) as conn:
         rows = conn.execute(
@@ -42,7 +49,7 @@ def list_slots(dsn: str | None) -> None:
 
 @cli.command("drop-slot")
 @click.argument("slot")
-@click.option("--dsn", envvar="CDC_POSTGRES_DSN", help="Connection URI of the database.")
+@click.option("--dsn", envvar="CDC_POSTGRES_DSN", show_envvar=True, help=_DSN_HELP)
 @click.option("--publication/--no-publication", default=False, help="Also drop the publication named like the slot.")
 @click.option("--snapshot-path", type=click.Path(file_okay=False), default=None,
               help="Also remove the slot's materialised snapshot under this snapshot.path.")
@@ -51,13 +58,14 @@ def drop_slot(slot: str, dsn: str | None, publication: bool, snapshot_path: str 
     import shutil
     from pathlib import Path
 
-    import psycopg
-    from psycopg import sql
+    with requires_extra("postgres", "cdc postgres"):
+        import psycopg
+        from psycopg import sql
 
-    from cdc.backends.postgres import slot as slots
+        from cdc.backends.postgres import connection
 
     with psycopg.connect(_dsn(dsn), autocommit=True) as conn:
-        if not slots.drop_slot(conn, slot):
+        if not connection.drop_slot(conn, slot):
             click.echo(f"no replication slot {slot!r}", err=True)
             sys.exit(1)
         click.echo(f"dropped replication slot {slot}")

@@ -1,21 +1,14 @@
-"""Errors of ``backend=postgres``."""
+"""Errors of ``backend=postgres``. A table whose columns changed under a typed query raises the shared
+:class:`cdc.errors.SchemaChangedError`."""
 
 from __future__ import annotations
 
 from cdc.errors import TerminalError
+from cdc.lazy import lazy_exports
 
 
 class NoPrimaryKeyError(TerminalError):
     """A table to read has no primary key; ``table`` names it."""
-
-    def __init__(self, message: str, table: str) -> None:
-        super().__init__(message)
-        self.table = table
-
-
-class SchemaChangedError(TerminalError):
-    """A table's columns changed while a typed (one-table) query read it: restart the query to take the new
-    schema (Auto Loader's convention); ``table`` names it."""
 
     def __init__(self, message: str, table: str) -> None:
         super().__init__(message)
@@ -29,3 +22,7 @@ class ReplicaIdentityError(TerminalError):
     def __init__(self, message: str, table: str) -> None:
         super().__init__(message)
         self.table = table
+
+
+# Moved to cdc.errors (one class for every backend); the old name warns for one release.
+__getattr__, __dir__ = lazy_exports(__name__, {}, moved={"SchemaChangedError": "cdc.errors"})

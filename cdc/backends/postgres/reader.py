@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from cdc.backend import Position, RangeReader
-from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres import connection
 from cdc.backends.postgres.changes import decode_changes
 from cdc.backends.postgres.positions import lsn_of
 from cdc.backends.postgres.records import Layout
@@ -41,9 +41,9 @@ class PostgresRangeReader(RangeReader):
             return
         if lsn_of(int(end)) <= lsn_of(int(start)):
             return  # no transaction commits in the range
-        with slots.connect(self.dsn.get_secret_value()) as conn:
-            slots.check_held(conn, self.slot, int(start))
-            messages = slots.peek(conn, self.slot, self.publication, lsn_of(int(end)))
+        with connection.connect(self.dsn.get_secret_value()) as conn:
+            connection.check_held(conn, self.slot, int(start))
+            messages = connection.peek(conn, self.slot, self.publication, lsn_of(int(end)))
             yield from decode_changes(messages, self.layout, CHANGES, int(start), int(end))
 
 

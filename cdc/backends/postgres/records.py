@@ -1,7 +1,7 @@
 """How decoded changes become change records, in the two layouts of a query.
 
 * **Typed** (one table): the table's own columns, typed (see :mod:`.catalog`); a relation whose columns
-  differ from those the query started with stops the query (:class:`~.errors.SchemaChangedError`).
+  differ from those the query started with stops the query (:class:`~cdc.errors.SchemaChangedError`).
 * **JSON** (several tables): ``_table`` and ``_key`` (the primary key's values as a JSON object, in key
   order) are the change schema's keys, ``_row`` the row as a JSON object; a column added to a table simply
   appears in later rows' JSON.
@@ -40,8 +40,8 @@ from cdc.backends.postgres.catalog import (
     ValueParser,
     arrow_type,
 )
-from cdc.backends.postgres.errors import SchemaChangedError
 from cdc.backends.postgres.pgoutput import UNCHANGED, Relation, Value
+from cdc.errors import SchemaChangedError
 from cdc.model import OLD_KEY, ChangeSchema, Op
 
 # Types whose PostgreSQL text form Arrow's cast parses exactly (bool's 't'/'f' it does not).

@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 from psycopg import sql
 
-from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres import connection
 from cdc.backends.postgres.catalog import BYTEA, TIMESTAMP, TableInfo, arrow_type
 from cdc.backends.postgres.pgoutput import Column, Relation
 from cdc.backends.postgres.positions import pack, parse_lsn
@@ -80,13 +80,13 @@ def export_and_materialise(
     dsn: str, slot: str, publication: str, layout: Layout, snapshot_dir: Path, chunk_rows: int, parallelism: int
 ) -> Manifest:
     """Create ``slot`` with an exported snapshot and write the tables' rows as chunk files (see above)."""
-    with slots.connect(dsn) as conn:
-        if slots.state(conn, slot) is not None:
+    with connection.connect(dsn) as conn:
+        if connection.state(conn, slot) is not None:
             log.warning("replication slot %s exists without a complete snapshot: dropping it for a new export", slot)
-            slots.drop_slot(conn, slot)
+            connection.drop_slot(conn, slot)
     shutil.rmtree(snapshot_dir / slot, ignore_errors=True)
     began = time.perf_counter()
-    repl = slots.connect(dsn, replication="database")
+    repl = connection.connect(dsn, replication="database")
     try:
         res = repl.pgconn.exec_(
             f"CREATE_REPLICATION_SLOT {sql.Identifier(slot).as_string(repl)} LOGICAL pgoutput "
@@ -99,7 +99,7 @@ def export_and_materialise(
         log.info("slot %s created at %s with exported snapshot %s", slot, (res.get_value(0, 1) or b"").decode(), exported)
         exported_at = time.perf_counter()
         jobs = []
-        with slots.connect(dsn) as conn:
+        with connection.connect(dsn) as conn:
             for t in layout.tables:
                 size = conn.execute(
                     "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int, "
@@ -255,7 +255,7 @@ def _read_chunk(
     query = sql.SQL("SELECT {} FROM {} WHERE " + cond).format(cols, sql.Identifier(*table.name.split(".", 1)))
     rel = _relation(table)
     rows = 0
-    with slots.connect(dsn) as conn:
+    with connection.connect(dsn) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported)))
         if typed and not any(oid == BYTEA for _, oid, _ in table.columns):

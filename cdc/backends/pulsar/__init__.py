@@ -3,34 +3,25 @@
 Files: :mod:`.options` (read and write options), :mod:`.backend` (the driver: channels, planning),
 :mod:`.reader` (the executor side), :mod:`.positions` (message ids as positions), :mod:`.index` (the
 driver's message-id index), :mod:`.heads` (partition heads, ``reader.topic=partition``),
-:mod:`.acknowledge` (the durable subscription), :mod:`.client` (connections, partitions), :mod:`.admin`
-(admin REST calls), :mod:`.codec` (payloads to rows: JSON, Avro, Debezium), :mod:`.writer` (the sink),
+:mod:`.acknowledge` (the durable subscription), :mod:`.connection` (clients, partitions), :mod:`.admin`
+(admin REST calls), :mod:`.records` (payloads to rows: JSON, Avro, Debezium envelopes read by :mod:`cdc.formats.debezium`), :mod:`.writer` (the sink),
 :mod:`.errors`, :mod:`.cli` (``cdc pulsar``).
 
-The names below are imported on first use (PEP 562), so that importing, say, :mod:`.codec` or
+The names below are imported on first use (PEP 562), so that importing, say, :mod:`.records` or
 :mod:`.positions` loads neither pydantic, pyspark nor pulsar-client.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cdc.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cdc.backends.pulsar.backend import PulsarBackend, drop_subscription
     from cdc.backends.pulsar.errors import SchemaMismatchError, StallError
     from cdc.backends.pulsar.options import PulsarOptions, PulsarSinkOptions
     from cdc.backends.pulsar.reader import PulsarRangeReader
-
-_LAZY = {
-    "PulsarBackend": "cdc.backends.pulsar.backend",
-    "drop_subscription": "cdc.backends.pulsar.backend",
-    "PulsarOptions": "cdc.backends.pulsar.options",
-    "PulsarSinkOptions": "cdc.backends.pulsar.options",
-    "PulsarRangeReader": "cdc.backends.pulsar.reader",
-    "SchemaMismatchError": "cdc.backends.pulsar.errors",
-    "StallError": "cdc.backends.pulsar.errors",
-}
 
 __all__ = [
     "PulsarBackend",
@@ -42,13 +33,15 @@ __all__ = [
     "drop_subscription",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "PulsarBackend": ".backend",
+        "drop_subscription": ".backend",
+        "PulsarOptions": ".options",
+        "PulsarSinkOptions": ".options",
+        "PulsarRangeReader": ".reader",
+        "SchemaMismatchError": ".errors",
+        "StallError": ".errors",
+    },
+)

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cdc.backends.pulsar.client import Channel
+from cdc.backends.pulsar.connection import Channel
 from cdc.backends.pulsar.positions import Key
 
 log = logging.getLogger(__name__)

@@ -37,6 +37,7 @@ executors receive other partitions' messages).
 from __future__ import annotations
 
 import bisect
+import importlib.util
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -50,21 +51,21 @@ from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Positio
 from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import match_topics, registry_schema
 from cdc.backends.pulsar.budget import PartitionBudget
-from cdc.backends.pulsar.client import Channel, admin_client, connect, partitions_of
-from cdc.backends.pulsar.codec import Decoder
-from cdc.backends.pulsar.debezium import (
-    record_schema_of_avro,
-    registry_envelope_avro,
-    schema_from_first_message,
-)
+from cdc.backends.pulsar.connection import Channel, admin_client, connect, partitions_of
 from cdc.backends.pulsar.errors import HeadUnavailableError, SchemaMismatchError
 from cdc.backends.pulsar.heads import PartitionHeads, first_published_at
 from cdc.backends.pulsar.index import TopicIndex
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import START, before, count_between, to_key
 from cdc.backends.pulsar.reader import PulsarRangeReader
+from cdc.backends.pulsar.records import Decoder
 from cdc.backends.pulsar.transactions import IndexedMessages, TransactionLog, transaction_cut
-from cdc.errors import CdcError, OptionError
+from cdc.errors import CdcError, OptionError, requires_extra
+from cdc.formats.debezium import (
+    record_schema_of_avro,
+    registry_envelope_avro,
+    schema_from_first_message,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
@@ -86,6 +87,9 @@ class PulsarBackend(Backend):
     options: PulsarOptions
 
     def __init__(self, options: PulsarOptions) -> None:
+        with requires_extra("pulsar", "backend 'pulsar'"):
+            import fastavro  # noqa: F401 - the decoders' (imported where used; checked here, on first use)
+            import pulsar  # noqa: F401 - imported where used, by the driver and executors alike
         super().__init__(options)
         self._admin = admin_client(options, options.admin_url) if options.admin_url else None
         self._client: Any = None
@@ -482,6 +486,15 @@ class PulsarBackend(Backend):
         }
 
     # ------------------------------------------------------------------ writes
+    @classmethod
+    def register_spark(cls, spark: Any) -> None:
+        """``cdc-pulsar``, the sink-only format name, where pulsar-client is installed (asked without loading
+        its C++ core, which is slow to load and not needed by reads of other backends)."""
+        if importlib.util.find_spec("pulsar") is not None:
+            from cdc.backends.pulsar.writer import register
+
+            register(spark)
+
     @classmethod
     def writer(cls, options: Mapping[str, Any], schema: StructType, overwrite: bool) -> DataSourceWriter:
         """Batch writes (``df.write.format("cdc").option("backend", "pulsar")``): see

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cdc.backends.pulsar.client import Channel
+from cdc.backends.pulsar.connection import Channel
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import NONE, Key
 from cdc.backends.pulsar.reader import _open_reader

@@ -14,7 +14,7 @@ class StallError(TransientError):
 
 
 class SequenceRangeError(TerminalError, ValueError):
-    """A message id outside what a change record's ``_seq`` can encode (see ``codec.sequence_of``)."""
+    """A message id outside what a change record's ``_seq`` can encode (see ``records.sequence_of``)."""
 
 
 class MessageTooLargeError(TerminalError):

@@ -22,7 +22,7 @@ from typing import Any
 
 from cdc.backends.pulsar.acknowledge import Subscription
 from cdc.backends.pulsar.admin import AdminClient
-from cdc.backends.pulsar.client import Channel, reader_settings
+from cdc.backends.pulsar.connection import Channel, reader_settings
 from cdc.backends.pulsar.errors import HeadUnavailableError
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import Key, key_of

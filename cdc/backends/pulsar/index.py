@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cdc.backends.pulsar.debezium import is_truncate
 from cdc.backends.pulsar.positions import NONE, Key
+from cdc.formats.debezium import is_truncate
 
 if TYPE_CHECKING:
     import pulsar

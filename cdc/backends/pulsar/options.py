@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import PositiveInt, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from cdc.backends.pulsar.debezium import DEFAULT_PLACEHOLDER, placeholder_octets
+from cdc.formats.debezium import DEFAULT_PLACEHOLDER, placeholder_octets
 from cdc.options import BackendOptions, Field, SecretStr
 
 ValueFormat = Literal["bytes", "json", "avro", "debezium"]
@@ -101,7 +101,7 @@ class ConnectionOptions(BackendOptions):
     @field_validator("client_settings", mode="before")
     @classmethod
     def _client_settings(cls, v: Any) -> Any:
-        from cdc.backends.pulsar.client import settings
+        from cdc.backends.pulsar.connection import settings
 
         return settings("client", v) if isinstance(v, Mapping) else v
 
@@ -259,7 +259,7 @@ class PulsarOptions(ConnectionOptions):
     @field_validator("reader_settings", mode="before")
     @classmethod
     def _reader_settings(cls, v: Any) -> Any:
-        from cdc.backends.pulsar.client import settings
+        from cdc.backends.pulsar.connection import settings
 
         return settings("reader", v) if isinstance(v, Mapping) else v
 

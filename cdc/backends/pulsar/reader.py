@@ -25,13 +25,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.backend import Position, RangeReader
-from cdc.backends.pulsar.client import Channel, connect, reader_settings
-from cdc.backends.pulsar.codec import PROPERTIES, TS, Decoder, Malformed, sequence_of
-from cdc.backends.pulsar.debezium import SchemaChangedError, TruncateError, TruncateEvent
+from cdc.backends.pulsar.connection import Channel, connect, reader_settings
 from cdc.backends.pulsar.errors import StallError
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.positions import Key, is_start, to_key
-from cdc.errors import BackendUnavailableError, DataLossError, MalformedRecordError
+from cdc.backends.pulsar.records import PROPERTIES, TS, Decoder, Malformed, sequence_of
+from cdc.errors import (
+    BackendUnavailableError,
+    DataLossError,
+    MalformedRecordError,
+    SchemaChangedError,
+    TruncateError,
+)
+from cdc.formats.debezium import TruncateEvent
 from cdc.model import METADATA_COLUMNS, Op
 
 log = logging.getLogger(__name__)

@@ -51,8 +51,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cdc.backends.pulsar.debezium import source_table, value_of
 from cdc.backends.pulsar.index import PartitionIds, TopicIndex
+from cdc.formats.debezium import source_table, value_of
 
 log = logging.getLogger(__name__)
 

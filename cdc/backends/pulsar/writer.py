@@ -49,10 +49,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from cdc.backends.pulsar.client import connect, refusal
+from cdc.backends.pulsar.connection import connect, refusal
 from cdc.backends.pulsar.errors import MessageTooLargeError, SendError
 from cdc.backends.pulsar.options import PulsarSinkOptions, normalize_topic
-from cdc.errors import OptionError
+from cdc.errors import OptionError, requires_extra
 from cdc.options import parse
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,8 @@ class _Sender:
     """Producers for one task; sends asynchronously, remembers the first failure with the row's key."""
 
     def __init__(self, options: PulsarSinkOptions) -> None:
-        import pulsar
+        with requires_extra("pulsar", "writes to Pulsar"):
+            import pulsar
 
         self.options = options
         self.client = connect(options)

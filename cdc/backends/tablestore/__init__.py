@@ -15,7 +15,7 @@ so a batch replayed after a crash reads exactly the same records (see :mod:`.bac
 
 Files: :mod:`.options`, :mod:`.backend` (the driver: channels, lineage, deterministic batches),
 :mod:`.reader` (reading planned ranges on executors), :mod:`.positions` (positions, ordering keys),
-:mod:`.records` (tunnel records to change rows), :mod:`.errors` (typed service errors), :mod:`.client`
+:mod:`.records` (tunnel records to change rows), :mod:`.errors` (typed service errors), :mod:`.connection`
 (the tunnel client on the ``tablestore`` SDK's transport), :mod:`.handover` (taking over a crashed run's
 tunnel clients), and the wire formats :mod:`.tunnel_pb` (the tunnel service's protobuf messages) and
 :mod:`.plainbuffer` (the row codec).
@@ -26,31 +26,22 @@ loads neither the backend, its client, pydantic nor the ``tablestore`` SDK.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cdc.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from cdc.backends.tablestore.backend import TablestoreBackend
-    from cdc.backends.tablestore.client import TunnelClient
+    from cdc.backends.tablestore.connection import TunnelClient
     from cdc.backends.tablestore.options import TablestoreOptions
 
 __all__ = ["TablestoreBackend", "TablestoreOptions", "TunnelClient"]
 
-_LAZY = {
-    "TablestoreBackend": "cdc.backends.tablestore.backend",
-    "TablestoreOptions": "cdc.backends.tablestore.options",
-    "TunnelClient": "cdc.backends.tablestore.client",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "TablestoreBackend": ".backend",
+        "TablestoreOptions": ".options",
+        "TunnelClient": ".connection",
+    },
+)

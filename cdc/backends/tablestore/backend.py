@@ -115,7 +115,7 @@ import pyarrow as pa
 
 from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader
 from cdc.backends.tablestore import handover
-from cdc.backends.tablestore.client import RetrySettings, TunnelClient
+from cdc.backends.tablestore.connection import RetrySettings, TunnelClient
 from cdc.backends.tablestore.errors import (
     ObjectNotExistError,
     ParameterInvalidError,
@@ -163,6 +163,13 @@ class TablestoreBackend(Backend):
     options_model = TablestoreOptions
     options: TablestoreOptions
 
+    @classmethod
+    def register_spark(cls, spark: Any) -> None:
+        """``format("tablestore")``: a table's current rows, batch only, with filters pushed down."""
+        from cdc.backends.tablestore.scan_source import TablestoreTableSource
+
+        spark.dataSource.register(TablestoreTableSource)
+
     def __init__(self, options: TablestoreOptions) -> None:
         super().__init__(options)
         key_id, secret, token = options.credentials()
@@ -176,7 +183,7 @@ class TablestoreBackend(Backend):
             retry=RetrySettings(attempts=options.max_attempts),
         )
         self.table = options.table_name
-        self.layout = table_layout(self.client.ots, options)  # first: a missing table is reported as such
+        self.layout = table_layout(self.client, options)  # first: a missing table is reported as such
         self.tunnel_name, self.tunnel_id, self.tunnel_type = self._resolve_tunnel()
         self.session = TunnelSession(
             self.client, self.tunnel_id, None, options.client_timeout, self._label(), options.client_tag

@@ -1,13 +1,14 @@
-"""Errors of the Tablestore Tunnel service, one class per service error code that callers treat apart.
+"""Errors of ``backend=tablestore``: one class per Tablestore Tunnel service error code that callers treat
+apart, and :class:`PlainBufferError` for a row that does not decode.
 
-Every class derives from :class:`TablestoreError` and from either :class:`~cdc.errors.TransientError`
+Every service error derives from :class:`TablestoreError` and from either :class:`~cdc.errors.TransientError`
 (retrying may help) or :class:`~cdc.errors.TerminalError`; all pickle (they cross the Spark executor
 boundary) and none carries a credential.
 """
 
 from __future__ import annotations
 
-from cdc.errors import CdcError, DataLossError, TerminalError, TransientError
+from cdc.errors import CdcError, DataLossError, MalformedRecordError, TerminalError, TransientError
 
 
 class TablestoreError(CdcError):
@@ -84,6 +85,10 @@ class TrimmedDataError(TablestoreError, DataLossError):
     def __init__(self, message: str, code: str = "", http_status: int = 0, request_id: str = "") -> None:
         TablestoreError.__init__(self, message, code, http_status, request_id)
         self.channel: str | None = None
+
+
+class PlainBufferError(MalformedRecordError, ValueError):
+    """A PlainBuffer payload is malformed (bad header, truncated, unknown type, checksum mismatch)."""
 
 
 _BY_CODE: dict[str, type[TablestoreError]] = {

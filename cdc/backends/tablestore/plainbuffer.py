@@ -42,7 +42,7 @@ import struct
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from cdc.errors import MalformedRecordError
+from cdc.backends.tablestore.errors import PlainBufferError
 
 __all__ = [
     "AUTO_INCREMENT",
@@ -110,10 +110,6 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 # epoch tag + int32, timestamp tag + int64, row-index tag + int32 (Java: computeSkipLengthForSequenceInfo)
 _SEQ_INFO_SIZE = 5 + 9 + 5
-
-
-class PlainBufferError(MalformedRecordError, ValueError):
-    """A PlainBuffer payload is malformed (bad header, truncated, unknown type, checksum mismatch)."""
 
 
 class Special(enum.Enum):

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from cdc.backend import Position, RangeReader
 from cdc.backends.tablestore import handover
-from cdc.backends.tablestore.client import RecordPage, TunnelClient
+from cdc.backends.tablestore.connection import RecordPage, TunnelClient
 from cdc.backends.tablestore.errors import ResourceGoneError, TunnelExpiredError, tunnel_expired
 from cdc.backends.tablestore.plainbuffer import decode_row
 from cdc.backends.tablestore.positions import FINISHED, HEAD_BOUND, TIME_BOUND, Pos, count_within, order_key

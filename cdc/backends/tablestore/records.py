@@ -37,8 +37,8 @@ import pyarrow as pa
 
 from cdc.backends.tablestore import plainbuffer
 from cdc.backends.tablestore import tunnel_pb as pb
-from cdc.backends.tablestore.client import RecordPage
-from cdc.backends.tablestore.errors import ProtocolError, error_for
+from cdc.backends.tablestore.connection import RecordPage, TunnelClient
+from cdc.backends.tablestore.errors import ObjectNotExistError
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import DELETE_ALL_VERSION, DELETE_ONE_VERSION, Row, decode_row
 from cdc.errors import MalformedRecordError, OptionError, PositionError
@@ -273,24 +273,15 @@ def _mismatch(name: str, value: Any, table: pa.Schema) -> MalformedRecordError:
 _PK_TYPES = {"INTEGER": pa.int64(), "STRING": pa.string(), "BINARY": pa.binary()}
 
 
-def table_layout(ots: Any, options: TablestoreOptions) -> RecordLayout:
-    """The layout of the table's records (DescribeTable through the SDK client ``ots``, the catalog)."""
-    from tablestore.error import OTSClientError, OTSServiceError
-
+def table_layout(client: TunnelClient, options: TablestoreOptions) -> RecordLayout:
+    """The layout of the table's records (``DescribeTable`` through ``client``, the catalog)."""
     try:
-        described = ots.describe_table(options.table_name)
-        meta = described.table_meta
-    except OTSServiceError as exc:
-        if exc.code == "OTSObjectNotExist":
-            raise OptionError(
-                f"option 'table.name': table {options.table_name!r} does not exist", "table.name"
-            ) from None
-        raise error_for(
-            exc.code, f"DescribeTable: {exc.message}", exc.http_status, exc.request_id
+        described = client.describe_table(options.table_name)
+    except ObjectNotExistError:
+        raise OptionError(
+            f"option 'table.name': table {options.table_name!r} does not exist", "table.name"
         ) from None
-    except OTSClientError as exc:
-        raise ProtocolError(f"DescribeTable: {exc}", "ProtocolError") from None
-    max_versions = getattr(described.table_options, "max_version", None) or 1
+    max_versions = described.max_versions
     if max_versions > 1:
         log.warning(
             "table %s keeps %d versions per column: a DELETE_ONE_VERSION change is delivered as the "
@@ -300,8 +291,7 @@ def table_layout(ots: Any, options: TablestoreOptions) -> RecordLayout:
             max_versions,
         )
     keys: list[tuple[str, pa.DataType]] = []
-    for entry in meta.schema_of_primary_key:
-        name, kind = entry[0], str(entry[1]).upper()
+    for name, kind in described.primary_key:
         if kind not in _PK_TYPES:
             raise OptionError(
                 f"table {options.table_name!r}: primary-key column {name!r} has unsupported type {kind}"

@@ -23,12 +23,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 from pydantic import PositiveInt
 
-from cdc.backends.tablestore.client import RetrySettings, TunnelClient
 from cdc.backends.tablestore.options import TablestoreConnection, parse_catalog
 from cdc.backends.tablestore.plainbuffer import (
     INF_MAX,
@@ -38,8 +37,11 @@ from cdc.backends.tablestore.plainbuffer import (
     decode_rows,
     encode_row,
 )
-from cdc.errors import MalformedRecordError, OptionError
+from cdc.errors import MalformedRecordError, OptionError, requires_extra
 from cdc.options import Field
+
+if TYPE_CHECKING:
+    from cdc.backends.tablestore.connection import TunnelClient
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,8 @@ class ScanOptions(TablestoreConnection):
     )
 
     def client(self) -> TunnelClient:
+        with requires_extra("tablestore", f"format {'tablestore'!r}"):
+            from cdc.backends.tablestore.connection import RetrySettings, TunnelClient
         key_id, secret, token = self.credentials()
         return TunnelClient(
             self.endpoint,
@@ -219,9 +223,8 @@ class ScanPlanner:
     def __init__(self, options: ScanOptions) -> None:
         self.options = options
         self.client = options.client()
-        meta = self.client.ots.describe_table(options.table_name).table_meta
         keys = []
-        for name, kind, *_ in meta.schema_of_primary_key:
+        for name, kind in self.client.describe_table(options.table_name).primary_key:
             if kind not in _KEY_TYPES:
                 raise OptionError(
                     f"table {options.table_name!r}: key column {name!r} has type {kind}", "table.name"
@@ -251,7 +254,7 @@ class ScanPlanner:
 
     def split_points(self) -> list[Key]:
         """The service's split points for ``splitSizeBytes`` (increasing keys, possibly shorter than the key)."""
-        from tablestore.protobuf import table_store_pb2 as pb
+        from cdc.backends.tablestore import table_pb as pb
 
         req = pb.ComputeSplitPointsBySizeRequest(
             table_name=self.options.table_name,
@@ -328,7 +331,7 @@ class ScanReader:
     pages_read: int = field(default=0, compare=False)
 
     def read(self, scan_range: ScanRange) -> Iterator[pa.RecordBatch]:
-        from tablestore.protobuf import table_store_pb2 as pb
+        from cdc.backends.tablestore import table_pb as pb
 
         start, columns = scan_range.start, self.layout.columns_to_get()
         end = encode_row(Row(scan_range.end))

@@ -41,7 +41,7 @@ server reports these in ``ChannelInfo`` (DescribeTunnel); a client must work wit
 * ``sealed`` (102, bool): no record will ever be appended to this channel (closed by a split or merge,
   or a base-data channel). Without it, a channel counts as sealed once a read returned ``"finished"``.
 
-What the client (``cdc.backends.tablestore.client`` / ``backend``) relies on from a server, for
+What the client (``cdc.backends.tablestore.connection`` / ``backend``) relies on from a server, for
 deterministic batches:
 
 * A token names a fixed point in a channel's append-only log. ``ReadRecords(token)`` returns records
@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from cdc.backends.tablestore.proto import Field, build
 
 PACKAGE = "com.alicloud.openservices.tablestore.core.protocol"
 FINISHED_TOKEN = "finished"
@@ -86,9 +86,7 @@ _ENUMS: dict[str, list[tuple[str, int]]] = {
     "StreamColumnType": [("INVALID", 0), ("SPECIFIED_COLUMN", 1), ("INPUT_COLUMNS", 2), ("ALL_COLUMNS", 3)],
 }
 
-# (name, number, label, type); label: "req" | "opt" | "rep"; type: a scalar name, or a message/enum name.
-_Field = tuple[str, int, str, str]
-_MESSAGES: dict[str, list[_Field]] = {
+_MESSAGES: dict[str, list[Field]] = {
     "Error": [
         ("code", 1, "req", "string"),
         ("message", 2, "opt", "string"),
@@ -224,44 +222,7 @@ _MESSAGES: dict[str, list[_Field]] = {
     ],
 }
 
-_FD = descriptor_pb2.FieldDescriptorProto
-_SCALARS = {
-    "string": _FD.TYPE_STRING,
-    "bytes": _FD.TYPE_BYTES,
-    "bool": _FD.TYPE_BOOL,
-    "int64": _FD.TYPE_INT64,
-    "uint64": _FD.TYPE_UINT64,
-}
-_LABELS = {"req": _FD.LABEL_REQUIRED, "opt": _FD.LABEL_OPTIONAL, "rep": _FD.LABEL_REPEATED}
-
-
-def _file() -> descriptor_pb2.FileDescriptorProto:
-    f = descriptor_pb2.FileDescriptorProto(
-        name="cdc_tunnel_service_api.proto", package=PACKAGE, syntax="proto2"
-    )
-    for name, values in _ENUMS.items():
-        e = f.enum_type.add(name=name)
-        for vname, number in values:
-            e.value.add(name=vname, number=number)
-    for name, fields in _MESSAGES.items():
-        m = f.message_type.add(name=name)
-        for fname, number, label, ftype in fields:
-            fd = m.field.add(name=fname, number=number, label=_LABELS[label])
-            if ftype in _SCALARS:
-                fd.type = _SCALARS[ftype]
-            else:
-                fd.type = _FD.TYPE_ENUM if ftype in _ENUMS else _FD.TYPE_MESSAGE
-                fd.type_name = f".{PACKAGE}.{ftype}"
-    return f
-
-
-_pool = descriptor_pool.DescriptorPool()
-_pool.Add(_file())
-_fd = _pool.FindFileByName("cdc_tunnel_service_api.proto")
-
-_classes: dict[str, Any] = {
-    name: message_factory.GetMessageClass(_fd.message_types_by_name[name]) for name in _MESSAGES
-}
+_classes: dict[str, Any] = build("cdc_tunnel_service_api.proto", PACKAGE, _ENUMS, _MESSAGES)
 # Explicit names for type checkers and readers.
 Error: Any = _classes["Error"]
 Tunnel: Any = _classes["Tunnel"]

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cdc.errors import CdcError
+from cdc.errors import CdcError, requires_extra
 from cdc.servers.ports import free_port
 from cdc.servers.process import ServerProcess, die_with_parent
 
@@ -39,10 +39,8 @@ class BrokerError(CdcError, RuntimeError):
 
 def pulsar_lite_binary() -> str:
     """Path of the ``pulsar-lite`` executable shipped by the ``pulsar-lite`` package."""
-    try:
+    with requires_extra("pulsar", "pulsar-lite (cdc server pulsar --lite)"):
         import pulsar_lite
-    except ImportError as exc:  # pragma: no cover - a dependency of cdc-tunnel
-        raise BrokerError("the embedded broker needs the 'pulsar-lite' package: pip install pulsar-lite") from exc
     path = Path(pulsar_lite.__file__).parent / "bin" / "pulsar-lite"
     if not path.exists():  # pragma: no cover
         raise BrokerError(f"pulsar-lite binary not found at {path}")
@@ -155,7 +153,7 @@ class EmbeddedBroker(ServerProcess):
         Readers and ``getLastMessageId`` work, which ``reader.topic=partition`` relies on. (With
         ``default_partitions > 0`` a lookup of ``<topic>-partition-N`` auto-creates a new partitioned topic.)
         """
-        from cdc.backends.pulsar.client import open_client
+        from cdc.backends.pulsar.connection import open_client
 
         own = self.partitions
         self.stop(cleanup=False)

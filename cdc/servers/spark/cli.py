@@ -24,7 +24,7 @@ def _serve_until_interrupted(running: object) -> None:
 
 
 @click.command("spark-cluster", help="Run a Spark standalone master and workers on 127.0.0.1 until interrupted.")
-@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True, help="Worker JVMs to start.")
 @click.option("--cores", type=int, default=1, show_default=True, help="Cores each worker offers.")
 @click.option("--memory", default="1g", show_default=True, help="Memory each worker offers to executors.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -46,7 +46,8 @@ def cluster_main(workers: int, cores: int, memory: str, data_dir: str | None) ->
 @click.command("spark-connect", help="Run a Spark Connect server on 127.0.0.1 until interrupted.")
 @click.option("--port", type=int, default=15002, show_default=True, help="gRPC port (0 = a free port).")
 @click.option("--master", default="local[2]", show_default=True, help="The server's Spark master.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Logs and work directories (default: a temporary directory, removed on exit).")
 def connect_main(port: int, master: str, data_dir: str | None) -> None:
     server = ConnectServer(data_dir, port=port or None, master=master)
     try:

@@ -90,10 +90,27 @@ this package for the table of limits with their sources, and what happens to eac
 ``path_prefix``. Admin calls are never faulted.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from cdc.servers.ports import free_port
 
 from .admin import AdminClient
 from .process import TablestoreProcess
-from .server import LocalTablestore
+
+if TYPE_CHECKING:
+    from .server import LocalTablestore
 
 __all__ = ["AdminClient", "LocalTablestore", "TablestoreProcess", "free_port"]
+
+
+def __getattr__(name: str) -> Any:
+    """``LocalTablestore`` loads on first use: it needs the protobuf runtime (the ``tablestore`` extra), which
+    ``cdc server tablestore --help`` and the admin client do not."""
+    if name == "LocalTablestore":
+        from cdc.errors import requires_extra
+
+        with requires_extra("tablestore", "the local Tablestore server"):
+            from .server import LocalTablestore
+
+        return LocalTablestore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

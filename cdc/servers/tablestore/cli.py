@@ -8,8 +8,10 @@ from pathlib import Path
 
 import click
 
+from cdc.cli_secrets import secret_option
+
 from .admin import AdminClient
-from .server import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, LocalTablestore
+from .limits import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 
 _SECRET_ENV = "CDC_TABLESTORE_ACCESS_KEY_SECRET"
 
@@ -23,14 +25,11 @@ _SECRET_ENV = "CDC_TABLESTORE_ACCESS_KEY_SECRET"
 )
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), help="Where the data lives.")
 @click.option("--instance", default="local", show_default=True, help="Instance name clients must use.")
-@click.option("--access-key-id", default="local-access-key-id", show_default=True)
-@click.option(
-    "--access-key-secret",
-    envvar=_SECRET_ENV,
-    default="local-access-key-secret",
-    help=f"Access key secret (or ${_SECRET_ENV}).",
-    show_default=False,
-)
+@click.option("--access-key-id", default="local-access-key-id", show_default=True,
+              help="Access key id clients must sign with.")
+@secret_option("access_key_secret", _SECRET_ENV,
+               "Access key secret clients must sign with (default: the well-known local one)",
+               default="local-access-key-secret")
 @click.option(
     "--max-records-per-read",
     default=1000,
@@ -56,6 +55,7 @@ _SECRET_ENV = "CDC_TABLESTORE_ACCESS_KEY_SECRET"
     "--log-level",
     default="INFO",
     show_default=True,
+    help="The server's logging level.",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
 @click.pass_context
@@ -84,6 +84,8 @@ def main(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
+    from cdc.servers.tablestore import LocalTablestore
+
     server = LocalTablestore(
         data_dir,
         host=host,
@@ -112,7 +114,7 @@ def _admin(ctx: click.Context, endpoint: str) -> AdminClient:
 
 @main.command()
 @click.option("--endpoint", required=True, help="The server, e.g. http://127.0.0.1:8500")
-@click.option("--table", required=True)
+@click.option("--table", required=True, help="The table whose partition to change (or list).")
 @click.option("--shard-id", default=None, help="Open shard to split (default: the one with most rows).")
 @click.option("--split-key", default=None, help='JSON list of leading primary-key values, e.g. "[500]".')
 @click.pass_context
@@ -123,8 +125,8 @@ def split(ctx: click.Context, endpoint: str, table: str, shard_id: str | None, s
 
 
 @main.command()
-@click.option("--endpoint", required=True)
-@click.option("--table", required=True)
+@click.option("--endpoint", required=True, help="The server, e.g. http://127.0.0.1:8500")
+@click.option("--table", required=True, help="The table whose partition to change (or list).")
 @click.option(
     "--shard-id", "shard_ids", multiple=True, help="Two adjacent open shards (default: the first two)."
 )
@@ -135,8 +137,8 @@ def merge(ctx: click.Context, endpoint: str, table: str, shard_ids: tuple[str, .
 
 
 @main.command()
-@click.option("--endpoint", required=True)
-@click.option("--table", required=True)
+@click.option("--endpoint", required=True, help="The server, e.g. http://127.0.0.1:8500")
+@click.option("--table", required=True, help="The table whose partition to change (or list).")
 @click.pass_context
 def shards(ctx: click.Context, endpoint: str, table: str) -> None:
     """List TABLE's partitions (open and sealed) with their lineage."""

@@ -11,7 +11,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from tablestore.protobuf import table_store_filter_pb2 as fpb
+from cdc.backends.tablestore import table_pb as fpb
 
 from .errors import param_invalid
 

@@ -12,6 +12,11 @@ from cdc.backends.tablestore.plainbuffer import Cell, PrimaryKeyValue, Special
 
 from .errors import param_invalid
 
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+"""A connection idle (between calls, or half-way through a request) this long is closed."""
+DEFAULT_MAX_CONNECTIONS = 64
+"""Connections served at once; more get 503 ``OTSServerBusy``."""
+
 KB = 1024
 MB = 1024 * KB
 

@@ -12,7 +12,7 @@ from typing import Any
 from cdc.servers.ports import free_port
 
 from .admin import AdminClient
-from .server import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
+from .limits import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 
 
 class TablestoreProcess:

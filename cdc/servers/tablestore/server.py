@@ -26,13 +26,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tablestore.protobuf import table_store_pb2 as pb
-
+from cdc.backends.tablestore import table_pb as pb
 from cdc.backends.tablestore import tunnel_pb as tpb
+from cdc.backends.tablestore.signing import content_md5, hmac_b64, ots_headers_string
 
 from .admin import check_admin_call
 from .errors import OTSError
 from .faults import Faults
+from .limits import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 from .service import HANDLERS, TUNNEL_API
 from .store import Store
 
@@ -42,14 +43,7 @@ _DATE_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _MAX_SKEW_S = 15 * 60
 # "The data size of an HTTP request body: 5 MB" (Tablestore, "Limits on the Wide Column model").
 MAX_BODY_BYTES = 5 * 1024 * 1024
-DEFAULT_IDLE_TIMEOUT_S = 60.0
-DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_ACCESS_KEY_SECRET = "local-access-key-secret"
-
-
-def _hmac_b64(key: str | bytes, text: str, digest: Any = hashlib.sha1) -> str:
-    raw_key = key.encode("utf-8") if isinstance(key, str) else key
-    return base64.b64encode(hmac.new(raw_key, text.encode("utf-8"), digest).digest()).decode("ascii")
 
 
 def _v4_signing_key(secret: str, sign_date: str, region: str) -> bytes:
@@ -58,11 +52,6 @@ def _v4_signing_key(secret: str, sign_date: str, region: str) -> bytes:
     for part in (sign_date, region, "ots", "aliyun_v4_request"):
         key = hmac.new(key, part.encode("utf-8"), hashlib.sha256).digest()
     return base64.b64encode(key)
-
-
-def _ots_headers_string(headers: dict[str, str]) -> str:
-    items = [f"{k.lower()}:{v.strip()}" for k, v in headers.items() if k.lower().startswith("x-ots-")]
-    return "\n".join(sorted(items))
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -87,14 +76,14 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> None:
         app = self.server.app
         headers = {
-            "x-ots-contentmd5": base64.b64encode(hashlib.md5(body).digest()).decode("ascii"),
+            "x-ots-contentmd5": content_md5(body),
             "x-ots-requestid": uuid.uuid4().hex,
             "x-ots-date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z"),
             "x-ots-contenttype": content_type,
         }
         if sign:
             key = getattr(self, "_response_key", None) or app.access_key_secret
-            signature = _hmac_b64(key, _ots_headers_string(headers) + "\n" + path)
+            signature = hmac_b64(key, ots_headers_string(headers) + "\n" + path)
             headers["Authorization"] = f"OTS {app.access_key_id}:{signature}"
         self.send_response(status)
         for name, value in headers.items():
@@ -246,12 +235,11 @@ class _Handler(BaseHTTPRequestHandler):
                 "OTSAuthFailed", "the request carries no x-ots-signature or x-ots-signaturev4", 403
             )
         signed = {k: v for k, v in headers.items() if k.startswith("x-ots-") and k != excluded}
-        canonical = path + "\nPOST\n\n" + _ots_headers_string(signed) + "\n" + salt
-        if not hmac.compare_digest(signature, _hmac_b64(key, canonical, digest)):
+        canonical = path + "\nPOST\n\n" + ots_headers_string(signed) + "\n" + salt
+        if not hmac.compare_digest(signature, hmac_b64(key, canonical, digest)):
             raise failed
         self._response_key = key
-        md5 = base64.b64encode(hashlib.md5(body).digest()).decode("ascii")
-        if headers.get("x-ots-contentmd5") != md5:
+        if headers.get("x-ots-contentmd5") != content_md5(body):
             raise OTSError("OTSParameterInvalid", "x-ots-contentmd5 does not match the body", 400)
         try:
             sent = dt.datetime.strptime(headers.get("x-ots-date", ""), _DATE_FORMAT).replace(tzinfo=dt.UTC)

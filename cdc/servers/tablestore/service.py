@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tablestore.protobuf import table_store_pb2 as pb
-
+from cdc.backends.tablestore import table_pb as pb
 from cdc.backends.tablestore import tunnel_pb as tpb
 from cdc.backends.tablestore.plainbuffer import (
     Cell,

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from cdc.backend import Backend, open_backend
-from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres import connection
 from cdc.testing import Harness
 
 
@@ -70,5 +70,5 @@ class PostgresHarness(Harness):
         for b in self.backends:
             b.close()
         if slot is not None:  # a slot left behind would hold the session server's WAL forever
-            slots.drop_slot(self.conn, slot)
+            connection.drop_slot(self.conn, slot)
         self.conn.close()

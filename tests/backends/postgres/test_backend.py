@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from cdc.backend import open_backend
-from cdc.backends.postgres import slot as slots
-from cdc.backends.postgres.errors import NoPrimaryKeyError, SchemaChangedError
-from cdc.errors import DataLossError, OptionError
+from cdc.backends.postgres import connection
+from cdc.backends.postgres.errors import NoPrimaryKeyError
+from cdc.errors import DataLossError, OptionError, SchemaChangedError
 from cdc.planner import Planner
 from cdc.testing import batches, drain, read_range
 from tests.backends.postgres.fold import fold_json, fold_typed
@@ -164,8 +164,8 @@ def test_lost_slot_is_data_loss_and_failondataloss_false_skips(postgres_dsn: str
         h.append(3)
         backend = h.backend()
         start = Planner(backend).initial("earliest")
-        slots.drop_slot(h.conn, backend.slot)  # type: ignore[attr-defined]
-        slots.ensure_slot(h.conn, backend.slot)  # type: ignore[attr-defined]
+        connection.drop_slot(h.conn, backend.slot)  # type: ignore[attr-defined]
+        connection.ensure_slot(h.conn, backend.slot)  # type: ignore[attr-defined]
         h.append(2)
         with pytest.raises(DataLossError, match="past the needed position"):
             Planner(backend).next(start)
@@ -215,7 +215,7 @@ def test_snapshot_hand_off_is_exact_under_concurrent_writes(postgres_dsn: str, t
                     conn.execute("INSERT INTO items VALUES (%s, 'w', 0)", (10_000 + i,))
                     conn.execute("DELETE FROM items WHERE id = %s", (i * 7 % 3000 + 1,))
 
-        slots.drop_slot(h.conn, "snap_exact")  # the harness made it: a snapshot starts with its own export
+        connection.drop_slot(h.conn, "snap_exact")  # the harness made it: a snapshot starts with its own export
         thread = threading.Thread(target=writer)
         thread.start()
         try:
@@ -292,7 +292,7 @@ def test_snapshot_rows_are_typed_like_changes(postgres_dsn: str, tmp_path: Path)
         planner = Planner(snap)
         start = planner.initial("snapshot")
         rows = [r for _, t in batches(snap, start) for r in t.to_pylist()]
-        slots.drop_slot(h.conn, "kinds_snap")
+        connection.drop_slot(h.conn, "kinds_snap")
         strip = ("_op", "_seq", "_commit_ts", "_channel", "_position", "_unchanged")
         assert [r["_op"] for r in rows] == ["snapshot"] * 3
         assert [{k: v for k, v in r.items() if k not in strip} for r in rows] == [
@@ -333,4 +333,4 @@ def test_a_snapshot_value_arrow_cannot_parse_fails_the_snapshot_instead_of_hangi
     assert not (tmp_path / "snap" / "odd_snap" / "manifest.json").exists()
     backend.close()
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        slots.drop_slot(conn, "odd_snap")
+        connection.drop_slot(conn, "odd_snap")

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres import connection
 from cdc.backends.postgres.changes import decode_changes
 from cdc.backends.postgres.errors import ReplicaIdentityError
 from cdc.backends.postgres.positions import lsn_of
@@ -46,8 +46,8 @@ def test_full_old_rows_key_changes_and_a_start_inside_a_transaction(postgres_dsn
 def _messages(h: PostgresHarness) -> tuple[Any, list[tuple[bytes]], int, int]:
     backend = h.backend()
     start, end = backend.earliest("changes"), backend.latest("changes")
-    with slots.connect(h.dsn) as conn:
-        rows = list(slots.peek(conn, backend.slot, backend.publication, lsn_of(end)))  # type: ignore[attr-defined]
+    with connection.connect(h.dsn) as conn:
+        rows = list(connection.peek(conn, backend.slot, backend.publication, lsn_of(end)))  # type: ignore[attr-defined]
     return backend, rows, start, end
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from cdc.backend import open_backend
-from cdc.backends.postgres import slot as slots
+from cdc.backends.postgres import connection
 from cdc.planner import Planner
 from cdc.testing import read_range
 
@@ -73,4 +73,4 @@ def test_a_snapshot_query_creates_its_slot_once_and_a_restart_keeps_it(
     finally:
         backend.close()
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-            slots.drop_slot(conn, "once")
+            connection.drop_slot(conn, "once")

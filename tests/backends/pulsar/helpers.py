@@ -9,7 +9,7 @@ import pulsar
 import pyarrow as pa
 
 from cdc.backends.pulsar import PulsarBackend, PulsarOptions
-from cdc.backends.pulsar.client import open_client
+from cdc.backends.pulsar.connection import open_client
 from cdc.planner import Planner
 from cdc.testing import batches
 

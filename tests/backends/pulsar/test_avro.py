@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc.backends.pulsar import PulsarBackend, PulsarOptions
-from cdc.backends.pulsar.client import open_client
-from cdc.backends.pulsar.codec import Decoder, Malformed
+from cdc.backends.pulsar.connection import open_client
 from cdc.backends.pulsar.errors import SchemaMismatchError
+from cdc.backends.pulsar.records import Decoder, Malformed
 from cdc.errors import MalformedRecordError, OptionError
 from cdc.options import parse
 from cdc.servers.pulsar import ApachePulsar

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc.backends.pulsar import PulsarOptions, StallError, drop_subscription
-from cdc.backends.pulsar.client import open_client
-from cdc.backends.pulsar.codec import sequence_of
+from cdc.backends.pulsar.connection import open_client
 from cdc.backends.pulsar.errors import SequenceRangeError
+from cdc.backends.pulsar.records import sequence_of
 from cdc.errors import BackendUnavailableError, MalformedRecordError, OptionError, PositionError
 from cdc.options import parse
 from cdc.planner import Planner
@@ -54,7 +54,7 @@ def test_options_name_the_problem() -> None:
 
 
 def test_the_token_comes_from_the_environment_when_no_option_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cdc.backends.pulsar.client import token_of
+    from cdc.backends.pulsar.connection import token_of
 
     monkeypatch.setenv("PULSAR_AUTH_TOKEN", "from-env")
     assert token_of(parse(PulsarOptions, {"service.url": "u", "topic": "t"}, what="b")) == "from-env"

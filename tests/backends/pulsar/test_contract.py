@@ -15,7 +15,7 @@ import pytest
 
 from cdc.backend import Backend
 from cdc.backends.pulsar import PulsarBackend, PulsarOptions
-from cdc.backends.pulsar.client import open_client
+from cdc.backends.pulsar.connection import open_client
 from cdc.servers.pulsar import ApachePulsar, EmbeddedBroker
 from cdc.testing import BackendContract, Harness
 

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc.backends.pulsar.client import Channel, open_client
-from cdc.backends.pulsar.codec import Change, Decoder, Malformed, _Field
-from cdc.backends.pulsar.debezium import TruncateEvent, value_of
+from cdc.backends.pulsar.connection import Channel, open_client
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.reader import _Columns
+from cdc.backends.pulsar.records import Change, Decoder, Malformed, _Field
 from cdc.errors import MalformedRecordError, OptionError
+from cdc.formats.debezium import TruncateEvent, value_of
 from cdc.options import parse
 from cdc.servers.pulsar import ApachePulsar
 from tests.backends.pulsar.helpers import backend, drain, produce

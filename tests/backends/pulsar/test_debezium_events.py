@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from cdc.backends.pulsar.codec import Decoder
-from cdc.backends.pulsar.debezium import SchemaChangedError, TruncateError, TruncateEvent, record_schema_of
-from cdc.errors import OptionError
+from cdc.backends.pulsar.records import Decoder
+from cdc.errors import OptionError, SchemaChangedError, TruncateError
+from cdc.formats.debezium import TruncateEvent, record_schema_of
 from cdc.options import parse
 from cdc.servers.pulsar import EmbeddedBroker
 from tests.backends.pulsar.helpers import backend, drain, produce

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cdc.backends.pulsar import PulsarBackend
-from cdc.backends.pulsar.client import Channel
+from cdc.backends.pulsar.connection import Channel
 from cdc.errors import OptionError
 from cdc.planner import Planner
 from cdc.servers.pulsar import ApachePulsar, EmbeddedBroker

@@ -23,7 +23,7 @@ import pulsar
 import pytest
 
 from cdc.backends.pulsar import PulsarBackend, PulsarOptions
-from cdc.backends.pulsar.client import admin_client, connect, reader_settings
+from cdc.backends.pulsar.connection import admin_client, connect, reader_settings
 from cdc.backends.pulsar.options import PulsarSinkOptions
 from cdc.errors import BackendUnavailableError, OptionError
 from cdc.options import parse, split_and_parse

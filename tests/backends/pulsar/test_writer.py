@@ -52,7 +52,7 @@ def test_a_write_naming_pulsar_gets_the_pulsar_writers(broker: ApachePulsar, top
 def test_a_write_naming_no_backend_still_reaches_pulsar_and_warns(broker: ApachePulsar, topic: str,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     source = CdcDataSource({"service.url": broker.url, "topic": topic})
-    with pytest.warns(FutureWarning, match=r"without option 'backend' goes to Pulsar.*deprecated"):
+    with pytest.warns(FutureWarning, match=r"write of format\('cdc'\) without option 'backend' uses backend 'pulsar'.*deprecated"):
         writer = source.writer(SCHEMA, False)
     assert "deprecated" in caplog.text
     commit = writer.write(iter([_rows(5)]))
@@ -63,11 +63,11 @@ def test_a_write_naming_no_backend_still_reaches_pulsar_and_warns(broker: Apache
 
 
 def test_wire_modules_load_neither_the_client_nor_pyspark_nor_pydantic() -> None:
-    """The package is lazy: its codec and positions load neither the client, nor pyspark, pydantic or fastavro
-    (pyarrow, which the codec builds batches with, brings numpy: that one is expected)."""
+    """The package is lazy: its records and positions load neither the client, nor pyspark, pydantic or fastavro
+    (pyarrow, which the records module builds batches with, brings numpy: that one is expected)."""
     code = (
         "import sys, cdc; before = set(sys.modules)\n"
-        "import cdc.backends.pulsar.codec, cdc.backends.pulsar.positions, cdc.backends.pulsar.errors\n"
+        "import cdc.backends.pulsar.records, cdc.backends.pulsar.positions, cdc.backends.pulsar.errors\n"
         "print(' '.join(sorted(set(sys.modules) - before)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

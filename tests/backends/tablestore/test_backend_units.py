@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cdc.backends.tablestore import errors as E
 from cdc.backends.tablestore import tunnel_pb as pb
-from cdc.backends.tablestore.client import RecordPage
+from cdc.backends.tablestore.connection import RecordPage
 from cdc.backends.tablestore.options import TablestoreOptions
 from cdc.backends.tablestore.plainbuffer import (
     DELETE_ALL_VERSION,

@@ -9,7 +9,7 @@ import pytest
 
 from cdc.backends.tablestore import errors as E
 from cdc.backends.tablestore import tunnel_pb as pb
-from cdc.backends.tablestore.client import RetrySettings, TunnelClient
+from cdc.backends.tablestore.connection import RetrySettings, TunnelClient
 from cdc.backends.tablestore.plainbuffer import decode_row
 from cdc.servers.tablestore import TablestoreProcess
 from tests.backends.tablestore.world import World
@@ -139,4 +139,4 @@ def test_client_pickles_without_its_pool(tablestore_server: TablestoreProcess) -
     c = w.client
     c.list_tunnels(w.table)
     back = pickle.loads(pickle.dumps(c))
-    assert back._ots is None and len(back.list_tunnels(w.table)) == 1
+    assert back._pool is None and len(back.list_tunnels(w.table)) == 1

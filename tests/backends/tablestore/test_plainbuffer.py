@@ -305,7 +305,7 @@ _HEAVY = (
     "tablestore",
     "tenacity",
     "cdc.backends.tablestore.backend",
-    "cdc.backends.tablestore.client",
+    "cdc.backends.tablestore.connection",
     "cdc.backends.tablestore.options",
 )
 

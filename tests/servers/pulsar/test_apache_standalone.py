@@ -11,7 +11,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from cdc.backends.pulsar.client import open_client
+from cdc.backends.pulsar.connection import open_client
 from cdc.servers.pulsar.broker import BrokerError
 from cdc.servers.pulsar.standalone import HOME_ENV, POM, ApachePulsar, pulsar_lib, pulsar_version
 

@@ -22,7 +22,7 @@ import pulsar
 import pytest
 from click.testing import CliRunner
 
-from cdc.backends.pulsar.client import open_client
+from cdc.backends.pulsar.connection import open_client
 from cdc.servers.pulsar.cli import main
 from cdc.servers.pulsar.standalone import HOME_ENV
 

@@ -19,7 +19,7 @@ from tablestore import (
 )
 from tablestore.protobuf import table_store_pb2 as pb
 
-from cdc.backends.tablestore.client import TunnelClient
+from cdc.backends.tablestore.connection import TunnelClient
 from cdc.backends.tablestore.errors import TablestoreError
 from cdc.backends.tablestore.plainbuffer import decode_rows
 from cdc.servers.tablestore import LocalTablestore
