@@ -7,7 +7,7 @@ sorted by key and sequence with replays dropped (:func:`resolve_rows`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -61,6 +61,36 @@ def check_columns(spec: SinkSpec, names: list[str]) -> None:
         raise OptionError(f"the changes carry columns reserved by the sink: {clash}", "keys")
 
 
+ACCEPTED_OPS: tuple[str, ...] = tuple(o.value for o in Op)
+
+
+def unknown_ops_error(count: int, values: Sequence[Any], where: str) -> MalformedRecordError:
+    """The error for change records whose ``_op`` lies outside the change model (both engines raise it)."""
+    shown = ", ".join("null" if v is None else repr(v) for v in values)
+    return MalformedRecordError(
+        f"{count} change record(s) have an {OP!r} outside the change model: {shown} ({where}); accepted: "
+        f"{', '.join(ACCEPTED_OPS)}. Nothing was written: the sink has no quarantine, so the batch fails until "
+        f"its records are fixed (or give 'apply_as_deletes' to decide deletes by another condition)"
+    )
+
+
+def check_ops(spec: SinkSpec, batch: pa.Table) -> None:
+    """Refuse a batch whose ``_op`` values lie outside the change model (:class:`cdc.model.Op`), as the local
+    log does at append: applied as upserts, they would write what no source meant. Checked when the sink
+    reads ``_op`` itself (the default ``apply_as_deletes``); with another condition ``_op`` is the user's."""
+    if OP not in batch.column_names or IS_DELETE in batch.column_names or batch.num_rows == 0:
+        return
+    if spec.apply_as_deletes.strip() != DEFAULT_DELETE_CONDITION:
+        return
+    ops = batch.column(OP)
+    known = pc.fill_null(pc.is_in(ops, value_set=pa.array(ACCEPTED_OPS, ops.type)), False)
+    if pc.all(known).as_py():
+        return
+    bad = batch.filter(pc.invert(known))
+    values = sorted(bad.column(OP).unique().to_pylist(), key=lambda v: (v is not None, v or ""))
+    raise unknown_ops_error(bad.num_rows, values, first_at(bad.slice(0, 1).to_pylist()[0], spec.sequence_by))
+
+
 def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     """Validate a batch of change records, drop what the table does not keep, reduce it per key (see the
     module docstring), and add the source-only columns ``__cdc_is_delete`` and ``__cdc_now``."""
@@ -91,7 +121,8 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     for c in (*spec.keys, spec.sequence_by):
         nulls = batch.column(c).null_count
         if nulls:
-            raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({_where(batch, c)})")
+            first = batch.filter(pc.is_null(batch.column(c))).slice(0, 1).to_pylist()[0]
+            raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({first_at(first)})")
     drop = [c for c in batch.column_names if c in DROPPED_METADATA or c in spec.except_columns]
     batch = batch.drop_columns(drop)
     unchanged = batch.column(UNCHANGED) if UNCHANGED in batch.column_names else None
@@ -110,11 +141,14 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     return batch.append_column(NOW, pa.repeat(pa.scalar(now, TIMESTAMP), batch.num_rows))
 
 
-def _where(batch: pa.Table, column: str) -> str:
-    row = batch.filter(pc.is_null(batch.column(column))).slice(0, 1).to_pylist()[0]
+def first_at(row: Mapping[str, Any], sequence_by: str | None = None) -> str:
+    """Where the first of some malformed change records is: its channel and position when the batch carries
+    them, else its sequence (``sequence_by``) or the whole record."""
     if CHANNEL in row and POSITION in row:
         return f"first at channel {row[CHANNEL]!r} position {row[POSITION]}"
-    return f"first: {row}"
+    if sequence_by is not None and row.get(sequence_by) is not None:
+        return f"first at {sequence_by} {row[sequence_by]}"
+    return f"first: {dict(row)}"
 
 
 def latest_per_key(batch: pa.Table, keys: Sequence[str], sequence: str) -> pa.Table:

@@ -334,3 +334,36 @@ def test_a_snapshot_value_arrow_cannot_parse_fails_the_snapshot_instead_of_hangi
     backend.close()
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         connection.drop_slot(conn, "odd_snap")
+
+
+def test_a_fresh_snapshot_query_exports_one_snapshot(postgres_dsn: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark asks a new query's stream reader for its initial offset twice for the first batch (when it plans
+    the batch's end, and when it runs the batch from its start): one snapshot all the same, one export, one
+    slot, whichever of the two calls the backend answers."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from cdc.backends.postgres import backend as pg_backend
+    from cdc.source import CdcStreamReader, _Config
+
+    h = PostgresHarness(postgres_dsn, **{"snapshot.path": str(tmp_path / "snap"), "slot.name": "snap_once"})
+    try:
+        connection.drop_slot(h.conn, "snap_once")  # the harness made it: a snapshot starts with its own export
+        h.append(30)
+        exports, snapshots = [], []
+        export = pg_backend.export_and_materialise
+        monkeypatch.setattr(pg_backend, "export_and_materialise", lambda *a: exports.append(a) or export(*a))
+        snapshot = pg_backend.PostgresBackend.snapshot
+        monkeypatch.setattr(pg_backend.PostgresBackend, "snapshot", lambda self: snapshots.append(1) or snapshot(self))
+        config = _Config({**h.options, "backend": "postgres", "startingOffsets": "snapshot"})
+        reader = CdcStreamReader(config, from_arrow_schema(h.backend().schema()))
+        try:
+            first = reader.initialOffset()
+            assert reader.initialOffset() == first
+        finally:
+            reader.stop()
+        assert (len(exports), len(snapshots)) == (1, 1)
+        assert _rows(postgres_dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'snap_once'") == [(1,)]
+        assert [p.name for p in (tmp_path / "snap").iterdir()] == ["snap_once"]
+    finally:
+        h.close()
