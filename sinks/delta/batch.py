@@ -357,7 +357,8 @@ def complete_key_changes(
     deletes = is_delete.to_numpy(zero_copy_only=False).astype(bool)
     linked = (pc.is_valid(changes.column(OLD_KEY)).to_numpy(zero_copy_only=False) if OLD_KEY in names
               else np.zeros(n, dtype=bool))
-    if OP in names:
+    inserts = ~deletes
+    if OP in names:  # the insert half carries the link (see cdc.model)
         inserts = pc.fill_null(pc.equal(changes.column(OP), Op.INSERT.value), False).to_numpy(zero_copy_only=False)
         orphans = np.flatnonzero(inserts & partial & ~linked & ~deletes)
         if len(orphans):
@@ -367,7 +368,7 @@ def complete_key_changes(
                 f"cannot be known (first: key {_key_text(row, keys)}, {seq} {row[seq]}, columns {row[UNCHANGED]}); "
                 f"nothing was written and this sink has no quarantine. {REPLICA_IDENTITY_FIX}"
             )
-    rekey = linked & partial & ~deletes
+    rekey = linked & partial & inserts & ~deletes
     if not rekey.any():
         return changes
     old_struct = changes.column(OLD_KEY).combine_chunks()
