@@ -31,10 +31,18 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdc.errors import MalformedRecordError, OptionError
-from cdc.model import COMMIT_TS, OP, UNCHANGED, Op
-from sinks.delta.batch import ACCEPTED_OPS, check_columns, first_at, prepare, unknown_ops_error
+from cdc.model import COMMIT_TS, OLD_KEY, OP, UNCHANGED, Op
+from sinks.delta.batch import (
+    ACCEPTED_OPS,
+    check_columns,
+    complete_key_changes,
+    first_at,
+    prepare,
+    unknown_ops_error,
+)
 from sinks.delta.keyrange import KeyRange, Rows, prunable
 from sinks.delta.layout import (
     ACTION,
@@ -58,7 +66,7 @@ from sinks.delta.scd2 import main_source, stage_scd2
 from sinks.delta.schema import SchemaEvolutionError, new_columns, normalise_type, state_schema, table_schema
 from sinks.delta.spark import DeltaSparkEngine
 from sinks.delta.spec import SinkSpec
-from sinks.delta.state import HEAD_SEQ
+from sinks.delta.state import HEAD_SEQ, key_change_source
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,9 @@ class Checked:
     rows: int
     partial: bool  # some change leaves columns unchanged
     key_range: KeyRange
+    #: inserts that leave columns unchanged (key changes): ``df`` keeps ``_op`` and ``_old_key`` for
+    #: :func:`complete_key_changes_in_spark`, which drops them
+    key_changes: int = 0
 
 
 def check(spec: SinkSpec, df: Any) -> Checked:
@@ -113,6 +124,8 @@ def check(spec: SinkSpec, df: Any) -> Checked:
     aggs += [F.count_if(F.col(quote(c)).isNull()).alias(f"null{i}") for i, c in enumerate(guarded)]
     if UNCHANGED in names:
         aggs.append(F.max(F.coalesce(F.size(UNCHANGED), F.lit(0))).alias("partial"))
+        if OP in names:
+            aggs.append(F.count_if(_completes(names)).alias("key_changes"))
     if OP in names:  # counted in the same job as the rest
         aggs.append(F.count_if(F.col(OP) == F.lit(Op.TRUNCATE.value)).alias("truncates"))
     known = F.col(OP).isin(*ACCEPTED_OPS)  # a null _op is outside the model too
@@ -140,13 +153,45 @@ def check(spec: SinkSpec, df: Any) -> Checked:
             place = first_at(first.asDict() if first is not None else {})
             raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({place})")
     partial = UNCHANGED in names and bool(summary["partial"] and summary["partial"] > 0)
-    drop = [c for c in df.columns if c in DROPPED_METADATA or c in spec.except_columns]
+    key_changes = int(summary["key_changes"] or 0) if UNCHANGED in names and OP in names else 0
+    kept = (OP, OLD_KEY) if key_changes else ()
+    drop = [c for c in df.columns if (c in DROPPED_METADATA and c not in kept) or c in spec.except_columns]
     if UNCHANGED in names and not partial:
         drop.append(UNCHANGED)
     key_range = KeyRange.of_values(
         spec.keys, arrow, [(k, summary[f"lo{i}"], summary[f"hi{i}"]) for i, k in enumerate(pruned)]
     )
-    return Checked(df.drop(*drop), int(summary["rows"]), partial, key_range)
+    return Checked(df.drop(*drop), int(summary["rows"]), partial, key_range, key_changes)
+
+
+def _completes(names: list[str]) -> Any:
+    """The inserts :func:`sinks.delta.batch.complete_key_changes` completes (or refuses): those that leave
+    columns unchanged (with or without ``_old_key``)."""
+    from pyspark.sql import functions as F
+
+    return (F.col(OP) == F.lit(Op.INSERT.value)) & (F.coalesce(F.size(UNCHANGED), F.lit(0)) > 0) & ~F.col(IS_DELETE)
+
+
+def complete_key_changes_in_spark(spec: SinkSpec, target: Target, checked: Checked) -> Checked:
+    """:func:`sinks.delta.batch.complete_key_changes` for a batch in Spark: the inserts it completes and the
+    changes of their old keys (few: key changes are) are collected, completed on the driver by the same
+    function as the delta-rs engine's, and put back in place of the inserts."""
+    from pyspark.sql import functions as F
+
+    df = checked.df
+    keys = list(spec.keys)
+    needs = _completes(df.columns)
+    olds = df.where(needs & F.col(OLD_KEY).isNotNull()).select(*[F.col(OLD_KEY)[k].alias(k) for k in keys]).distinct()
+    flagged = df.join(olds.withColumn("__cdc_old", F.lit(True)), keys, "left")
+    subset = flagged.where(F.col("__cdc_old").isNotNull() | needs).drop("__cdc_old").toArrow()
+    completed = complete_key_changes(
+        spec, subset, lambda k: key_change_source(spec, target.main, target.state, k), target.main.path)
+    marks = pc.and_(pc.equal(subset.column(OP), Op.INSERT.value),
+                    pc.greater(pc.fill_null(pc.list_value_length(subset.column(UNCHANGED)), 0), 0))
+    replaced = df.sparkSession.createDataFrame(completed.filter(marks).select(df.columns))
+    replaced = replaced.select(*[F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in df.schema.fields])
+    whole = df.where(~needs).unionByName(replaced).drop(OP, OLD_KEY)
+    return Checked(whole, checked.rows, checked.partial, checked.key_range)
 
 
 def _values(spec: SinkSpec, columns: list[str]) -> list[str]:
@@ -314,7 +359,13 @@ def write_frame(spec: SinkSpec, target: Target, df: Any, batch_id: int, app_id: 
     # source, a log read) runs once.
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        return _write_checked(spec, target, check(spec, df), batch_id, app_id, now)
+        checked = check(spec, df)
+        if checked.key_changes:
+            if target.main_done:  # the state's commit alone needs no values
+                checked = Checked(checked.df.drop(OP, OLD_KEY), checked.rows, checked.partial, checked.key_range)
+            else:
+                checked = complete_key_changes_in_spark(spec, target, checked)
+        return _write_checked(spec, target, checked, batch_id, app_id, now)
     finally:
         df.unpersist()
 

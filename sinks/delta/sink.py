@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from cdc.errors import OptionError
 from cdc.model import CHANNEL, POSITION
-from sinks.delta.batch import after_last_truncate, check_ops, prepare
+from sinks.delta.batch import after_last_truncate, check_ops, complete_key_changes, prepare
 from sinks.delta.engine import Engine
 from sinks.delta.keyrange import KeyRange
 from sinks.delta.layout import DEFAULT_DELETE_CONDITION, DELETED_AT, IS_DELETE, LegacyLayoutError, state_path
@@ -26,7 +26,7 @@ from sinks.delta.scd2 import current_rows, key_heads, main_source, stage_scd2
 from sinks.delta.schema import new_columns, state_schema, table_schema
 from sinks.delta.spec import SinkSpec
 from sinks.delta.staging import StagingLog
-from sinks.delta.state import conform, guard, heads_rows, state_source
+from sinks.delta.state import conform, guard, heads_rows, key_change_source, state_source
 
 log = logging.getLogger(__name__)
 
@@ -349,6 +349,9 @@ class DeltaUpsertSink:
         changes, truncated = after_last_truncate(changes, spec.sequence_by)
         if truncated is not None:
             self._truncate(batch_id, truncated, main_done, state_done)
+        if main_done is None or main_done < batch_id:  # (the state's commit alone needs no values)
+            changes = complete_key_changes(
+                spec, changes, lambda keys: key_change_source(spec, main, state, keys), self.path)
         prepared = prepare(spec, changes, now)
         if prepared.num_rows == 0:
             # (A batch that ends with a truncate records no transaction: replaying it empties the tables again,

@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.delta.batch import key_starts
+from sinks.delta.batch import key_change_rows, key_starts
+from sinks.delta.engine import Engine
 from sinks.delta.keyrange import KeyRange, Rows
 from sinks.delta.layout import DELETED_AT, IS_DELETE, NOW, SET_PREFIX, TIMESTAMP
 from sinks.delta.spec import SinkSpec
@@ -34,6 +35,29 @@ def conform(read: pa.Table, schema: pa.Schema) -> pa.Table:
         if f.name in schema.names and not f.type.equals(want := schema.field(f.name).type):
             read = read.set_column(i, f.name, read.column(i).cast(want))
     return read
+
+
+def key_change_source(spec: SinkSpec, main: Engine, state: Engine, keys: pa.Table) -> pa.Table:
+    """What the two tables hold of ``keys`` (old and new keys of a batch's key changes), shaped by
+    :func:`sinks.delta.batch.key_change_rows` for :func:`sinks.delta.batch.complete_key_changes`."""
+    seq = spec.sequence_by
+    if main.schema() is None or state.schema() is None:  # a new table holds nothing
+        none = keys.select(list(spec.keys)).slice(0, 0)
+        return none.append_column(seq, pa.array([], pa.int64())).append_column(IS_DELETE, pa.array([], pa.bool_()))
+    wanted = Rows(KeyRange.of(spec.keys, keys))
+    return key_change_rows(spec, _of_keys(state, wanted, keys), _of_keys(main, wanted, keys))
+
+
+def _of_keys(engine: Engine, wanted: Rows, keys: pa.Table) -> pa.Table:
+    """The table's rows of exactly ``keys`` (read by their key range, then matched)."""
+    from sinks.delta.spark import DeltaSparkEngine
+
+    if isinstance(engine, DeltaSparkEngine):  # matched in Spark: only the keys' rows reach the driver
+        read = engine.rows(wanted).join(engine.spark.createDataFrame(keys), list(keys.column_names), "left_semi")
+        table = read.toArrow()
+    else:
+        table = engine.read(wanted)
+    return conform(table, keys.schema).join(keys, list(keys.column_names), join_type="left semi", use_threads=False)
 
 
 def with_head_seq(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 
 from cdc.backend import open_backend
@@ -76,7 +77,8 @@ def test_typed_columns_and_key_changes(postgres_dsn: str) -> None:
         h.execute("UPDATE typed SET a = 2 WHERE a = 1")  # a key change: delete of (x, 1), insert of (x, 2)
         backend = h.backend()
         schema = backend.schema()
-        assert [f.name for f in schema][6:9] == ["a", "b", "i2"]
+        assert [f.name for f in schema][5:10] == ["_unchanged", "_old_key", "a", "b", "i2"]
+        assert schema.field("_old_key").type == pa.struct([pa.field("b", pa.string()), pa.field("a", pa.int32())])
         assert str(schema.field("amount").type) == "decimal128(10, 2)" and str(schema.field("big").type) == "string"
         # Planning counts in SQL from the messages' first bytes: the key change counts as two records.
         assert backend.plan("changes", backend.earliest("changes")).records == 3
@@ -89,22 +91,36 @@ def test_typed_columns_and_key_changes(postgres_dsn: str) -> None:
         assert first["day"] == dt.date(2024, 2, 29) and first["raw"] == b"\x01\x02" and first["ok"] is True
         assert first["doc"] == '{"k": 1}' and first["f4"] == 1.5 and first["i8"] == 3
         assert rows[1]["b"] == "x" and rows[1]["i2"] is None  # a delete carries the key only
+        # The insert half names the key it replaces, in the primary key's order (b, a)
+        assert [r["_old_key"] for r in rows] == [None, None, {"b": "x", "a": 1}]
         assert [r["_seq"] for r in rows] == sorted(r["_seq"] for r in rows)
     finally:
         h.close()
 
 
 def test_unchanged_toasted_column_is_named_not_nulled(postgres_dsn: str) -> None:
+    """REPLICA IDENTITY DEFAULT: an update's unchanged TOASTed column is named in _unchanged (null, never a
+    made-up value), on a key change too (whose insert names the old key); FULL: the logged old row completes
+    both, so every record is a whole row."""
     h = PostgresHarness(postgres_dsn)
     try:
         big = "".join(chr(65 + (i * 7919) % 26) for i in range(200_000))  # incompressible enough to be TOASTed
         h.execute("INSERT INTO items VALUES (1, %s, 0)", (big,))
         h.execute("UPDATE items SET n = 5 WHERE id = 1")
+        h.execute("UPDATE items SET id = 2 WHERE id = 1")
         rows = [r for t in drain(h.backend()) for r in t.to_pylist()]
-        assert [r["_op"] for r in rows] == ["insert", "update"]
+        assert [r["_op"] for r in rows] == ["insert", "update", "delete", "insert"]
         assert rows[1]["_unchanged"] == ["v"] and rows[1]["v"] is None and rows[1]["n"] == 5
         assert rows[0]["_unchanged"] is None and rows[0]["v"] == big
-        assert fold_typed([t for t in drain(h.backend())], ("id",)) == {(1,): {"id": 1, "v": big, "n": 5}}
+        assert [r["_old_key"] for r in rows] == [None, None, None, {"id": 1}]
+        assert rows[3]["_unchanged"] == ["v"] and rows[3]["v"] is None and rows[3]["n"] == 5
+        assert fold_typed([t for t in drain(h.backend())], ("id",)) == {(2,): {"id": 2, "v": big, "n": 5}}
+        h.execute("ALTER TABLE items REPLICA IDENTITY FULL")
+        h.execute("UPDATE items SET n = 6 WHERE id = 2")
+        h.execute("UPDATE items SET id = 3 WHERE id = 2")
+        rows = [r for t in drain(h.backend()) for r in t.to_pylist()][4:]
+        assert [(r["_op"], r["id"], r["v"] == big, r["_unchanged"], r["_old_key"]) for r in rows] == [
+            ("update", 2, True, None, None), ("delete", 2, False, None, None), ("insert", 3, True, None, {"id": 2})]
     finally:
         h.close()
 
