@@ -32,10 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc.model import OP, SEQ, UNCHANGED, Op
+from cdc.model import OLD_KEY, OP, SEQ, UNCHANGED, Op
 from cdc.snapshots.state import Cut, Key, Late
-
-OLD_KEY = "_old_key"  # cdc.model.OLD_KEY once the change model names key changes
 
 KeyValues = tuple[Any, ...]
 """A key as the records carry it (typed values), before the database turns it into a :data:`Key`."""

@@ -11,7 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc.snapshots.holdback import OLD_KEY, HoldBack, KeyValues
+from cdc.model import OLD_KEY
+from cdc.snapshots.holdback import HoldBack, KeyValues
 from cdc.snapshots.planning import advance, chunk_ranges, expire, hold_window
 from cdc.snapshots.state import Chunk, Cut, Key, Late, SnapshotState, TableCursor
 from cdc.snapshots.store import ChunkStore, entry_name

@@ -25,5 +25,14 @@ class CutLostError(TransientError):
     the task fails and Spark retries it; a replayed batch gets a new cut from the restarted driver."""
 
 
+class ReplicaIdentityError(TerminalError):
+    """A table's replica identity is an index other than its primary key: its old rows are logged by columns
+    the records are not keyed by. ``table`` names it."""
+
+    def __init__(self, message: str, table: str) -> None:
+        super().__init__(message)
+        self.table = table
+
+
 # Moved to cdc.errors (one class for every backend); the old name warns for one release.
 __getattr__, __dir__ = lazy_exports(__name__, {}, moved={"SchemaChangedError": "cdc.errors"})

@@ -54,8 +54,9 @@ from cdc.backends.postgres.positions import CHANGES, boundary_after, lsn_of, pac
 from cdc.backends.postgres.records import JSON_KEY, JSON_TABLE, Layout
 from cdc.channels import ChannelRange, Position
 from cdc.errors import OptionError
+from cdc.model import OLD_KEY
 from cdc.options import SecretStr
-from cdc.snapshots.holdback import OLD_KEY, HoldBack, KeyValues, late_keys, rekeyed_from_json, rekeyed_to_json
+from cdc.snapshots.holdback import HoldBack, KeyValues, late_keys, rekeyed_from_json, rekeyed_to_json
 from cdc.snapshots.planning import CHUNK_PREFIX, SnapshotStart
 from cdc.snapshots.state import Cut, Key, Late, SnapshotState
 from cdc.snapshots.store import ChunkStore, entry_name

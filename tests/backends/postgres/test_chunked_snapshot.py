@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 
 from cdc.backend import Backend, open_backend
 from cdc.backends.postgres import connection
+from cdc.model import OLD_KEY
 from cdc.offsets import Offset
 from cdc.planner import Planner, positions
-from cdc.snapshots.holdback import OLD_KEY
 from cdc.testing.harness import read_batch
 from tests.backends.postgres.chunked import KINDS, Table
 
