@@ -336,6 +336,18 @@ def complete_key_changes(
     An insert that leaves columns unchanged without naming an old key has no row to keep them from, and fails
     the same way (a Debezium create cut off from its delete).
     """
+    # Keys taken out of the nullable _old_key struct, the table's rows and joins are nullable Arrow fields: the
+    # batch's key columns are viewed the same way here (Spark hands them non-nullable when the source declares
+    # them so), and given back as they came.
+    relaxed = pa.schema([f.with_nullable(True) if f.name in spec.keys else f for f in changes.schema])
+    if relaxed == changes.schema:
+        return _complete_key_changes(spec, changes, table_rows, where)
+    return _complete_key_changes(spec, changes.cast(relaxed), table_rows, where).cast(changes.schema)
+
+
+def _complete_key_changes(
+    spec: SinkSpec, changes: pa.Table, table_rows: Callable[[pa.Table], pa.Table], where: str
+) -> pa.Table:
     names = changes.column_names
     if UNCHANGED not in names or changes.num_rows == 0:
         return changes

@@ -338,25 +338,33 @@ def test_a_snapshot_value_arrow_cannot_parse_fails_the_snapshot_instead_of_hangi
         connection.drop_slot(conn, "odd_snap")
 
 
+@pytest.mark.parametrize("mode", ["chunked", "exported"])
 def test_a_fresh_snapshot_query_exports_one_snapshot(postgres_dsn: str, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                      monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """Spark asks a new query's stream reader for its initial offset twice for the first batch (when it plans
-    the batch's end, and when it runs the batch from its start): one snapshot all the same, one export, one
-    slot, whichever of the two calls the backend answers."""
+    the batch's end, and when it runs the batch from its start): one snapshot all the same (one export in the
+    exported mode, one start of the chunked snapshot), one slot, whichever of the two calls the backend answers."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from cdc.backends.postgres import backend as pg_backend
+    from cdc.backends.postgres.snapshot import PostgresChunkedSnapshot
     from cdc.source import CdcStreamReader, _Config
 
-    h = PostgresHarness(postgres_dsn, **{"snapshot.path": str(tmp_path / "snap"), "slot.name": "snap_once"})
+    h = PostgresHarness(postgres_dsn, **{"snapshot.path": str(tmp_path / "snap"), "slot.name": "snap_once",
+                                         "snapshot.mode": mode})
     try:
         connection.drop_slot(h.conn, "snap_once")  # the harness made it: a snapshot starts with its own export
         h.append(30)
-        exports, snapshots = [], []
-        export = pg_backend.export_and_materialise
-        monkeypatch.setattr(pg_backend, "export_and_materialise", lambda *a: exports.append(a) or export(*a))
-        snapshot = pg_backend.PostgresBackend.snapshot
-        monkeypatch.setattr(pg_backend.PostgresBackend, "snapshot", lambda self: snapshots.append(1) or snapshot(self))
+        starts: list[Any] = []
+        if mode == "exported":
+            export = pg_backend.export_and_materialise
+            monkeypatch.setattr(pg_backend, "export_and_materialise", lambda *a: starts.append(a) or export(*a))
+            snapshot = pg_backend.PostgresBackend.snapshot
+            monkeypatch.setattr(pg_backend.PostgresBackend, "snapshot",
+                                lambda self: starts.append(1) or snapshot(self))
+        else:
+            begin = PostgresChunkedSnapshot.start
+            monkeypatch.setattr(PostgresChunkedSnapshot, "start", lambda self: starts.append(1) or begin(self))
         config = _Config({**h.options, "backend": "postgres", "startingOffsets": "snapshot"})
         reader = CdcStreamReader(config, from_arrow_schema(h.backend().schema()))
         try:
@@ -364,7 +372,7 @@ def test_a_fresh_snapshot_query_exports_one_snapshot(postgres_dsn: str, tmp_path
             assert reader.initialOffset() == first
         finally:
             reader.stop()
-        assert (len(exports), len(snapshots)) == (1, 1)
+        assert len(starts) == (2 if mode == "exported" else 1)
         assert _rows(postgres_dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'snap_once'") == [(1,)]
         assert [p.name for p in (tmp_path / "snap").iterdir()] == ["snap_once"]
     finally:

@@ -255,3 +255,12 @@ def test_any_history_of_key_changes_leaves_the_table_equal_to_the_source(
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist() if DeltaTable.is_deltatable(str(path)) else []
     got = {r["id"]: (r["n"], r["big"]) for r in rows if r.get(VALID_TO) is None}
     assert got == model
+
+
+def test_a_batch_whose_key_columns_are_declared_not_null() -> None:
+    """Spark hands the sink a batch whose key columns are non-nullable when the source declares them so (the
+    change model does); the old keys, taken out of the nullable ``_old_key`` struct, are looked up with them."""
+    lookup = table(SCD1, {1: (5, 1, "A")})
+    batch = changes([("delete", 7, 1, None, None, None, None), ("insert", 8, 10, 1, None, ["big"], 1)])
+    schema = batch.schema.set(batch.schema.get_field_index("id"), pa.field("id", pa.int64(), nullable=False))
+    assert complete(SCD1, batch.cast(schema), lookup) == {10: (1, "A", None)}
