@@ -444,7 +444,10 @@ class Planner:
         pos = begin.channels[cid].pos
         state = expire(with_late(begin.snapshot, chunked.recorded(begin.snapshot)).settled(), int(pos))
         bound = None if until is None else until.get(cid)
-        cut = chunked.open_cut(wait=until is not None) if state.pending else None
+        # A cut also while only late entries hold keys back: a key change out of a held key into one that is not
+        # held leaves its unchanged values to a read of the new key's row, which needs a cut (without one, the
+        # change range stops before such a change: plan_uncut).
+        cut = chunked.open_cut(wait=until is not None) if state.tables else None
         entry = begin.channels[cid]
         records = 0
         if cut is not None:
@@ -460,7 +463,7 @@ class Planner:
 
             state = advance(state, cut, bounds, want)
             end_pos = cut.pos
-        elif state.pending:
+        elif state.tables:
             planned = chunked.plan_uncut(pos, max_records, bound, state)
             records, end_pos = planned.records, planned.end
         else:

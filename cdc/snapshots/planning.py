@@ -11,6 +11,10 @@ A batch of a chunked snapshot either reads chunks or it does not:
 * **Without one** (the backend could not open a cut in time: PostgreSQL waits for the write transactions in
   flight), the batch delivers changes only, planned by :meth:`ChunkedSnapshot.plan_uncut`.
 
+A batch opens a cut even when every chunk has been read, as long as late entries (reads at a later cut than
+planned) still hold keys back: a key change out of a held key into one that is not held is completed by
+reading the new key's row, which needs a cut.
+
 Either way the change range holds back the changes of every key no chunk has emitted yet (see
 :mod:`.holdback`): the chunk that emits the key later includes them.
 """
@@ -76,8 +80,8 @@ class ChunkedSnapshot(Protocol):
     def plan_uncut(
         self, start: Position, max_records: int | None, until: Position | None, state: SnapshotState
     ) -> PlannedRange:
-        """Plan a change range for a batch that reads no chunk while ``state``'s tables are being snapshotted:
-        it must be deliverable without a cut (PostgreSQL: stop before a transaction that changes the key of
+        """Plan a change range for a batch that has no cut while ``state``'s tables are being snapshotted or
+        hold late entries: it must be deliverable without a cut (PostgreSQL: stop before a transaction that changes the key of
         such a table, whose unchanged values could only be read at a cut)."""
 
     def prepare(self, ranges: Sequence[ChannelRange]) -> None:
