@@ -217,3 +217,31 @@ def test_bad_input_is_refused_naming_it(postgres_dsn: str, tmp_path: Path) -> No
         for name in names:
             admin.execute("SELECT pg_drop_replication_slot(%s)", (name,))
         admin.close()
+
+
+def test_a_key_change_out_of_a_chunk_read_late_is_completed_at_a_cut(postgres_dsn: str, tmp_path: Path) -> None:
+    # A replayed batch whose cut was gone reads its (last) chunk at a later cut. A key change committed between
+    # the two cuts moves a row out of that chunk to a key above the table's largest (never held), leaving its
+    # TOASTed column unchanged: the next batch, which has no chunk left, must read the new key's row at a cut
+    # of its own (the old key's changes up to the later cut are held back: the re-read chunk includes them).
+    conn = psycopg.connect(postgres_dsn, autocommit=True)
+    conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v text, n int)")
+    conn.execute("ALTER TABLE items ALTER COLUMN v SET STORAGE EXTERNAL")  # out of line, not compressed
+    conn.execute("INSERT INTO items SELECT g, repeat('x', 9000) || g, 0 FROM generate_series(1, 20) g")
+    options = _options(postgres_dsn, tmp_path, "late_rekey", **{"snapshot.chunkRows": "20"})
+    backend = open_backend("postgres", options)
+    planner = Planner(backend)
+    start = planner.initial("snapshot")
+    end = planner.next(start)
+    assert Offset.from_json(end).snapshot.chunks()  # type: ignore[union-attr]
+    backend.close()  # the driver dies after logging the batch, before any read of it
+    conn.execute("UPDATE items SET id = 100, n = 1 WHERE id = 5")  # v is left unchanged (TOASTed)
+    replay = open_backend("postgres", options)
+    try:
+        out = [read_batch(replay, start, end)]  # at a later cut, which includes the key change
+        replay.acknowledge(positions(end))
+        _drain(replay, Planner(replay), end, out)
+        assert fold(out, ["id"]) == _table(conn)
+    finally:
+        replay.close()
+        conn.close()
