@@ -1,0 +1,68 @@
+"""A streaming query from PostgreSQL (``startingOffsets=snapshot``, chunked) into two Delta tables through
+``DeltaUpsertSink`` (one in its default mode, one pipelined), run as a child process that the chunked-snapshot
+crash test kills. Not a test module.
+
+Usage: python chunked_snapshot_child.py DSN LAKE CHECKPOINT SNAPSHOTS MARKERS [--hold before|after N] [--once]
+``--hold before N``: batch N waits (in foreachBatch, before the sink reads it: its offsets are logged, its chunks
+not read) until ``MARKERS/release`` exists; ``after``: after the sinks committed it. ``--once``: run with
+Trigger.AvailableNow and exit; else a 0.5 s processing-time trigger until killed. Spark runs ``local[2,3]``: a
+task may fail twice and be retried.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+
+
+def main() -> None:
+    dsn, lake, checkpoint, snapshots, markers = sys.argv[1:6]
+    rest = sys.argv[6:]
+    hold, hold_batch = (rest[rest.index("--hold") + 1], int(rest[rest.index("--hold") + 2])) if "--hold" in rest else ("", -1)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import cdc
+    from sinks.delta import DeltaUpsertSink
+    from tests.conftest import spark_builder
+
+    spark = spark_builder("chunked-snapshot-child").master("local[2,3]").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    cdc.register(spark)
+    sinks = [DeltaUpsertSink(f"{lake}/default", keys=["k"], engine="delta-rs"),
+             DeltaUpsertSink(f"{lake}/pipelined", keys=["k"], engine="delta-rs", pipelined=True)]
+    marks = Path(markers)
+
+    def wait(batch_id: int, when: str) -> None:
+        if hold == when and batch_id == hold_batch:
+            (marks / "holding").write_text(f"{when} {batch_id}")
+            while not (marks / "release").exists():
+                time.sleep(0.1)
+
+    def batch(df: Any, batch_id: int) -> None:
+        with (marks / "batches.txt").open("a") as f:
+            f.write(f"{os.getpid()} {batch_id}\n")
+        wait(batch_id, "before")
+        df = df.persist()
+        for sink in sinks:
+            sink(df, batch_id)
+        df.unpersist()
+        wait(batch_id, "after")
+
+    changes = (spark.readStream.format("cdc").option("backend", "postgres").option("dsn", dsn)
+               .option("tables", "crashed").option("slot.name", "crashed").option("startingOffsets", "snapshot")
+               .option("snapshot.path", snapshots).option("snapshot.chunkRows", "150")
+               .option("snapshot.chunksPerBatch", "2").option("snapshot.cutTimeout", "2").load())
+    writer = changes.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint)
+    query = (writer.trigger(availableNow=True) if "--once" in rest else writer.trigger(processingTime="500 milliseconds")).start()
+    query.awaitTermination()
+    for sink in sinks:
+        sink.flush()  # pipelined: the last batches' background merge
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
