@@ -54,6 +54,7 @@ from cdc.backends.postgres.reader import CHANGES, PostgresRangeReader
 from cdc.backends.postgres.records import Layout
 from cdc.backends.postgres.snapshot import CHUNK_PREFIX, export_and_materialise, load_manifest
 from cdc.errors import DataLossError, OptionError, PositionError
+from cdc.options import BackendOptions
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,14 @@ class PostgresBackend(Backend):
             log.info("reusing the materialised snapshot of slot %s", self.slot)
         self._chunks = dict(manifest.chunks)
         return SnapshotInfo(self.slot, tuple(manifest.chunks), {CHANGES: pack(manifest.cut_lsn)})
+
+    @classmethod
+    def split_refusal(cls, options: BackendOptions) -> str | None:
+        return (
+            "its changes come through one replication slot, which a reader peeks from the slot's confirmed "
+            "position only, so a range's middle is reached only by reading up to it (a snapshot is read in "
+            "chunks, one task each)"
+        )
 
     def reader(self) -> RangeReader:
         return PostgresRangeReader(
