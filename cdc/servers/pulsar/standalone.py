@@ -357,6 +357,17 @@ class ApachePulsar(ServerProcess):
             detail = exc.read().decode(errors="replace")[:500]
             raise BrokerError(f"creating {topic} with {partitions} partitions: HTTP {exc.code} {detail}") from exc
 
+    def unload(self, topic: str) -> None:
+        """Unload ``topic`` (a partition, or a non-partitioned topic) from its broker: its open ledger is closed,
+        and the next message opens a new one (a way to give a topic several ledgers at once)."""
+        request = self._admin_request(f"/admin/v2/{_topic_path(topic)}/unload", method="PUT")
+        try:
+            with urllib.request.urlopen(request, timeout=60):
+                pass
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise BrokerError(f"unloading {topic}: HTTP {exc.code} {detail}") from exc
+
     def grant(self, namespace: str, role: str, actions: list[str]) -> None:
         """Give ``role`` the ``actions`` (``consume``, ``produce``...) on ``tenant/namespace`` (a broker with
         ``authorizationEnabled``; needs ``admin_token``)."""
