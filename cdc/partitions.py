@@ -99,9 +99,8 @@ def pick_near(candidates: Sequence[int], lo: int, hi: int, parts: int) -> list[i
 
 def _check_points(backend: str, r: ChannelRange, points: Sequence[Position], parts: int) -> None:
     """Positions are the backend's own, so their order is its to keep; what can be checked without it is."""
-    if len(points) >= parts or any(p in (r.start, r.end) for p in points) or len(
-        {repr(p) for p in points}
-    ) < len(points):
+    distinct = len({repr(p) for p in points}) == len(points)
+    if len(points) >= parts or not distinct or any(p in (r.start, r.end) for p in points):
         raise CdcError(
             f"backend {backend!r} gave split points {points!r} for {r} in {parts} pieces: expected at most "
             f"{parts - 1} distinct positions strictly inside the range"
