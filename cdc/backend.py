@@ -32,6 +32,9 @@ Rules every backend keeps (the shared contract suite, :mod:`cdc.testing.contract
    :meth:`Backend.batch_read_end`. A backend that finds its head only by reading every record may return
    a position there that its reader resolves while reading (the range then holds every record committed
    before the call, and none after), and ``plan`` without a budget may return it as the end unread.
+7. ``split_points(channel, start, end, parts)`` (``minPartitions``) gives positions inside the range, found
+   without reading it, that cut it into adjacent ranges the reader reads like any other; the same answer
+   whenever it is asked for the same range (a replayed batch splits the same way).
 
 Example (the local backend)::
 
@@ -173,6 +176,31 @@ class Backend(ABC):
     def parse_position(self, channel: str, value: Any) -> Position:
         """Validate a user-given position (from ``startingOffsets`` JSON); backends override."""
         return value
+
+    def split_points(self, channel: str, start: Position, end: Position, parts: int) -> Sequence[Position]:
+        """At most ``parts - 1`` positions strictly inside ``[start, end)``, in position order, that cut the
+        range into pieces of about equal size for ``minPartitions`` (rule 7; :mod:`cdc.partitions`).
+
+        Found without reading the range, and a function of the arguments and of facts about the range that
+        never change (the local log's segment boundaries, a Pulsar ledger's entries), so a replayed batch splits
+        the same way. Fewer (or none, then one task reads the range) where the backend finds fewer. Default:
+        none; such a backend refuses ``minPartitions`` (:meth:`split_refusal`)."""
+        return ()
+
+    def range_size(self, channel: str, start: Position, end: Position) -> int | None:
+        """The size of ``[start, end)`` in a unit of the backend's (records, entries), found without reading it,
+        by which ``minPartitions`` shares tasks among a batch's ranges; ``None``: unknown (ranges then count
+        alike). Default: ``None``."""
+        return None
+
+    @classmethod
+    def split_refusal(cls, options: BackendOptions) -> str | None:
+        """Why this backend, with these options, cannot read a channel's range in several tasks (option
+        ``minPartitions`` is then refused with this reason), or ``None`` when it can. Default: a reason unless
+        the backend overrides :meth:`split_points`."""
+        if cls.split_points is Backend.split_points:
+            return "it finds no positions inside a channel's range without reading it"
+        return None
 
     def position_at(self, channel: str, when: datetime) -> Position:
         """The position before the channel's first record committed at or after ``when`` (the head if none is):

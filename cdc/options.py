@@ -121,6 +121,14 @@ class SourceOptions(_Model):
     max_records_per_channel: PositiveInt | None = Field(
         None, alias="maxRecordsPerChannel", description="Most records a micro-batch takes from one channel."
     )
+    min_partitions: PositiveInt | None = Field(
+        None,
+        alias="minPartitions",
+        description="Fewest Spark tasks a batch is read in (Spark's Kafka option). A batch with fewer channel "
+        "ranges shares this many tasks among them by size, cutting a range only where its backend finds a position "
+        "without reading it: local (segment boundaries), pulsar (ledger entries; needs admin.url); tablestore and "
+        "postgres refuse it. A key's changes may then be read by several tasks: order them by `_seq`.",
+    )
     fail_on_data_loss: bool = Field(
         True,
         alias="failOnDataLoss",

@@ -2,7 +2,8 @@
 
 The driver-side reader plans batches with :class:`~cdc.planner.Planner` and keeps every channel's
 position in the offsets Spark writes to its own offset log; executors read one channel range per input
-partition through the backend's picklable :class:`~cdc.backend.RangeReader`, yielding Arrow batches.
+partition (or, under ``minPartitions``, one piece of a range: :mod:`cdc.partitions`) through the backend's
+picklable :class:`~cdc.backend.RangeReader`, yielding Arrow batches.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from cdc.errors import CdcError, OptionError
 from cdc.lag import measure, to_report
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
 from cdc.options import BackendOptions, SourceOptions, split_and_parse
+from cdc.partitions import check_splittable, split_ranges
 from cdc.planner import Planner, describe
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ class _Config:
         self.source: SourceOptions
         self.backend_options: BackendOptions
         self.source, self.backend_options = split_and_parse(raw, self.backend_cls.options_model, self.backend_cls.name)
+        check_splittable(self.backend_cls, self.backend_options, self.source.min_partitions)
 
     def open(self) -> Backend:
         return self.backend_cls(self.backend_options)
@@ -116,8 +119,9 @@ class _ReaderBase:
             chunked = self.backend.chunked_snapshot()
             if chunked is not None:
                 chunked.prepare(ranges)  # a replayed batch whose cut is gone gets one to read at
+        pieces = split_ranges(ranges, self._config.source.min_partitions, self.backend)
         reader = self.backend.reader()
-        return [ChannelPartition(r, reader) for r in ranges]
+        return [ChannelPartition(r, reader) for r in pieces]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, ChannelPartition):

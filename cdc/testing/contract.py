@@ -10,8 +10,9 @@ import pyarrow.compute as pc
 import pytest
 
 from cdc.backend import Backend
-from cdc.errors import PositionError
+from cdc.errors import OptionError, PositionError
 from cdc.offsets import Offset
+from cdc.partitions import check_splittable, split_ranges
 from cdc.planner import Planner
 from cdc.testing.harness import Harness, drain, read_batch, read_range
 from cdc.testing.scripts import Append, Batch, Crash, Merge, Split, Step, play
@@ -140,6 +141,45 @@ class BackendContract:
         end = planner.next(start)
         rows = sum(read_range(backend, r.channel, r.start, r.end).num_rows for r in planner.ranges(start, end))
         assert rows == 12
+
+    # ------------------------------------------------------------------ split reads (minPartitions)
+    def test_split_read_holds_exactly_the_records_of_the_unsplit_one(self, harness: Harness) -> None:
+        """A backend that splits: a batch's ranges cut at its split points read, piece by piece, exactly the
+        records of the whole ranges; ``_seq`` sorts them back (per channel) into the read order; a replay, after
+        more records arrived, cuts the same pieces. A backend that cannot: ``minPartitions`` is refused naming
+        the backend and why."""
+        backend = harness.backend()
+        cls = type(backend)
+        refusal = cls.split_refusal(backend.options)
+        if refusal is not None:
+            with pytest.raises(OptionError) as refused:
+                check_splittable(cls, backend.options, 4)
+            assert refused.value.option == "minPartitions"
+            assert f"backend {cls.name!r}" in str(refused.value) and refusal in str(refused.value)
+            return
+        for _ in range(8):
+            harness.append(6)  # apart: every append leaves a place to cut (a segment file, a ledger entry)
+        planner = Planner(backend)
+        start = planner.initial("earliest")
+        end = planner.next(start)
+        ranges = planner.ranges(start, end)
+        pieces = split_ranges(ranges, 4 * len(ranges), backend)
+        assert len(pieces) > len(ranges), f"no range of {[str(r) for r in ranges]} was cut"
+        for r in ranges:
+            mine = [p for p in pieces if p.channel == r.channel]
+            assert mine[0].start == r.start and mine[-1].end == r.end
+            assert all(a.end == b.start for a, b in zip(mine, mine[1:], strict=False))
+            whole = read_range(backend, r.channel, r.start, r.end)
+            parts = [read_range(backend, p.channel, p.start, p.end) for p in mine]
+            assert all(t.num_rows > 0 for t in parts), "a piece holds no record"
+            assert pa.concat_tables(parts).equals(whole)
+            if harness.order_columns is not None:
+                order = harness.order_columns[1]
+                shuffled = pa.concat_tables(parts[::-1])  # tasks finish in any order
+                assert shuffled.sort_by(order).equals(whole)
+        harness.append(10)  # later records change neither the batch nor how it is cut
+        replayed = harness.backend()
+        assert split_ranges(Planner.ranges(start, end), 4 * len(ranges), replayed) == pieces
 
     # ------------------------------------------------------------------ lineage
     def test_split_finishes_parent_and_children_follow(self, harness: Harness) -> None:

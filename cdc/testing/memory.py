@@ -13,6 +13,7 @@ from cdc.backend import Backend, ChannelInfo, PlannedRange, Position, RangeReade
 from cdc.errors import OptionError, PositionError
 from cdc.model import ChangeSchema, Op
 from cdc.options import BackendOptions
+from cdc.partitions import pick_near
 from cdc.testing.harness import Harness
 
 _EPOCH_US = 1_700_000_000_000_000
@@ -131,6 +132,14 @@ class MemoryBackend(Backend):
         if max_records is not None:
             end = min(end, begin + max_records)
         return PlannedRange(end, end - begin, channel in self.log.finished and end == head)
+
+    def split_points(self, channel: str, start: Position, end: Position, parts: int) -> Sequence[Position]:
+        """Any index inside the range: records are a list."""
+        begin, stop = int(start), int(end)
+        return pick_near(range(begin + 1, stop), begin, stop, parts)
+
+    def range_size(self, channel: str, start: Position, end: Position) -> int | None:
+        return max(0, int(end) - int(start))
 
     def reader(self) -> RangeReader:
         return MemoryRangeReader(self.log.records, self.schema())

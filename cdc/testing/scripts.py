@@ -11,6 +11,8 @@ from typing import Any
 import pyarrow as pa
 
 from cdc.backend import Backend
+from cdc.channels import ChannelRange
+from cdc.partitions import split_ranges
 from cdc.planner import Planner
 from cdc.testing.harness import Harness, read_range
 
@@ -86,13 +88,33 @@ def _read_batch(backend: Backend, start: dict[str, Any], end: dict[str, Any]) ->
     return pa.concat_tables(tables) if tables else backend.schema().empty_table()
 
 
-def play(harness: Harness, steps: Sequence[Step], *, drain_at_end: bool = True) -> PlayResult:
+def _read_split(
+    harness: Harness, backend: Backend, start: dict[str, Any], end: dict[str, Any], min_partitions: int
+) -> tuple[list[ChannelRange], pa.Table]:
+    """The batch's pieces under ``minPartitions`` and its records, read piece by piece and put in the order of
+    the harness's order columns (what a ``foreachBatch`` user does: tasks finish in any order). The pieces are
+    read last to first; sorted, they must give exactly the unsplit read."""
+    pieces = split_ranges(Planner.ranges(start, end), min_partitions, backend)
+    tables = [read_range(backend, r.channel, r.start, r.end) for r in reversed(pieces)]
+    whole = _read_batch(backend, start, end)
+    split = pa.concat_tables(tables) if tables else whole.schema.empty_table()
+    keys = list(harness.order_columns or harness.identity_columns)
+    if not split.sort_by([(c, "ascending") for c in keys]).equals(whole.sort_by([(c, "ascending") for c in keys])):
+        raise ScriptError(f"a batch read in pieces {[str(p) for p in pieces]} holds other records than unsplit")
+    return pieces, whole
+
+
+def play(
+    harness: Harness, steps: Sequence[Step], *, drain_at_end: bool = True, min_partitions: int | None = None
+) -> PlayResult:
     """Run ``steps`` against ``harness`` as a streaming query would, and check the contract's promises.
 
     Checked: a replayed batch equals its first attempt; no record (``harness.identity_columns``) is
     delivered twice; per channel, the order column increases in delivery order (``harness.order_columns``); a child channel's first record comes in a
     later batch than every record of its parents; with ``drain_at_end`` (the default), the remaining records
-    are delivered after the last step and every appended record must have arrived. A violation raises
+    are delivered after the last step and every appended record must have arrived. With ``min_partitions``,
+    each batch is also read in the pieces ``minPartitions`` cuts it into (:mod:`cdc.partitions`): they must
+    hold exactly its records, and a replayed batch must be cut the same way. A violation raises
     :class:`ScriptError`.
     """
     result = PlayResult()
@@ -106,12 +128,25 @@ def play(harness: Harness, steps: Sequence[Step], *, drain_at_end: bool = True) 
         end = planner.next(start, limit)
         if end == start:
             return False
-        first = _read_batch(backend, start, end)
+        pieces: list[ChannelRange] = []
+        if min_partitions:
+            pieces, first = _read_split(harness, backend, start, end, min_partitions)
+        else:
+            first = _read_batch(backend, start, end)
         if crash:  # the offset log holds ``end``, nothing was committed: the query restarts and replays
             backend.close()
             backend = harness.backend()
             planner = Planner(backend)
-            if not _read_batch(backend, start, end).equals(first):
+            if min_partitions:
+                again, replayed = _read_split(harness, backend, start, end, min_partitions)
+                if again != pieces:
+                    raise ScriptError(
+                        f"batch {len(result.batches)} was cut into other pieces when replayed: "
+                        f"{[str(p) for p in pieces]}, then {[str(p) for p in again]}"
+                    )
+            else:
+                replayed = _read_batch(backend, start, end)
+            if not replayed.equals(first):
                 raise ScriptError(f"batch {len(result.batches)} replayed differently after a crash")
             result.replays += 1
         result.batches.append(first)

@@ -9,8 +9,11 @@ output; the restarted reader then replays that batch from the logged offsets, ex
 change the local log. Invariants, checked after every batch and at the end:
 
 * no record is lost and none is delivered twice (the final drain delivers everything appended);
-* a replayed batch yields exactly the records of its first attempt;
-* per key, sequences increase in delivery order;
+* a replayed batch yields exactly the records of its first attempt, in the same input partitions (with
+  ``minPartitions``, ranges are cut at segment boundaries and the pieces delivered in reverse, as tasks may
+  finish in any order);
+* per key, sequences increase from batch to batch, and inside a batch they order a key's records as their
+  positions do (sorting by ``_seq`` restores a key's order);
 * no record of a child channel is delivered before every record of each of its parents, in an
   earlier batch;
 * a batch never exceeds ``maxRecordsPerTrigger``.
@@ -40,11 +43,15 @@ KEYS = 12
 
 
 class StreamProtocol(RuleBasedStateMachine):
-    @initialize(channels=st.integers(1, 3), starting=st.sampled_from(["earliest", "latest", "snapshot"]))
-    def setup(self, channels: int, starting: str) -> None:
+    @initialize(channels=st.integers(1, 3), starting=st.sampled_from(["earliest", "latest", "snapshot"]),
+                min_partitions=st.sampled_from([None, 2, 5]))
+    def setup(self, channels: int, starting: str, min_partitions: int | None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="cdc-prop-"))
         self.log = LocalLog.create(self.dir / "log", [("k", pa.int64()), ("v", pa.int64())], ["k"], channels=channels)
         self.options = {"backend": "local", "path": str(self.log.path), "startingOffsets": starting}
+        if min_partitions:  # ranges cut at segment boundaries, read by several tasks
+            self.options["minPartitions"] = str(min_partitions)
+        self.pieces: dict[int, list[Any]] = {}  # each batch's input partitions, as first planned
         self.schema = from_arrow_schema(self.log.arrow_schema)
         self.reader = self._new_reader()
         self.offsets: list[dict[str, Any]] = []  # Spark's offset log: end offset of batch i
@@ -100,10 +107,14 @@ class StreamProtocol(RuleBasedStateMachine):
         self.initial = None
 
     # ------------------------------------------------------------------ Spark runs a batch
-    def _read_batch(self, start: dict[str, Any], end: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _read_batch(self, start: dict[str, Any], end: dict[str, Any], batch_id: int) -> list[tuple[Any, ...]]:
         parts = self.reader.partitions(start, end)
+        pieces = [p.range for p in parts]  # type: ignore[attr-defined]
+        first = self.pieces.setdefault(batch_id, pieces)
+        assert pieces == first, f"batch {batch_id} replayed in other pieces: {first}, then {pieces}"
         rows: list[tuple[Any, ...]] = []
-        for part in parts:
+        # Tasks finish in any order: a batch cut into pieces is delivered last piece first.
+        for part in reversed(parts) if "minPartitions" in self.options else parts:
             executor_copy = pickle.loads(pickle.dumps(self.reader))
             part = pickle.loads(pickle.dumps(part))
             for batch in executor_copy.read(part):
@@ -160,7 +171,7 @@ class StreamProtocol(RuleBasedStateMachine):
                 return False
             self.offsets.append(end)
             self.limit_used[batch_id] = limit
-        rows = self._read_batch(start, end)
+        rows = self._read_batch(start, end, batch_id)
         if batch_id in self.attempts:
             assert rows == self.attempts[batch_id], f"batch {batch_id} replayed differently"
         else:
@@ -213,11 +224,15 @@ class StreamProtocol(RuleBasedStateMachine):
         for _b, r in sorted(self.delivered, key=lambda x: (x[0], x[1]["seq"])):
             assert r["seq"] > last[r["k"]]
             last[r["k"]] = r["seq"]
-        # within each batch, a key's records come from one channel and in position order
+        # within each batch, a key's records come from one channel, and _seq orders them as positions do (what
+        # a batch read in pieces relies on)
         seen: dict[tuple[int, int], str] = {}
-        for b, r in self.delivered:
+        last_pos: dict[tuple[int, int], int] = {}
+        for b, r in sorted(self.delivered, key=lambda x: (x[0], x[1]["seq"])):
             ch = seen.setdefault((b, r["k"]), r["ch"])
             assert ch == r["ch"], f"key {r['k']} read from two channels in batch {b}"
+            assert r["pos"] > last_pos.get((b, r["k"]), -1), f"key {r['k']}: _seq and positions disagree"
+            last_pos[(b, r["k"])] = r["pos"]
 
     @precondition(lambda self: hasattr(self, "log"))
     @rule()

@@ -3,7 +3,7 @@ of broken backend is caught."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -25,11 +25,11 @@ steps = st.one_of(
 
 
 @settings(max_examples=150, deadline=None)
-@given(script=st.lists(steps, max_size=25), channels=st.integers(1, 3))
-def test_random_histories_deliver_everything_once(script: list[Step], channels: int) -> None:
+@given(script=st.lists(steps, max_size=25), channels=st.integers(1, 3), min_partitions=st.none() | st.integers(2, 7))
+def test_random_histories_deliver_everything_once(script: list[Step], channels: int, min_partitions: int | None) -> None:
     harness = MemoryHarness(channels=channels)
     try:
-        result = play(harness, script)
+        result = play(harness, script, min_partitions=min_partitions)
     finally:
         harness.close()
     assert result.delivered == sum(s.n for s in script if isinstance(s, Append))
@@ -90,6 +90,41 @@ def test_broken_backends_are_caught(harness_type: type[MemoryHarness], message: 
     try:
         with pytest.raises(ScriptError, match=message):
             play(harness, [Append(5), Crash(2), Append(3), Batch(2), Batch()])
+    finally:
+        harness.close()
+
+
+class _HeadSplitBackend(MemoryBackend):
+    """Cuts a range at a place that depends on the driver run (here: how many backends were opened), not on
+    the range alone: a restarted query cuts a replayed batch elsewhere."""
+
+    opened = 0
+
+    def __init__(self, options: MemoryOptions) -> None:
+        super().__init__(options)
+        _HeadSplitBackend.opened += 1
+        self.run = _HeadSplitBackend.opened
+
+    def split_points(self, channel: str, start: Position, end: Position, parts: int) -> Sequence[Position]:
+        cut = int(start) + 1 + self.run % max(1, int(end) - int(start) - 1)
+        return [cut] if int(start) < cut < int(end) else []
+
+
+class _HeadSplitHarness(MemoryHarness):
+    def backend(self) -> Backend:
+        return _HeadSplitBackend(MemoryOptions.model_validate({"log": self.log.name}))
+
+
+@pytest.mark.parametrize("min_partitions", [2, None])
+def test_a_replay_cut_into_other_pieces_is_caught(min_partitions: int | None) -> None:
+    harness = _HeadSplitHarness(channels=1)
+    script: list[Step] = [Append(30), Batch(20), Crash(), Append(30)]
+    try:
+        if min_partitions:
+            with pytest.raises(ScriptError, match="cut into other pieces"):
+                play(harness, script, min_partitions=min_partitions)
+        else:  # without minPartitions nothing asks for split points
+            assert play(harness, script).replays == 1
     finally:
         harness.close()
 

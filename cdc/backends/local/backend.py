@@ -15,6 +15,7 @@ from cdc.backends.local.options import LocalOptions
 from cdc.backends.local.reader import LocalRangeReader
 from cdc.errors import DataLossError, PositionError
 from cdc.model import COMMIT_TS
+from cdc.partitions import pick_near
 
 
 class LocalBackend(Backend):
@@ -65,6 +66,17 @@ class LocalBackend(Backend):
         if max_records is not None:
             end = min(end, begin + max_records)
         return PlannedRange(end, end - begin, st.closed_at is not None and end == st.closed_at)
+
+    def split_points(self, channel: str, start: Position, end: Position, parts: int) -> Sequence[Position]:
+        """Segment boundaries inside the range, those nearest to ``parts`` equal shares (a boundary costs no
+        read: segments are immutable files named by the records they hold, so a piece never reads another's
+        segment). Fewer where the range holds fewer boundaries."""
+        begin, stop = int(start), int(end)
+        inside = [seg.start for seg in self.log.channel(channel).segments if begin < seg.start < stop]
+        return pick_near(inside, begin, stop, parts)
+
+    def range_size(self, channel: str, start: Position, end: Position) -> int | None:
+        return max(0, int(end) - int(start))
 
     def snapshot(self) -> SnapshotInfo:
         sid, chunks, cut = self.log.snapshot(self.options.snapshot_chunk_rows)

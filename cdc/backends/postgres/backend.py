@@ -55,6 +55,7 @@ from cdc.backends.postgres.reader import PostgresRangeReader
 from cdc.backends.postgres.records import Layout
 from cdc.backends.postgres.snapshot import ChunkedReads, PostgresChunkedSnapshot
 from cdc.errors import DataLossError, OptionError, PositionError
+from cdc.options import BackendOptions
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +198,14 @@ class PostgresBackend(Backend):
         """The query's tables by their OIDs (pgoutput names relations by OID)."""
         return {int(self.conn.execute("SELECT %s::regclass::oid", (t.name,)).fetchone()[0]): t.name  # type: ignore[index]
                 for t in self.layout.tables}
+
+    @classmethod
+    def split_refusal(cls, options: BackendOptions) -> str | None:
+        return (
+            "its changes come through one replication slot, which a reader peeks from the slot's confirmed "
+            "position only, so a range's middle is reached only by reading up to it (a snapshot is read in "
+            "chunks, one task each)"
+        )
 
     def reader(self) -> RangeReader:
         chunked = None

@@ -128,6 +128,17 @@ class AdminClient:
                 f"Pulsar admin GET lastMessageId of {topic}: unexpected answer {str(answer)[:200]}"
             ) from None
 
+    def internal_stats(self, topic: str) -> dict[str, Any]:
+        """The managed ledger's internal stats of a topic (or partition): ``GET .../internalStats``, whose
+        ``ledgers`` list each ledger's id and, once it is closed, its entry count."""
+        rest = topic.split("://", 1)[1]
+        answer = self.get(f"/admin/v2/persistent/{rest}/internalStats")
+        if not isinstance(answer, dict) or not isinstance(answer.get("ledgers"), list):
+            raise BackendUnavailableError(
+                f"Pulsar admin GET internalStats of {topic}: unexpected answer {str(answer)[:200]}"
+            )
+        return answer
+
     def backlog(self, topic: str, subscription: str) -> dict[str, int]:
         """Messages the subscription has not acknowledged, per partition topic (``msgBacklog`` of the
         partitioned stats, or of the topic's stats when it is not partitioned); a partition the subscription

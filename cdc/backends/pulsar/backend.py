@@ -55,8 +55,9 @@ from cdc.backends.pulsar.connection import Channel, admin_client, connect, parti
 from cdc.backends.pulsar.errors import HeadUnavailableError, SchemaMismatchError
 from cdc.backends.pulsar.heads import PartitionHeads, first_published_at
 from cdc.backends.pulsar.index import TopicIndex
+from cdc.backends.pulsar.ledgers import Ledgers
 from cdc.backends.pulsar.options import PulsarOptions
-from cdc.backends.pulsar.positions import START, before, count_between, to_key
+from cdc.backends.pulsar.positions import START, Key, before, count_between, to_key
 from cdc.backends.pulsar.reader import PulsarRangeReader
 from cdc.backends.pulsar.records import Decoder
 from cdc.backends.pulsar.transactions import IndexedMessages, TransactionLog, transaction_cut
@@ -66,6 +67,7 @@ from cdc.formats.debezium import (
     registry_envelope_avro,
     schema_from_first_message,
 )
+from cdc.options import BackendOptions
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
@@ -119,6 +121,7 @@ class PulsarBackend(Backend):
         self._budget = PartitionBudget(lambda: self.client, options)
         self._stale: set[str] = set()  # topics whose index has not caught up this round
         self._partitions: dict[str, list[Channel]] = {}
+        self._ledger_lists: dict[str, Ledgers] = {}  # per channel, for minPartitions (see _ledgers)
         self._verified: set[str] = set()  # topics whose partitions were checked to be served as topics
         # debezium.transactionTopic: the END events, and this round's window of transaction orders that the
         # cut may take (None: not opened yet this round). See cdc.backends.pulsar.transactions.
@@ -356,6 +359,37 @@ class PulsarBackend(Backend):
         end = list(keys[j - 1]) if j > i else list(start)
         index.trim(ch.partition, s)
         return PlannedRange(end, j - i)
+
+    # ------------------------------------------------------------------ split reads (minPartitions)
+    @classmethod
+    def split_refusal(cls, options: BackendOptions) -> str | None:
+        assert isinstance(options, PulsarOptions)
+        if options.admin_url is None:
+            return (
+                "a partition's range is cut before ledger entries that the admin API lists (internal stats), "
+                "and option 'admin.url' is not given"
+            )
+        return None
+
+    def split_points(self, channel: str, start: Position, end: Position, parts: int) -> Sequence[Position]:
+        """Positions before whole entries of the range, from the partition's ledgers (see
+        :mod:`cdc.backends.pulsar.ledgers`)."""
+        s, e = to_key(start, channel), to_key(end, channel)
+        return self._ledgers(channel, e).cut_points(s, e, parts)
+
+    def range_size(self, channel: str, start: Position, end: Position) -> int | None:
+        """Entries of the range (its ends' own entries counted once each)."""
+        s, e = to_key(start, channel), to_key(end, channel)
+        return self._ledgers(channel, e).count(s, e) + 1
+
+    def _ledgers(self, channel: str, end: Key) -> Ledgers:
+        """The partition's ledgers, asked again unless the last answer already lists the end's ledger: every
+        ledger before the last one listed was closed then, and a closed ledger's entries never change."""
+        known = self._ledger_lists.get(channel)
+        if known is None or known.last < end[0]:
+            assert self._admin is not None  # split_refusal: minPartitions needs admin.url
+            known = self._ledger_lists[channel] = Ledgers.from_stats(self._admin.internal_stats(channel))
+        return known
 
     # ------------------------------------------------------------------ transaction metadata
     def _transaction_log(self) -> TransactionLog:

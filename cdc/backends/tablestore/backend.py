@@ -139,6 +139,7 @@ from cdc.backends.tablestore.positions import (
 from cdc.backends.tablestore.reader import TablestoreRangeReader, TunnelSession
 from cdc.backends.tablestore.records import skip_past_page, table_layout
 from cdc.errors import OptionError, PositionError
+from cdc.options import BackendOptions
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +357,13 @@ class TablestoreBackend(Backend):
 
     def parse_position(self, channel: str, value: Any) -> Position:
         return Pos.parse(channel, value).to_json()
+
+    @classmethod
+    def split_refusal(cls, options: BackendOptions) -> str | None:
+        return (
+            "a tunnel channel's positions are tokens the server hands out one response at a time, so a position "
+            "inside a range is known only by reading up to it"
+        )
 
     def reader(self) -> RangeReader:
         if not self._channels:

@@ -246,6 +246,17 @@ class ApachePulsar(ServerProcess):
             headers["Authorization"] = f"Bearer {self._admin_token}"
         return urllib.request.Request(self.admin_url + path, data=data, method=method, headers=headers)
 
+    def _admin_call(
+        self, path: str, what: str, *, data: bytes | None = None, method: str, timeout: float = 30
+    ) -> None:
+        """An admin call whose answer is not needed; an HTTP error raises :class:`BrokerError` saying ``what``."""
+        try:
+            with urllib.request.urlopen(self._admin_request(path, data=data, method=method), timeout=timeout):
+                pass
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise BrokerError(f"{what}: HTTP {exc.code} {detail}") from exc
+
     def _command(self, lib: Path, config: Path) -> list[str]:
         direct = f"{max(64, _megabytes(self.heap) // 2)}m"
         return [
@@ -345,30 +356,23 @@ class ApachePulsar(ServerProcess):
         """Create ``topic`` (``persistent://tenant/namespace/name``, or a name in ``public/default``) with
         ``partitions`` partitions through the admin API (auto-created topics are not partitioned)."""
         path = _topic_path(topic)
-        request = self._admin_request(
-            f"/admin/v2/{path}/partitions",
-            data=str(int(partitions)).encode(),
-            method="PUT",
+        self._admin_call(
+            f"/admin/v2/{path}/partitions", f"creating {topic} with {partitions} partitions",
+            data=str(int(partitions)).encode(), method="PUT",
         )
-        try:
-            with urllib.request.urlopen(request, timeout=30):
-                pass
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            raise BrokerError(f"creating {topic} with {partitions} partitions: HTTP {exc.code} {detail}") from exc
+
+    def unload(self, topic: str) -> None:
+        """Unload ``topic`` (a partition, or a non-partitioned topic) from its broker: its open ledger is closed,
+        and the next message opens a new one (a way to give a topic several ledgers at once)."""
+        self._admin_call(f"/admin/v2/{_topic_path(topic)}/unload", f"unloading {topic}", method="PUT", timeout=60)
 
     def grant(self, namespace: str, role: str, actions: list[str]) -> None:
         """Give ``role`` the ``actions`` (``consume``, ``produce``...) on ``tenant/namespace`` (a broker with
         ``authorizationEnabled``; needs ``admin_token``)."""
-        request = self._admin_request(
-            f"/admin/v2/namespaces/{namespace}/permissions/{role}", data=json.dumps(actions).encode(), method="POST"
+        self._admin_call(
+            f"/admin/v2/namespaces/{namespace}/permissions/{role}", f"granting {actions} on {namespace} to {role}",
+            data=json.dumps(actions).encode(), method="POST",
         )
-        try:
-            with urllib.request.urlopen(request, timeout=30):
-                pass
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            raise BrokerError(f"granting {actions} on {namespace} to {role}: HTTP {exc.code} {detail}") from exc
 
     def __repr__(self) -> str:
         return (
