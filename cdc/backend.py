@@ -64,6 +64,13 @@ class ChannelInfo:
     parents: tuple[str, ...] = ()
     finished: bool = False
     """No record will ever be added past the channel's final position (closed by a split or merge)."""
+    follows: tuple[str, ...] = ()
+    """Channels whose records, up to their heads when a query first sees this channel, precede this channel's
+    records (a Kafka partition added to a topic while a query runs: the keys it takes over had their earlier
+    records in the older partitions). A channel that appears while a query runs starts only once the query's
+    positions in these channels reached those heads (the planner keeps them in the channel's offset entry as
+    ``after``); a channel present when the query starts has nothing to wait for. Positions of such channels
+    compare with ``>=`` (integers)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,11 @@ class Backend(ABC):
     def batch_read_end(self, channel: str) -> Position:
         """The end of a batch read's range that runs to the channel's head (rule 6). Default: :meth:`latest`."""
         return self.latest(channel)
+
+    def channel_positions(self, given: dict[str, Any]) -> dict[str, Any]:
+        """``startingOffsets``/``endingOffsets`` JSON as ``{channel: position}``: backends whose ecosystem writes
+        it in another form (Spark's Kafka source: ``{"topic": {"0": 42}}``) read that here. Default: as given."""
+        return given
 
     def parse_position(self, channel: str, value: Any) -> Position:
         """Validate a user-given position (from ``startingOffsets`` JSON); backends override."""

@@ -3,7 +3,8 @@
 Backend-neutral: ``backend=pulsar`` reads them (``valueFormat=debezium``), and any backend whose messages
 carry Debezium envelopes can.
 
-The shapes read (all JSON; Confluent-framed Avro is out of scope):
+The shapes read (JSON; Avro records of a known envelope schema, whichever way the backend found it: Pulsar's
+schema registry, or a Confluent-compatible registry and the Confluent wire format on Kafka):
 
 * the envelope itself (``op``, ``before``, ``after``, ``source``, ``ts_ms``): Debezium's JSON converter with
   ``schemas.enable=false``, Debezium Server's Pulsar sink, and the Pulsar IO Debezium source, whose
@@ -23,9 +24,12 @@ from __future__ import annotations
 import json
 import struct
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cdc.errors import OptionError
+from cdc.errors import OptionError, SchemaChangedError
+
+if TYPE_CHECKING:
+    from cdc.model import ChangeSchema
 
 
 class TruncateEvent(Exception):
@@ -261,3 +265,107 @@ def _avro_type(t: Any) -> Any:
         if "logicalType" not in t and isinstance(t.get("type"), str):
             return t["type"]
     return t
+
+
+# ------------------------------------------------------------------ envelopes into change records
+class ChangeDecoder:
+    """Decodes one channel's Debezium envelopes, in order, into the pieces of change records of one table:
+    ``valueSchema`` (the row's record schema) and ``changeKeys`` give the change schema (:attr:`change`).
+
+    ``events_schema``: ``valueSchema`` was read from the first envelope's schema, so every later envelope's
+    schema (``schemas.enable=true``) must give the same row. ``envelope_avro``: the envelopes are Avro records
+    of this schema (JSON text) rather than JSON. Backends call :meth:`decode` with an envelope's bytes, or
+    :meth:`decode_envelope` with one they decoded themselves (Confluent-framed Avro)."""
+
+    def __init__(
+        self,
+        value_schema: str | None,
+        change_keys: str | None,
+        events_schema: bool = False,
+        envelope_avro: str | None = None,
+    ) -> None:
+        import pyarrow as pa
+
+        from cdc.formats.rows import RowField, parse_avro_schema, parse_record_schema
+        from cdc.model import ChangeSchema
+
+        self.events_schema = json.dumps(json.loads(value_schema), sort_keys=True) if events_schema and value_schema else None
+        self._same_schemas: list[Any] = []
+        self._envelope_avro: Any = parse_avro_schema(envelope_avro) if envelope_avro else None
+        if not value_schema:
+            raise OptionError("option 'valueSchema' is required with valueFormat=debezium", "valueSchema")
+        fields = parse_record_schema(value_schema)
+        keys = [k.strip() for k in (change_keys or "").split(",") if k.strip()]
+        table = pa.schema([pa.field(f.name, f.arrow, nullable=f.nullable) for f in fields])
+        try:
+            self.change: ChangeSchema = ChangeSchema.of(table, keys)
+        except ValueError as exc:
+            raise OptionError(f"options 'valueSchema'/'changeKeys': {exc}", "changeKeys") from None
+        # The change model makes key columns non-null whatever the schema says.
+        self.fields = [RowField(f.name, f.arrow, f.nullable and f.name not in keys, f.convert) for f in fields]
+
+    def decode(self, value: bytes, fallback_ms: int) -> tuple[str, datetime, list[Any]] | None:
+        """(op, commit time, table row) of an envelope's bytes; ``None`` for a tombstone (empty). The commit time
+        falls back to ``fallback_ms`` (the message's own time) when the envelope has none. A truncate raises
+        :class:`TruncateEvent`; an undecodable envelope :class:`~cdc.formats.rows.Malformed`; an envelope whose
+        schema differs from the one the query read from the topic :class:`~cdc.errors.SchemaChangedError`."""
+        from cdc.formats.rows import decode_avro, decode_object
+
+        if not value:
+            return None
+        env = decode_avro(value, self._envelope_avro) if self._envelope_avro else decode_object(value)
+        return self.decode_envelope(env, fallback_ms)
+
+    def decode_envelope(self, env: dict[str, Any], fallback_ms: int) -> tuple[str, datetime, list[Any]]:
+        """:meth:`decode` of an envelope already decoded into a dict."""
+        from cdc.formats.rows import Malformed, brief, row_values
+        from cdc.model import Op
+
+        if "op" not in env and isinstance(env.get("payload"), dict):
+            if self.events_schema is not None:
+                self._check_events_schema(env.get("schema"))
+            env = env["payload"]  # Debezium's JSON converter with schemas.enable=true
+        op = env.get("op")
+        if op == "t":
+            raise TruncateEvent(source_table(env), self._commit_time(env, fallback_ms))
+        ops = {"c": Op.INSERT, "u": Op.UPDATE, "d": Op.DELETE, "r": Op.SNAPSHOT}
+        if not isinstance(op, str) or op not in ops:
+            raise Malformed(f"envelope 'op' must be one of c, u, d, r, t; got {brief(op)}")
+        image_name = "before" if op == "d" else "after"
+        image = env.get(image_name)
+        if not isinstance(image, dict):
+            raise Malformed(f"op {op!r} needs an object in {image_name!r}, got {brief(image)}")
+        if op == "d":
+            keys = set(self.change.keys)
+            image = {k: v for k, v in image.items() if k in keys}
+        row = row_values(self.fields, image, f"{image_name}: ")
+        return ops[op].value, self._commit_time(env, fallback_ms), row
+
+    @staticmethod
+    def _commit_time(env: dict[str, Any], fallback_ms: int) -> datetime:
+        from cdc.formats.rows import CALENDAR, Malformed, brief, from_epoch, integer
+
+        name, ts, scale = commit_field(env)
+        if ts is None:
+            ts, scale = fallback_ms, -1000
+        try:
+            return from_epoch(epoch_micros(integer(ts), scale), 1, "epoch time")
+        except (TypeError, ValueError):
+            unit = {1: "microseconds", 1000: "nanoseconds"}.get(scale, "milliseconds")
+            raise Malformed(f"envelope {name!r} must be epoch {unit} {CALENDAR}, got {brief(ts)}") from None
+
+    def _check_events_schema(self, schema: Any) -> None:
+        if any(schema == known for known in self._same_schemas):
+            return
+        try:
+            text = record_schema_of(schema)
+        except ValueError as exc:
+            raise SchemaChangedError(f"its schema no longer gives the row's columns: {exc}") from None
+        if text != self.events_schema:
+            raise SchemaChangedError(
+                f"its row schema {text} differs from the one the query read from the topic when it was "
+                f"defined, {self.events_schema}; restart the query to read the new schema (or give option "
+                "valueSchema)"
+            )
+        if len(self._same_schemas) < 16:
+            self._same_schemas.append(schema)
