@@ -250,6 +250,7 @@ BACKENDS: dict[str, str] = {
     "pulsar": "cdc.backends.pulsar:PulsarBackend",
     "tablestore": "cdc.backends.tablestore:TablestoreBackend",
     "postgres": "cdc.backends.postgres:PostgresBackend",
+    "kafka": "cdc.backends.kafka:KafkaBackend",
 }
 
 
@@ -268,6 +269,7 @@ BACKEND_OPTIONS: dict[str, str] = {
     "pulsar": "cdc.backends.pulsar.options:PulsarOptions",
     "tablestore": "cdc.backends.tablestore.options:TablestoreOptions",
     "postgres": "cdc.backends.postgres.options:PostgresOptions",
+    "kafka": "cdc.backends.kafka.options:KafkaOptions",
 }
 
 

@@ -94,6 +94,34 @@ def apache_pulsar() -> Iterator[ApachePulsar]:
         yield p
 
 
+KAFKA_USERS = {"cdc-reader": "reader-secret-7f3a"}
+"""The SCRAM users of the session's Kafka broker (its SASL_SSL listener)."""
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Apache Kafka (KRaft, one broker) shared by the session: a PLAINTEXT listener (``bootstrap``) and a
+    SASL_SSL one (``secure_bootstrap``: SCRAM-SHA-512 over TLS, users :data:`KAFKA_USERS`, its CA in
+    ``apache_kafka.tls.ca``). Auto-created topics have one partition; make others with ``create_topic``. A test
+    may kill and restart it (same ports, data)."""
+    from cdc.servers.kafka import ApacheKafka, Tls
+    from tests.tls import make_certificates
+
+    certs = make_certificates(tmp_path_factory.mktemp("kafka-tls"))
+    with ApacheKafka(tls=Tls(certs.cert, certs.key, KAFKA_USERS, certs.ca)) as kafka:
+        yield kafka
+
+
+@pytest.fixture(scope="session")
+def kafka_connect(apache_kafka: Any) -> Iterator[Any]:
+    """Kafka Connect standalone with Debezium's PostgreSQL connector, writing to the session's Kafka; connectors
+    are added through its REST API (one worker for the session)."""
+    from cdc.servers.kafka import KafkaConnect
+
+    with KafkaConnect(apache_kafka) as connect:
+        yield connect
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[Any]:
     """One real PostgreSQL (:class:`cdc.servers.postgres.PostgresServer`) for the session, on loopback with

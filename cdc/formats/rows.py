@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -248,3 +249,20 @@ def decode_avro(payload: bytes, schema: Any) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise Malformed("the Avro value is not a record")
     return record
+
+
+def type_default(t: pa.DataType) -> Any:
+    """A value of type ``t`` that means nothing (a truncate record's key columns, which cannot be null)."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return ""
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return b""
+    if pa.types.is_boolean(t):
+        return False
+    if pa.types.is_timestamp(t):
+        return datetime(1970, 1, 1, tzinfo=UTC)
+    if pa.types.is_date(t):
+        return date(1970, 1, 1)
+    if pa.types.is_decimal(t):
+        return Decimal(0)
+    return 0

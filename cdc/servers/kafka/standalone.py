@@ -111,6 +111,8 @@ class Tls:
     key: Path
     """An unencrypted PKCS#8 private key."""
     users: Mapping[str, str]
+    ca: Path | None = None
+    """The CA that signed ``cert``, what clients trust (the broker does not read it)."""
 
 
 class _NotReady(Exception):
