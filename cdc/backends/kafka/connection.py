@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
 
 from cdc.backends.kafka.options import KafkaOptions
 from cdc.backends.kafka.positions import Partition
@@ -93,6 +94,12 @@ def admin_client(options: KafkaOptions) -> AdminClient:
         raise  # pragma: no cover
 
 
+def _unknown_partition(exc: BaseException) -> bool:
+    """A partition the client's metadata does not know yet (added a moment ago)."""
+    error = exc.args[0] if exc.args else None
+    return getattr(error, "name", lambda: "")() == "_UNKNOWN_PARTITION"
+
+
 def _unavailable(what: str, exc: object, options: KafkaOptions) -> BackendUnavailableError:
     return BackendUnavailableError(f"{what} from {options.setting('bootstrap.servers')}: {exc}")
 
@@ -166,11 +173,21 @@ class Cluster:
         return {p: (low[p], high[p]) for p in partitions}
 
     def _list_offsets(self, partitions: Iterable[Partition], spec: Any, level: Any) -> dict[Partition, int]:
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         request = {TopicPartition(p.topic, p.partition): spec for p in partitions}
-        futures = self.admin.list_offsets(request, isolation_level=level, request_timeout=self.timeout_s)
-        return {Partition(tp.topic, tp.partition): f.result(timeout=self.timeout_s).offset for tp, f in futures.items()}
+        for attempt in Retrying(stop=stop_after_attempt(6), wait=wait_fixed(0.3), reraise=True,
+                                retry=retry_if_exception(_unknown_partition)):
+            with attempt:
+                try:
+                    futures = self.admin.list_offsets(request, isolation_level=level, request_timeout=self.timeout_s)
+                    return {Partition(tp.topic, tp.partition): f.result(timeout=self.timeout_s).offset
+                            for tp, f in futures.items()}
+                except KafkaException as exc:
+                    if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError._UNKNOWN_PARTITION:
+                        self._admin = None  # a partition added since the client's metadata: ask with a new one
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def offsets_for_time(self, partitions: Sequence[Partition], when_ms: int) -> dict[Partition, int | None]:
         """Per partition, the offset of its first record with a timestamp at or after ``when_ms`` (``None``:
