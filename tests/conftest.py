@@ -45,7 +45,16 @@ def spark_builder(app: str = "cdc-tunnel-tests") -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
     )
-    return configure_delta(builder)
+    builder = configure_delta(builder)
+    # Spark's own Kafka source (format("kafka")) beside the io.delta jars, when `make kafka` resolved it.
+    from cdc.servers.kafka.standalone import KafkaServerError, spark_kafka_jars
+    from sinks.delta.session import delta_jars
+
+    try:
+        kafka_jars = spark_kafka_jars()
+    except KafkaServerError:
+        return builder  # the Spark Kafka source tests then fail naming `make kafka`
+    return builder.config("spark.jars", ",".join([*map(str, delta_jars()), *kafka_jars]))
 
 
 @pytest.fixture(scope="session")
