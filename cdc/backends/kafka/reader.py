@@ -105,12 +105,12 @@ class _PartitionReader:
                 error = m.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        done = m.offset() >= end
+                        done = (m.offset() or 0) >= end
                         if done:
                             break
                         continue  # the broker's end is short of the planned end for now (a replica catching up)
                     self._fail(error)
-                offset = m.offset()
+                offset = int(m.offset())  # a message has an offset (only some errors have none)
                 if offset >= end:
                     done = True
                     break
