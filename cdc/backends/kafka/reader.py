@@ -110,7 +110,8 @@ class _PartitionReader:
                             break
                         continue  # the broker's end is short of the planned end for now (a replica catching up)
                     self._fail(error)
-                offset = int(m.offset())  # a message has an offset (only some errors have none)
+                offset = m.offset()
+                assert offset is not None  # a message has an offset (only some errors have none)
                 if offset >= end:
                     done = True
                     break
