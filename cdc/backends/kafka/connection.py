@@ -112,7 +112,6 @@ class Cluster:
         self.timeout_s = options.metadata_timeout_ms / 1000
         self._consumer: Any = None
         self._admin: AdminClient | None = None
-        self._compacted: dict[str, bool] = {}
 
     @property
     def consumer(self) -> Any:
@@ -206,23 +205,6 @@ class Cluster:
         from confluent_kafka import IsolationLevel
 
         return IsolationLevel.READ_COMMITTED if self.options.read_committed else IsolationLevel.READ_UNCOMMITTED
-
-    def compacted(self, topic: str) -> bool:
-        """Whether the topic's ``cleanup.policy`` compacts (asked once per topic)."""
-        if topic not in self._compacted:
-            from confluent_kafka import KafkaException
-            from confluent_kafka.admin import ConfigResource, ResourceType
-
-            resource = ConfigResource(ResourceType.TOPIC, topic)
-            try:
-                configs = self.admin.describe_configs([resource], request_timeout=self.timeout_s)[resource].result(
-                    timeout=self.timeout_s)
-            except KafkaException as exc:
-                log.warning("cannot read topic %s's cleanup.policy (%s): taken as not compacted", topic, exc)
-                return False
-            policy = configs.get("cleanup.policy")
-            self._compacted[topic] = "compact" in str(policy.value if policy is not None else "")
-        return self._compacted[topic]
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:
         """Commit ``offsets`` (the next offset to read, per partition) to the query's consumer group."""

@@ -159,15 +159,8 @@ class KafkaOptions(BackendOptions):
         "fail",
         alias="debezium.truncate",
         description="valueFormat=debezium, a truncate (op t): `fail` the query naming the table and message, or "
-        "`apply` it: it becomes a change record with _op `truncate`, which DeltaUpsertSink applies by emptying the "
-        "table before the batch's later changes. Batches then end right before each truncate.",
-    )
-    debezium_transaction_topic: str | None = Field(
-        None,
-        alias="debezium.transactionTopic",
-        description="valueFormat=debezium: Debezium's transaction topic (provide.transaction.metadata=true; "
-        "`<topic.prefix>.transaction`). Batches then never end inside a source transaction, over every partition "
-        "and topic of the query; planning then reads every message on the driver.",
+        "`apply` it: it becomes a change record with _op `truncate`, which DeltaUpsertSink applies in order with the "
+        "changes of its partition (Debezium writes a table to one partition unless told otherwise).",
     )
     poll_timeout_ms: PositiveInt = Field(
         120_000,
@@ -226,8 +219,6 @@ class KafkaOptions(BackendOptions):
                 raise ValueError(f"option 'valueSchema' is not JSON: {exc}") from None
         if self.on_malformed == "quarantine" and not self.quarantine_topic:
             raise ValueError("option 'quarantineTopic' is required with onMalformed=quarantine")
-        if self.debezium_transaction_topic is not None and self.value_format != "debezium":
-            raise ValueError("option 'debezium.transactionTopic' needs valueFormat=debezium")
         if self.include_headers and self.value_format != "bytes":
             raise ValueError("option 'includeHeaders' applies to valueFormat=bytes")
         level = str(self.setting("isolation.level") or "read_committed")
