@@ -32,14 +32,69 @@ from cdc.servers.process import ServerProcess, die_with_parent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KafkaConnect", "postgres_connector"]
+__all__ = ["ConnectClient", "KafkaConnect", "postgres_connector"]
 
 
 class _NotReady(Exception):
     pass
 
 
-class KafkaConnect(ServerProcess):
+class ConnectClient:
+    """Kafka Connect's REST API at ``url``: add, watch and remove connectors."""
+
+    url: str
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as r:
+            text = r.read()
+        return json.loads(text) if text else None
+
+    # ------------------------------------------------------------------ connectors
+    def create(self, name: str, config: Mapping[str, str]) -> None:
+        """Add connector ``name`` with ``config`` (``connector.class`` and its own settings)."""
+        try:
+            self._call("POST", "/connectors", {"name": name, "config": dict(config)})
+        except urllib.error.HTTPError as exc:
+            raise KafkaServerError(f"creating connector {name}: HTTP {exc.code} {exc.read().decode()[:1000]}") from None
+
+    def status(self, name: str) -> dict[str, Any]:
+        answer: dict[str, Any] = self._call("GET", f"/connectors/{name}/status")
+        return answer
+
+    def wait_running(self, name: str, timeout: float = 120.0) -> None:
+        """Wait until the connector and its tasks run; a failed task fails here with its trace."""
+        deadline = time.monotonic() + timeout
+        state: Any = None
+        while time.monotonic() < deadline:
+            try:
+                state = self.status(name)
+            except urllib.error.HTTPError:
+                state = None
+            tasks = (state or {}).get("tasks") or []
+            failed = [t for t in tasks if t.get("state") == "FAILED"]
+            if failed or (state or {}).get("connector", {}).get("state") == "FAILED":
+                trace = (failed[0] if failed else state["connector"]).get("trace", "")
+                raise KafkaServerError(f"connector {name} failed: {trace[:3000]}")
+            if tasks and all(t.get("state") == "RUNNING" for t in tasks):
+                return
+            time.sleep(0.3)
+        raise KafkaServerError(f"connector {name} is not running after {timeout} s: {state}")
+
+    def delete(self, name: str) -> None:
+        try:
+            self._call("DELETE", f"/connectors/{name}")
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+
+
+class KafkaConnect(ServerProcess, ConnectClient):
     """A Kafka Connect standalone worker on 127.0.0.1 (REST API on :attr:`url`), writing to ``kafka``."""
 
     stop_timeout = 30.0
@@ -51,14 +106,12 @@ class KafkaConnect(ServerProcess):
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="kafka-connect-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.rest_port = rest_port or free_port()
+        ConnectClient.__init__(self, f"http://127.0.0.1:{self.rest_port}")
         self.heap = heap
         self.die_with_parent = die_with_parent
         self.last_start_s: float | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.rest_port}"
 
     @property
     def log_file(self) -> Path:
@@ -120,52 +173,6 @@ class KafkaConnect(ServerProcess):
             self._call("GET", "/connector-plugins")
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
             raise _NotReady(str(exc)) from exc
-
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as r:
-            text = r.read()
-        return json.loads(text) if text else None
-
-    # ------------------------------------------------------------------ connectors
-    def create(self, name: str, config: Mapping[str, str]) -> None:
-        """Add connector ``name`` with ``config`` (``connector.class`` and its own settings)."""
-        try:
-            self._call("POST", "/connectors", {"name": name, "config": dict(config)})
-        except urllib.error.HTTPError as exc:
-            raise KafkaServerError(f"creating connector {name}: HTTP {exc.code} {exc.read().decode()[:1000]}") from None
-
-    def status(self, name: str) -> dict[str, Any]:
-        answer: dict[str, Any] = self._call("GET", f"/connectors/{name}/status")
-        return answer
-
-    def wait_running(self, name: str, timeout: float = 120.0) -> None:
-        """Wait until the connector and its tasks run; a failed task fails here with its trace."""
-        deadline = time.monotonic() + timeout
-        state: Any = None
-        while time.monotonic() < deadline:
-            try:
-                state = self.status(name)
-            except urllib.error.HTTPError:
-                state = None
-            tasks = (state or {}).get("tasks") or []
-            failed = [t for t in tasks if t.get("state") == "FAILED"]
-            if failed or (state or {}).get("connector", {}).get("state") == "FAILED":
-                trace = (failed[0] if failed else state["connector"]).get("trace", "")
-                raise KafkaServerError(f"connector {name} failed: {trace[:3000]}")
-            if tasks and all(t.get("state") == "RUNNING" for t in tasks):
-                return
-            time.sleep(0.3)
-        raise KafkaServerError(f"connector {name} is not running after {timeout} s: {state}")
-
-    def delete(self, name: str) -> None:
-        try:
-            self._call("DELETE", f"/connectors/{name}")
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404:
-                raise
 
     def __repr__(self) -> str:
         return f"KafkaConnect(url={self.url!r}, kafka={self.kafka.bootstrap!r}, running={self.running})"
