@@ -10,7 +10,11 @@ it among their ``parents``. The source never delivers a child's record before ev
 Rules every backend keeps (the shared contract suite, :mod:`cdc.testing.contract`, checks them):
 
 1. ``read(channel, start, end)`` of the same range always yields the same records, in position order,
-   however often and from whichever process it is called: a batch's content is fixed by its offsets.
+   however often and from whichever process it is called: a batch's content is fixed by its offsets. One
+   exception, where the system itself rewrites its log: a compacted Kafka topic (``cleanup.policy=compact``)
+   drops a record once a later record of the same key exists, so a replayed range may hold *fewer* records,
+   never other ones, and never the last record of a key (a sink that keeps the latest change per key ends
+   the same); the offsets left without a record are no data loss (rule 3 is about positions no longer held).
 2. ``plan(channel, start, max_records, until)`` never plans past what exists now, nor past ``until``,
    nor more than ``max_records`` records; it reports how many records the range holds and whether its
    end is the channel's final end (``finished``). Without a budget (``max_records=None``) the count may

@@ -94,6 +94,21 @@ def admin_client(options: KafkaOptions) -> AdminClient:
         raise  # pragma: no cover
 
 
+def refused(exc: BaseException) -> None:
+    """A broker that refused the client's credentials or certificate: an :class:`OptionError` naming the options
+    to fix (librdkafka's text names neither the password nor the key)."""
+    error = exc.args[0] if exc.args else None
+    name = getattr(error, "name", lambda: "")()
+    text = getattr(error, "str", lambda: str(exc))()
+    if name in ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "TOPIC_AUTHORIZATION_FAILED",
+                "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"):
+        raise OptionError(f"options 'kafka.sasl.username'/'kafka.sasl.password' (and kafka.sasl.mechanism): the "
+                          f"broker refused them: {_without_values(text)}", "kafka.sasl.password") from None
+    if name == "_SSL":
+        raise OptionError(f"option 'kafka.ssl.ca.location': the TLS handshake failed: {_without_values(text)}",
+                          "kafka.ssl.ca.location") from None
+
+
 def _unknown_partition(exc: BaseException) -> bool:
     """A partition the client's metadata does not know yet (added a moment ago)."""
     error = exc.args[0] if exc.args else None
@@ -131,6 +146,7 @@ class Cluster:
         try:
             return self.consumer.list_topics(topic, timeout=self.timeout_s)
         except confluent_kafka.KafkaException as exc:
+            refused(exc)
             raise _unavailable("listing topics", exc, self.options) from None
 
     def partitions(self) -> list[Partition]:

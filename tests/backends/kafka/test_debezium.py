@@ -22,6 +22,7 @@ from cdc.formats.debezium import record_schema_of
 from cdc.servers.kafka import ApacheKafka, KafkaConnect, postgres_connector
 from sinks.delta import DeltaUpsertSink, read
 from tests.backends.kafka.helpers import backend, drain
+from tests.streaming import await_with_retries
 
 pytestmark = pytest.mark.spark
 
@@ -125,9 +126,9 @@ def test_real_events_stream_into_delta_equal_to_the_table(captured: Captured, ap
               .option("kafka.bootstrap.servers", apache_kafka.bootstrap).option("subscribe", captured.topic)
               .option("valueFormat", "debezium").option("changeKeys", "id").option("debezium.truncate", "apply")
               .option("maxOffsetsPerTrigger", "4"))
-    q = (reader.load().writeStream.foreachBatch(DeltaUpsertSink(str(tmp_path / "items"), keys=["id"]))
-         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
-    q.awaitTermination()
+    q = await_with_retries(lambda: reader.load().writeStream.foreachBatch(
+        DeltaUpsertSink(str(tmp_path / "items"), keys=["id"])).option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True).start())
     assert q.exception() is None
     assert _source_rows(read(spark, str(tmp_path / "items")).collect()) == _source_rows(
         [dict(zip(COLUMNS, r, strict=True)) for r in captured.rows])
@@ -146,9 +147,9 @@ def test_spark_kafka_source_output_into_delta_equal_to_the_table(captured: Captu
            .option("subscribe", captured.topic).option("startingOffsets", "earliest")
            .option("maxOffsetsPerTrigger", "5").load())
     changes = spark_kafka_changes(raw, change_keys="id", value_schema=value_schema, truncate="apply")
-    q = (changes.writeStream.foreachBatch(DeltaUpsertSink(str(tmp_path / "items"), keys=["id"]))
-         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
-    q.awaitTermination()
+    q = await_with_retries(lambda: changes.writeStream.foreachBatch(
+        DeltaUpsertSink(str(tmp_path / "items"), keys=["id"])).option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True).start())
     assert q.exception() is None
     assert _source_rows(read(spark, str(tmp_path / "items")).collect()) == _source_rows(
         [dict(zip(COLUMNS, r, strict=True)) for r in captured.rows])
