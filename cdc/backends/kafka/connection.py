@@ -94,12 +94,14 @@ def admin_client(options: KafkaOptions) -> AdminClient:
         raise  # pragma: no cover
 
 
-def refused(exc: BaseException) -> None:
-    """A broker that refused the client's credentials or certificate: an :class:`OptionError` naming the options
-    to fix (librdkafka's text names neither the password nor the key)."""
-    error = exc.args[0] if exc.args else None
+def refused(error: Any) -> None:
+    """A broker that refused the client's credentials or certificate (``error``: a KafkaError, as the client's
+    error callback reports it): an :class:`OptionError` naming the options to fix (librdkafka's text names
+    neither the password nor the key)."""
+    if error is None:
+        return
     name = getattr(error, "name", lambda: "")()
-    text = getattr(error, "str", lambda: str(exc))()
+    text = getattr(error, "str", lambda: str(error))()
     if name in ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "TOPIC_AUTHORIZATION_FAILED",
                 "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"):
         raise OptionError(f"options 'kafka.sasl.username'/'kafka.sasl.password' (and kafka.sasl.mechanism): the "
@@ -127,11 +129,12 @@ class Cluster:
         self.timeout_s = options.metadata_timeout_ms / 1000
         self._consumer: Any = None
         self._admin: AdminClient | None = None
+        self.refusal: Any = None
 
     @property
     def consumer(self) -> Any:
         if self._consumer is None:
-            self._consumer = consumer(self.options)
+            self._consumer = consumer(self.options, error_cb=self._note)
         return self._consumer
 
     @property
@@ -146,8 +149,14 @@ class Cluster:
         try:
             return self.consumer.list_topics(topic, timeout=self.timeout_s)
         except confluent_kafka.KafkaException as exc:
-            refused(exc)
+            self.consumer.poll(0)  # serves the client's error callbacks (_note)
+            refused(self.refusal)  # what the broker said, when it refused the credentials or the certificate
             raise _unavailable("listing topics", exc, self.options) from None
+
+    def _note(self, error: Any) -> None:
+        """The client's error callback: keeps the last refusal (authentication, TLS) for :meth:`metadata`."""
+        if getattr(error, "name", lambda: "")() in ("_AUTHENTICATION", "_SSL", "SASL_AUTHENTICATION_FAILED"):
+            self.refusal = error
 
     def partitions(self) -> list[Partition]:
         """The query's partitions now: ``subscribe``'s topics, ``subscribePattern``'s matches, or ``assign``'s."""

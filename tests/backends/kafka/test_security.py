@@ -25,7 +25,7 @@ def _secure(kafka: ApacheKafka, password: str = PASSWORD, ca: Path | None = None
     assert kafka.tls is not None and kafka.tls.ca is not None
     return {"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
             "kafka.sasl.username": USER, "kafka.sasl.password": password,
-            "kafka.ssl.ca.location": str(ca or kafka.tls.ca), "metadataTimeoutMs": "10000"}
+            "kafka.ssl.ca.location": str(ca or kafka.tls.ca), "metadataTimeoutMs": "5000"}
 
 
 def test_scram_over_tls_reads_and_the_password_stays_secret(kafka: ApacheKafka, topic: str,
