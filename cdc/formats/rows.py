@@ -209,10 +209,15 @@ def decode_object(payload: bytes) -> dict[str, Any]:
     return obj
 
 
-def row_values(fields: Sequence[RowField], obj: dict[str, Any], what: str) -> list[Any]:
+def row_values(fields: Sequence[RowField], obj: dict[str, Any], what: str, unsent: Sequence[str] = ()) -> list[Any]:
+    """The values of ``fields`` in ``obj``, converted; a field named in ``unsent`` (a value the source did not
+    send, see :mod:`cdc.formats.debezium`'s placeholder) is null whatever ``obj`` holds."""
     out: list[Any] = []
     for f in fields:
         v = obj.get(f.name)
+        if f.name in unsent:
+            out.append(None)
+            continue
         if v is None:
             if not f.nullable:
                 raise Malformed(f"{what}field {f.name!r} is missing or null but not nullable")

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import PositiveInt, SecretStr, field_validator, model_validator
 
+from cdc.formats.debezium import DEFAULT_PLACEHOLDER, PLACEHOLDER_DESCRIPTION, checked_placeholder
 from cdc.options import BackendOptions, Field
 
 ValueFormat = Literal["bytes", "debezium"]
@@ -162,6 +163,9 @@ class KafkaOptions(BackendOptions):
         "`apply` it: it becomes a change record with _op `truncate`, which DeltaUpsertSink applies in order with the "
         "changes of its partition (Debezium writes a table to one partition unless told otherwise).",
     )
+    debezium_unavailable_value_placeholder: str = Field(
+        DEFAULT_PLACEHOLDER, alias="debezium.unavailableValuePlaceholder", description=PLACEHOLDER_DESCRIPTION
+    )
     poll_timeout_ms: PositiveInt = Field(
         120_000,
         alias="kafkaConsumer.pollTimeoutMs",
@@ -192,6 +196,11 @@ class KafkaOptions(BackendOptions):
     @classmethod
     def _client_settings(cls, v: Any) -> Any:
         return client_settings(v) if isinstance(v, Mapping) else v
+
+    @field_validator("debezium_unavailable_value_placeholder")
+    @classmethod
+    def _placeholder(cls, v: str) -> str:
+        return checked_placeholder(v)
 
     @model_validator(mode="after")
     def _check(self) -> KafkaOptions:

@@ -57,7 +57,8 @@ class KafkaRangeReader(RangeReader):
         return bytes_schema(self.options.include_headers)
 
     def _decoder(self) -> ChangeDecoder:
-        return ChangeDecoder(self.value_schema, self.options.change_keys, self.events_schema)
+        return ChangeDecoder(self.value_schema, self.options.change_keys, self.events_schema,
+                             placeholder=self.options.debezium_unavailable_value_placeholder)
 
     def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
         s, e = to_offset(start, channel), to_offset(end, channel)

@@ -18,13 +18,12 @@ import base64
 import json
 import struct
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
 
 from cdc.backends.kafka.registry import SchemaRegistry
-from cdc.formats.debezium import ChangeDecoder
+from cdc.formats.debezium import Change, ChangeDecoder
 from cdc.formats.rows import TS, Malformed, decode_avro, parse_avro_schema
 
 __all__ = ["BYTES_FIELDS", "HEADERS_FIELD", "ChangeValues", "bytes_schema", "confluent_schema_id"]
@@ -68,8 +67,8 @@ class ChangeValues:
         self.registry = registry
         self._avro: dict[int, Any] = {}
 
-    def decode(self, value: bytes | None, timestamp_ms: int) -> tuple[str, datetime, list[Any]] | None:
-        """(op, commit time, table row), or ``None`` for a tombstone (a null or empty value)."""
+    def decode(self, value: bytes | None, timestamp_ms: int) -> Change | None:
+        """The change, or ``None`` for a tombstone (a null or empty value)."""
         if not value:
             return None
         schema_id = confluent_schema_id(value)
@@ -109,6 +108,11 @@ def _without_logical_types(schema: Any) -> Any:
     return schema
 
 
+def change_row(c: Change, channel: str, offset: int) -> list[Any]:
+    """A change's row of the change schema's columns; ``_seq`` and ``_position`` are the message's offset."""
+    return [c.op, offset, c.commit, channel, offset, c.unchanged, c.old_key, *c.values]
+
+
 def change_rows(
     values: ChangeValues,
     messages: Sequence[Any],
@@ -141,6 +145,5 @@ def change_rows(
         if decoded is None:
             tombstones += 1
             continue
-        op, commit, row = decoded
-        rows.append([op, offset, commit, channel, offset, *row])
+        rows.append(change_row(decoded, channel, offset))
     return rows, tombstones

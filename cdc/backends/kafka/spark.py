@@ -23,10 +23,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc.backends.kafka.records import ChangeValues
+from cdc.backends.kafka.records import ChangeValues, change_row
 from cdc.backends.kafka.registry import SchemaRegistry
 from cdc.errors import MalformedRecordError, SchemaChangedError, TruncateError
-from cdc.formats.debezium import ChangeDecoder, TruncateEvent
+from cdc.formats.debezium import DEFAULT_PLACEHOLDER, ChangeDecoder, TruncateEvent, checked_placeholder
 from cdc.formats.rows import Malformed, type_default
 from cdc.model import METADATA_COLUMNS
 
@@ -40,21 +40,25 @@ def spark_kafka_changes(
     value_schema: str,
     schema_registry_url: str | None = None,
     truncate: str = "fail",
+    placeholder: str = DEFAULT_PLACEHOLDER,
 ) -> Any:
     """The change records of a Spark Kafka source DataFrame of Debezium events (see the module).
 
     ``change_keys``: comma-separated key columns; ``value_schema``: the row's record schema (JSON text, as
     option ``valueSchema`` takes it); ``schema_registry_url``: for Avro values in the Confluent wire format;
     ``truncate``: ``fail`` (a truncate fails the query naming it) or ``apply`` (a ``truncate`` record, which
-    DeltaUpsertSink applies). Tombstones are skipped; an undecodable value fails the query naming its topic,
-    partition and offset.
+    DeltaUpsertSink applies); ``placeholder``: the connector's ``unavailable.value.placeholder`` (as option
+    ``debezium.unavailableValuePlaceholder`` takes it: a column holding it is an unchanged column). Tombstones
+    are skipped; an undecodable value fails the query naming its topic, partition and offset. A key change's
+    create carries ``_old_key`` when its delete is in the same micro-batch (Spark's source may end a batch
+    between them).
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
     if truncate not in ("fail", "apply"):
         raise ValueError(f"truncate: accepted values: fail, apply (got {truncate!r})")
-    schema = ChangeDecoder(value_schema, change_keys).change.arrow()
-    decode = _Decode(value_schema, change_keys, schema_registry_url, truncate == "apply")
+    schema = ChangeDecoder(value_schema, change_keys, placeholder=checked_placeholder(placeholder)).change.arrow()
+    decode = _Decode(value_schema, change_keys, schema_registry_url, truncate == "apply", placeholder)
     return df.select("key", "value", "topic", "partition", "offset", "timestamp").mapInArrow(
         decode, from_arrow_schema(schema))
 
@@ -62,8 +66,9 @@ def spark_kafka_changes(
 class _Decode:
     """The function ``mapInArrow`` runs on executors: one decoder per topic partition, in offset order."""
 
-    def __init__(self, value_schema: str, change_keys: str, registry_url: str | None, apply_truncates: bool) -> None:
-        self.value_schema, self.change_keys = value_schema, change_keys
+    def __init__(self, value_schema: str, change_keys: str, registry_url: str | None, apply_truncates: bool,
+                 placeholder: str) -> None:
+        self.value_schema, self.change_keys, self.placeholder = value_schema, change_keys, placeholder
         self.registry_url, self.apply_truncates = registry_url, apply_truncates
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -78,8 +83,8 @@ class _Decode:
                 channel = f"{topic}:{partition}"
                 values = decoders.get(channel)
                 if values is None:
-                    values = decoders[channel] = ChangeValues(ChangeDecoder(self.value_schema, self.change_keys),
-                                                              registry)
+                    values = decoders[channel] = ChangeValues(
+                        ChangeDecoder(self.value_schema, self.change_keys, placeholder=self.placeholder), registry)
                     schema = values.decoder.change.arrow()
                 where = f"topic {topic!r} partition {partition} offset {offset}"
                 millis = int(ts.timestamp() * 1000) if ts is not None else 0
@@ -100,8 +105,7 @@ class _Decode:
                     continue
                 if decoded is None:
                     continue  # a tombstone
-                op, commit, row = decoded
-                rows.append([op, offset, commit, channel, offset, *row])
+                rows.append(change_row(decoded, channel, offset))
             if rows and schema is not None:
                 arrays = [pa.array(col, type=f.type) for f, col in zip(schema, zip(*rows, strict=True), strict=True)]
                 yield pa.RecordBatch.from_arrays(arrays, schema=schema)

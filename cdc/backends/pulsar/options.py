@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import PositiveInt, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from cdc.formats.debezium import DEFAULT_PLACEHOLDER, PLACEHOLDER_DESCRIPTION, checked_placeholder
 from cdc.options import BackendOptions, Field, SecretStr
 
 ValueFormat = Literal["bytes", "json", "avro", "debezium"]
@@ -184,6 +185,11 @@ class PulsarOptions(ConnectionOptions):
         "transaction whose END event or events have not all arrived waits. Planning then reads every message "
         "on the driver (see From Debezium for the cost).",
     )
+    debezium_unavailable_value_placeholder: str = Field(
+        DEFAULT_PLACEHOLDER,
+        alias="debezium.unavailableValuePlaceholder",
+        description=PLACEHOLDER_DESCRIPTION,
+    )
     quarantine_topic: str | None = Field(
         None, alias="quarantineTopic", description="Where onMalformed=quarantine sends undecodable messages."
     )
@@ -292,6 +298,11 @@ class PulsarOptions(ConnectionOptions):
         if self.on_malformed == "quarantine" and not self.quarantine_topic:
             raise ValueError("option 'quarantineTopic' is required with onMalformed=quarantine")
         return self
+
+    @field_validator("debezium_unavailable_value_placeholder")
+    @classmethod
+    def _placeholder(cls, v: str) -> str:
+        return checked_placeholder(v)
 
     @field_validator("debezium_transaction_topic")
     @classmethod

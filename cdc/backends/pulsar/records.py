@@ -11,7 +11,6 @@ bytes past the record, is malformed.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -53,7 +52,8 @@ METADATA_FIELDS: tuple[pa.Field, ...] = (
 
 
 class Decoder:
-    """Decodes one partition's messages into Arrow batches for one value format."""
+    """Decodes one partition's messages into Arrow batches for one value format. A Debezium decoder keeps
+    the channel's last delete, so it reads one channel's messages in order."""
 
     def __init__(
         self,
@@ -62,6 +62,7 @@ class Decoder:
         change_keys: str | None,
         events_schema: bool = False,
         envelope_avro: str | None = None,
+        placeholder: str = debezium.DEFAULT_PLACEHOLDER,
     ) -> None:
         self.value_format = value_format
         self.fields: list[RowField] = parse_record_schema(value_schema) if value_schema else []
@@ -73,7 +74,8 @@ class Decoder:
         self.changes: debezium.ChangeDecoder | None = None
         self.change: ChangeSchema | None = None
         if value_format == "debezium":
-            self.changes = debezium.ChangeDecoder(value_schema, change_keys, events_schema, envelope_avro)
+            self.changes = debezium.ChangeDecoder(value_schema, change_keys, events_schema, envelope_avro,
+                                                  placeholder)
             self.change, self.fields = self.changes.change, self.changes.fields
 
     def schema(self) -> pa.Schema:
@@ -92,8 +94,8 @@ class Decoder:
             return [record.get(f.name) for f in self.fields]
         return [payload]
 
-    def decode_change(self, payload: bytes, publish_ms: int) -> tuple[str, datetime, list[Any]] | None:
-        """(op, commit time, table row) of a Debezium envelope, also inside a Pulsar KeyValue (see
+    def decode_change(self, payload: bytes, publish_ms: int) -> debezium.Change | None:
+        """The change of a Debezium envelope, also inside a Pulsar KeyValue (see
         :class:`cdc.formats.debezium.ChangeDecoder`); ``None`` for a tombstone."""
         assert self.changes is not None
         return self.changes.decode(debezium.value_of(payload), publish_ms)

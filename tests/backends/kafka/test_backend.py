@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cdc.backends.kafka import FetchTimeoutError, KafkaOptions
+from cdc.backends.kafka.reader import KafkaRangeReader
 from cdc.errors import DataLossError, OptionError
 from cdc.options import parse, split_and_parse
 from cdc.planner import Planner
@@ -203,6 +204,16 @@ def test_options_name_what_is_wrong() -> None:
         opts(**{"kafka.isolation.level": "serializable"})
     with pytest.raises(OptionError, match="changeKeys"):
         opts(valueFormat="debezium")
+    with pytest.raises(OptionError, match=r"debezium\.unavailableValuePlaceholder.*hexadecimal"):
+        opts(valueFormat="debezium", changeKeys="id", **{"debezium.unavailableValuePlaceholder": "hex:zz"})
+    # the placeholder the connector was told reaches the executors' decoder: a column holding it is unchanged
+    row = json.dumps({"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"},
+                                                                {"name": "s", "type": ["null", "string"]}]})
+    told = opts(valueFormat="debezium", changeKeys="id", valueSchema=row,
+                **{"debezium.unavailableValuePlaceholder": "hex:2d2d"})
+    decoder = pickle.loads(pickle.dumps(KafkaRangeReader(told, row)))._decoder()
+    update = decoder.decode(b'{"op": "u", "after": {"id": 1, "s": "--"}}', 0)
+    assert update is not None and (update.values, update.unchanged) == ([1, None], ["s"])
     jaas = ('org.apache.kafka.common.security.scram.ScramLoginModule required username="cdc" '
             'password="s3cr3t-pw";')
     o = opts(**{"kafka.sasl.jaas.config": jaas, "kafka.sasl.mechanism": "SCRAM-SHA-512"})

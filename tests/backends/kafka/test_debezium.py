@@ -1,7 +1,10 @@
 """Debezium over Kafka, end to end with real parts: Debezium's PostgreSQL connector in Kafka Connect (the
 session's worker) captures a table of the tests' PostgreSQL into the session's Kafka (JSON converter with
 schemas), and the Delta table built from it equals ``SELECT *``: through ``backend=kafka``, and through
-Spark's own ``format("kafka")`` decoded by :func:`cdc.backends.kafka.spark.spark_kafka_changes`."""
+Spark's own ``format("kafka")`` decoded by :func:`cdc.backends.kafka.spark.spark_kafka_changes`.
+
+Column ``big`` is stored out of line (TOAST): an update that does not touch it carries Debezium's placeholder,
+which must become an unchanged column, never the value."""
 
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ from tests.streaming import await_with_retries
 
 pytestmark = pytest.mark.spark
 
-COLUMNS = ("id", "name", "qty", "price", "ok", "day", "at")
+COLUMNS = ("id", "name", "qty", "price", "ok", "day", "at", "big")
+BIG = "repeat('big \\ \"'' ', 500)"  # 3,500 characters: out of line with STORAGE EXTERNAL
 
 
 class Captured:
@@ -63,10 +67,11 @@ def capture_table(kafka_connect: KafkaConnect, postgres_server: Any, name: str, 
     info = conninfo_to_dict(dsn)
     with psycopg.connect(dsn, autocommit=True) as db:
         db.execute("CREATE TABLE items (id integer PRIMARY KEY, name text, qty bigint, price double precision, "
-                   "ok boolean, day date, at timestamp(6))")
+                   "ok boolean, day date, at timestamp(6), big text)")
+        db.execute("ALTER TABLE items ALTER COLUMN big SET STORAGE EXTERNAL")
         db.execute("INSERT INTO items SELECT i, 'row ' || i, i * 10, i / 4.0, i % 2 = 0, DATE '2024-01-01' + i, "
-                   "TIMESTAMP '2024-01-01 00:00:00.000001' + i * INTERVAL '1 hour 1 microsecond' "
-                   "FROM generate_series(1, 5) i")
+                   "TIMESTAMP '2024-01-01 00:00:00.000001' + i * INTERVAL '1 hour 1 microsecond', "
+                   f"CASE WHEN i IN (2, 3) THEN {BIG} END FROM generate_series(1, 5) i")
         config = postgres_connector(host="127.0.0.1", port=int(info.get("port", 5432)), user=str(info["user"]),
                                     database=name, name=name, tables=["public.items"], schemas=schemas)
         kafka_connect.create(name, config)
@@ -83,15 +88,16 @@ def captured(kafka_connect: KafkaConnect, apache_kafka: ApacheKafka, postgres_se
     name = "dbz_" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:10]
     for dsn, topic, db in capture_table(kafka_connect, postgres_server, name):
         wait_for_messages(apache_kafka, topic, 5)
-        db.execute("INSERT INTO items VALUES (6, 'six', NULL, NULL, NULL, NULL, NULL), "
-                   "(7, 'se\"v''en\\\\', 70, -1.5e300, true, DATE '1969-12-31', TIMESTAMP '1960-06-01 12:00:00.5')")
+        db.execute("INSERT INTO items VALUES (6, 'six', NULL, NULL, NULL, NULL, NULL, NULL), "
+                   "(7, 'se\"v''en\\\\', 70, -1.5e300, true, DATE '1969-12-31', TIMESTAMP '1960-06-01 12:00:00.5', "
+                   "NULL)")
         db.execute("UPDATE items SET name = NULL, qty = qty + 1 WHERE id = 2")
         db.execute("UPDATE items SET price = 2.25, ok = NOT ok, day = day + 400 WHERE id = 3")
         db.execute("DELETE FROM items WHERE id = 4")  # delete + tombstone
         db.execute("UPDATE items SET id = 50 WHERE id = 5")  # delete + tombstone + create
         db.execute("TRUNCATE items")
-        db.execute("INSERT INTO items (id, name) VALUES (2, 'two again'), (8, 'eight')")
-        db.execute("UPDATE items SET qty = 3 WHERE id = 8")
+        db.execute(f"INSERT INTO items (id, name, big) VALUES (2, 'two again', NULL), (8, 'eight', {BIG})")
+        db.execute("UPDATE items SET qty = 3 WHERE id = 8")  # big: the placeholder; the lake keeps the value
         rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM items ORDER BY id").fetchall()
         events = 5 + 2 + 1 + 1 + 2 + 3 + 1 + 2 + 1
         wait_for_messages(apache_kafka, topic, events)
@@ -118,6 +124,12 @@ def test_every_kind_of_event_decodes(captured: Captured, apache_kafka: ApacheKaf
     offsets = table.column("_position").to_pylist()
     assert offsets == sorted(offsets) and table.column("_seq").to_pylist() == offsets
     assert table.column("name").to_pylist()[6] == "se\"v'en\\\\"
+    # Updates that leave big alone: its placeholder is an unchanged column, never a value
+    assert table.column("_unchanged").to_pylist()[7:9] == [["big"], ["big"]]
+    assert table.column("big").to_pylist()[7:9] == [None, None]
+    assert table.column("_unchanged").to_pylist()[-1] == ["big"]
+    # The key change 5 -> 50: the create carries the deleted key
+    assert table.column("_old_key").to_pylist()[10:12] == [None, {"id": 5}]
 
 
 def test_real_events_stream_into_delta_equal_to_the_table(captured: Captured, apache_kafka: ApacheKafka, spark: Any,
