@@ -36,6 +36,7 @@ SERVER_GROUPS = {
     "apache_pulsar": "apache-pulsar",
     "spark_cluster": "spark-cluster",
     "connect_server": "spark-connect",
+    "apache_kafka": "apache-kafka",  # Kafka Connect (kafka_connect) runs on the broker's fixture: same group
     "postgres_server": "postgres",
 }
 
