@@ -108,8 +108,9 @@ def _source_rows(rows: list[Any]) -> list[tuple[Any, ...]]:
     out = []
     for row in rows:
         values = [row[c] for c in COLUMNS]
-        if values[-1] is not None:  # Delta holds UTC timestamps; the PostgreSQL column has no zone
-            values[-1] = values[-1].astimezone(UTC).replace(tzinfo=None) if values[-1].tzinfo else values[-1]
+        at = values[COLUMNS.index("at")]
+        if at is not None and at.tzinfo:  # Delta holds UTC timestamps; the PostgreSQL column has no zone
+            values[COLUMNS.index("at")] = at.astimezone(UTC).replace(tzinfo=None)
         out.append(tuple(values))
     return sorted(out)
 
