@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_fixed
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from cdc.backends.kafka.options import KafkaOptions
 from cdc.backends.kafka.positions import Partition
@@ -111,10 +111,18 @@ def refused(error: Any) -> None:
                           "kafka.ssl.ca.location") from None
 
 
-def _unknown_partition(exc: BaseException) -> bool:
-    """A partition the client's metadata does not know yet (added a moment ago)."""
+_PASSING = frozenset(("_UNKNOWN_PARTITION", "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "_NOENT",
+                      "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH", "_TRANSPORT", "_ALL_BROKERS_DOWN",
+                      "UNKNOWN_TOPIC_OR_PART"))
+"""Answers that pass with fresh metadata: a partition the client's metadata does not know yet (added a moment
+ago), a partition whose leader is moving or being elected (``_NOENT``: "no leaders found", right after a topic
+is created or a broker restarts), leader epochs the restarted broker and the client's metadata disagree on, a
+broker that is not reachable yet."""
+
+
+def _passing(exc: BaseException) -> bool:
     error = exc.args[0] if exc.args else None
-    return getattr(error, "name", lambda: "")() == "_UNKNOWN_PARTITION"
+    return getattr(error, "name", lambda: "")() in _PASSING or bool(getattr(error, "retriable", lambda: False)())
 
 
 def _unavailable(what: str, exc: object, options: KafkaOptions) -> BackendUnavailableError:
@@ -197,19 +205,20 @@ class Cluster:
         return {p: (low[p], high[p]) for p in partitions}
 
     def _list_offsets(self, partitions: Iterable[Partition], spec: Any, level: Any) -> dict[Partition, int]:
-        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         request = {TopicPartition(p.topic, p.partition): spec for p in partitions}
-        for attempt in Retrying(stop=stop_after_attempt(6), wait=wait_fixed(0.3), reraise=True,
-                                retry=retry_if_exception(_unknown_partition)):
+        for attempt in Retrying(stop=stop_after_delay(self.timeout_s), wait=wait_exponential(0.2, max=2),
+                                reraise=True, retry=retry_if_exception(_passing)):
             with attempt:
                 try:
                     futures = self.admin.list_offsets(request, isolation_level=level, request_timeout=self.timeout_s)
                     return {Partition(tp.topic, tp.partition): f.result(timeout=self.timeout_s).offset
                             for tp, f in futures.items()}
                 except KafkaException as exc:
-                    if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError._UNKNOWN_PARTITION:
-                        self._admin = None  # a partition added since the client's metadata: ask with a new one
+                    if _passing(exc):
+                        self._admin = None  # the client's metadata is behind the cluster: ask with a new one
+                        log.debug("listing offsets: %s; asking again with fresh metadata", exc)
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 

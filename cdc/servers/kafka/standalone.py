@@ -333,6 +333,7 @@ class ApacheKafka(ServerProcess):
             operation_timeout=30,
         )
         futures[name].result(timeout=60)
+        self._wait_for_leaders(name, partitions)
 
     def add_partitions(self, name: str, total: int) -> None:
         """Grow topic ``name`` to ``total`` partitions."""
@@ -340,6 +341,22 @@ class ApacheKafka(ServerProcess):
 
         admin = self.admin()
         admin.create_partitions([NewPartitions(name, total)], operation_timeout=30)[name].result(timeout=60)
+        self._wait_for_leaders(name, total)
+
+    def _wait_for_leaders(self, name: str, partitions: int, timeout_s: float = 30) -> None:
+        """Until the broker's metadata shows topic ``name`` with ``partitions`` partitions, each with a leader:
+        the controller answers a creation before the broker serves the topic's metadata."""
+        admin = self.admin()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            topic = admin.list_topics(name, timeout=10).topics.get(name)
+            if (topic is not None and topic.error is None and len(topic.partitions) >= partitions
+                    and all(p.leader >= 0 for p in topic.partitions.values())):
+                return
+            if time.monotonic() > deadline:
+                raise KafkaServerError(f"topic {name!r}: no leader for each of its {partitions} partitions after "
+                                       f"{timeout_s:.0f} s")
+            time.sleep(0.1)
 
     def __repr__(self) -> str:
         return f"ApacheKafka(bootstrap={self.bootstrap!r}, data_dir={str(self.data_dir)!r}, running={self.running})"

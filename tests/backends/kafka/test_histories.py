@@ -144,9 +144,12 @@ class KafkaHistory(RuleBasedStateMachine):
         self.backend = self._open()
         self.pending = (start, end, table)
 
-    @precondition(lambda self: len(RESTART_SECONDS) < RESTARTS)
     @rule()
     def kill_broker(self) -> None:
+        # The budget is shared by all histories (a restart costs seconds). Spent, the rule does nothing: a
+        # precondition on it would depend on earlier examples, which hypothesis refuses as flaky generation.
+        if len(RESTART_SECONDS) >= RESTARTS:
+            return
         self.kafka.kill()
         self.kafka.start()
         assert self.kafka.last_start_s is not None
