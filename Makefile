@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast lint bench install check-java pulsar-standalone delta-spark clean docs docs-serve
+.PHONY: demo test test-fast lint bench install check-java pulsar-standalone kafka delta-spark clean docs docs-serve
 
 # Apache Pulsar standalone for the Pulsar tests: the jars of the pinned pom, resolved once from Maven Central
 # into a cache outside the repo. The stamp's name is keyed on the pom's content, so later runs skip Maven
@@ -15,6 +15,17 @@ PULSAR_POM_KEY := $(shell (sha256sum $(PULSAR_POM) 2>/dev/null || shasum -a 256 
 CDC_PULSAR_HOME ?= $(HOME)/.cache/cdc-tunnel/pulsar-$(PULSAR_VERSION)
 CDC_MAVEN_REPO ?= $(HOME)/.cache/cdc-tunnel/m2
 PULSAR_STAMP := $(CDC_PULSAR_HOME)/resolved-$(PULSAR_POM_KEY)
+
+# Apache Kafka (KRaft broker and Kafka Connect), Debezium's PostgreSQL connector as a Connect plugin, and Spark's own
+# Kafka source, for the Kafka tests, `cdc server kafka` and examples/kafka_debezium_to_delta.py: three pinned poms
+# (cdc/servers/kafka/*/pom.xml), each resolved once into its own lib/ under the cache; the stamp's name is keyed
+# on the three poms' content, so later runs skip Maven and an edited pom resolves again.
+# cdc.servers.kafka.standalone finds the jars the same way.
+KAFKA_POMS := $(sort $(wildcard cdc/servers/kafka/*/pom.xml))
+KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' cdc/servers/kafka/apache-kafka/pom.xml)
+KAFKA_POM_KEY := $(shell cat $(KAFKA_POMS) | (sha256sum 2>/dev/null || shasum -a 256) | cut -c1-16)
+CDC_KAFKA_HOME ?= $(HOME)/.cache/cdc-tunnel/kafka-$(KAFKA_VERSION)
+KAFKA_STAMP := $(CDC_KAFKA_HOME)/resolved-$(KAFKA_POM_KEY)
 
 # The io.delta jars of the delta-spark engine, the same way: a pinned pom, resolved once into a cache keyed on
 # the pom's content; sinks.delta.session finds them there (or under $CDC_DELTA_HOME) for spark.jars.
@@ -67,6 +78,20 @@ $(PULSAR_STAMP):
 	mvn -B --no-transfer-progress -f '$(CDC_PULSAR_HOME)/pom.xml' -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package
 	@touch '$@'
 
+kafka: check-java $(KAFKA_STAMP)
+
+$(KAFKA_STAMP):
+	@command -v mvn >/dev/null 2>&1 || { \
+	  echo "error: Maven ('mvn') is required to fetch Apache Kafka and Debezium for the tests, and it is not on PATH."; \
+	  echo "       Debian/Ubuntu: sudo apt-get install -y maven; macOS: brew install maven."; \
+	  exit 1; }
+	rm -rf '$(CDC_KAFKA_HOME)' && mkdir -p '$(CDC_KAFKA_HOME)'
+	for pom in $(KAFKA_POMS); do \
+	  name=$$(basename $$(dirname $$pom)); mkdir -p '$(CDC_KAFKA_HOME)'/$$name; cp $$pom '$(CDC_KAFKA_HOME)'/$$name/pom.xml; \
+	  mvn -B --no-transfer-progress -q -f '$(CDC_KAFKA_HOME)'/$$name/pom.xml -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package || exit 1; \
+	done
+	@touch '$@'
+
 delta-spark: check-java $(DELTA_STAMP)
 
 $(DELTA_STAMP):
@@ -89,13 +114,13 @@ demo: install
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
-test: install pulsar-standalone
+test: install pulsar-standalone kafka
 	$(PY) -m ruff check cdc sinks udfs tests examples benchmarks docs
 	$(PY) -m mypy
 	$(MAKE) docs
 	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
-test-fast: install pulsar-standalone
+test-fast: install pulsar-standalone kafka
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 lint: install

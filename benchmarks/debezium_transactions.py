@@ -52,7 +52,7 @@ def envelopes(n: int) -> tuple[list[bytes], list[str], list[bytes], dict[int, in
         for k in range(size):
             i = len(data)
             lsn += 136
-            source = {"version": "3.4.3.Final", "connector": "postgresql", "name": "pg", "ts_ms": 1700000000000 + xid,
+            source = {"version": "3.6.1.Final", "connector": "postgresql", "name": "pg", "ts_ms": 1700000000000 + xid,
                       "snapshot": "false", "db": "app", "sequence": f'["{lsn - 136}","{lsn}"]',
                       "ts_us": 1700000000000000 + xid, "schema": "public", "table": "items", "txId": xid, "lsn": lsn,
                       "xmin": None}

@@ -25,7 +25,7 @@ SCHEMA = json.dumps({"type": "record", "name": "items", "fields": [
 
 
 def envelope(i: int) -> bytes:
-    source = {"version": "3.4.3.Final", "connector": "postgresql", "name": "pg", "ts_ms": 1700000000000 + i,
+    source = {"version": "3.6.1.Final", "connector": "postgresql", "name": "pg", "ts_ms": 1700000000000 + i,
               "snapshot": "false", "db": "app", "sequence": f'["{i}","{i + 1}"]', "ts_us": 1700000000000000 + i,
               "schema": "public", "table": "items", "txId": 900 + i, "lsn": 3000 + i, "xmin": None}
     return json.dumps({"before": None, "after": {"id": i, "name": f"row {i}", "qty": i * 10, "ok": i % 2 == 0},

@@ -10,7 +10,11 @@ it among their ``parents``. The source never delivers a child's record before ev
 Rules every backend keeps (the shared contract suite, :mod:`cdc.testing.contract`, checks them):
 
 1. ``read(channel, start, end)`` of the same range always yields the same records, in position order,
-   however often and from whichever process it is called: a batch's content is fixed by its offsets.
+   however often and from whichever process it is called: a batch's content is fixed by its offsets. One
+   exception, where the system itself rewrites its log: a compacted Kafka topic (``cleanup.policy=compact``)
+   drops a record once a later record of the same key exists, so a replayed range may hold *fewer* records,
+   never other ones, and never the last record of a key (a sink that keeps the latest change per key ends
+   the same); the offsets left without a record are no data loss (rule 3 is about positions no longer held).
    Ranges of a chunked snapshot (:mod:`cdc.snapshots`, read with :meth:`RangeReader.read_window`) are read
    live, so for them the rule is: **every read of a chunk is exact with respect to its cut** (it yields the
    chunk's rows exactly as of the cut it records, with that cut's ``_seq``: the batch's planned cut, or, when
@@ -77,6 +81,13 @@ class ChannelInfo:
     parents: tuple[str, ...] = ()
     finished: bool = False
     """No record will ever be added past the channel's final position (closed by a split or merge)."""
+    follows: tuple[str, ...] = ()
+    """Channels whose records, up to their heads when a query first sees this channel, precede this channel's
+    records (a Kafka partition added to a topic while a query runs: the keys it takes over had their earlier
+    records in the older partitions). A channel that appears while a query runs starts only once the query's
+    positions in these channels reached those heads (the planner keeps them in the channel's offset entry as
+    ``after``); a channel present when the query starts has nothing to wait for. Positions of such channels
+    compare with ``>=`` (integers)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +183,11 @@ class Backend(ABC):
     def batch_read_end(self, channel: str) -> Position:
         """The end of a batch read's range that runs to the channel's head (rule 6). Default: :meth:`latest`."""
         return self.latest(channel)
+
+    def channel_positions(self, given: dict[str, Any]) -> dict[str, Any]:
+        """``startingOffsets``/``endingOffsets`` JSON as ``{channel: position}``: backends whose ecosystem writes
+        it in another form (Spark's Kafka source: ``{"topic": {"0": 42}}``) read that here. Default: as given."""
+        return given
 
     def parse_position(self, channel: str, value: Any) -> Position:
         """Validate a user-given position (from ``startingOffsets`` JSON); backends override."""
@@ -286,6 +302,7 @@ BACKENDS: dict[str, str] = {
     "pulsar": "cdc.backends.pulsar:PulsarBackend",
     "tablestore": "cdc.backends.tablestore:TablestoreBackend",
     "postgres": "cdc.backends.postgres:PostgresBackend",
+    "kafka": "cdc.backends.kafka:KafkaBackend",
 }
 
 
@@ -304,6 +321,7 @@ BACKEND_OPTIONS: dict[str, str] = {
     "pulsar": "cdc.backends.pulsar.options:PulsarOptions",
     "tablestore": "cdc.backends.tablestore.options:TablestoreOptions",
     "postgres": "cdc.backends.postgres.options:PostgresOptions",
+    "kafka": "cdc.backends.kafka.options:KafkaOptions",
 }
 
 

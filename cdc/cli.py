@@ -5,7 +5,7 @@
     cdc status CHECKPOINT          ... against the change log's heads: records and time behind (--watch)
     cdc local show|split|merge     the local change log            (cdc.backends.local.cli)
     cdc pulsar drop-subscription   Pulsar backend tools             (cdc.backends.pulsar.cli)
-    cdc server tablestore|pulsar   stand-in servers for development (cdc.servers)
+    cdc server tablestore|pulsar|kafka  stand-in servers for development (cdc.servers)
     cdc server spark-cluster|spark-connect  Spark's own servers on loopback (cdc.servers.spark)
 """
 
@@ -68,7 +68,7 @@ _ALIASES = {"log": "'cdc local'", "tablestore": "'cdc server tablestore'"}
 
 class _Main(_LazyGroup):
     lazy = {
-        "server": ("cdc.cli", "server_group", "Stand-in servers for development: tablestore, pulsar, spark-cluster, spark-connect.", False),
+        "server": ("cdc.cli", "server_group", "Stand-in servers for development: tablestore, pulsar, kafka, spark-cluster, spark-connect.", False),
         "local": ("cdc.backends.local.cli", "cli", "The local change log: show, split, merge.", False),
         "pulsar": ("cdc.backends.pulsar.cli", "cli", "Pulsar backend tools: drop a query's subscription.", False),
         "postgres": ("cdc.backends.postgres.cli", "cli", "PostgreSQL backend tools: list and drop replication slots.",
@@ -93,6 +93,8 @@ class _Servers(_LazyGroup):
                        False),
         "pulsar": ("cdc.servers.pulsar.cli", "main",
                    "Apache Pulsar standalone on loopback (--lite: pulsar-lite, which is not Apache Pulsar).", False),
+        "kafka": ("cdc.servers.kafka.cli", "main", "Apache Kafka (KRaft) on loopback; --connect: Kafka Connect with Debezium.",
+                  False),
         "spark-cluster": ("cdc.servers.spark.cli", "cluster_main", "A Spark standalone master and workers on loopback.",
                           False),
         "spark-connect": ("cdc.servers.spark.cli", "connect_main", "A Spark Connect server on loopback.", False),

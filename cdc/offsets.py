@@ -16,6 +16,9 @@ Per channel (:class:`ChannelOffset`):
     channel of batch 0): where that batch's range starts, so a replay never asks the backend.
 ``snapshot``
     the channel is a chunk of a materialised snapshot (``snapshot.mode=exported``), not a change channel.
+``after``
+    ``{channel: position}``: a channel that appeared while the query ran waits until the query's positions in
+    these channels reached these (see :attr:`cdc.backend.ChannelInfo.follows`); dropped once it took part.
 
 Per offset (:class:`Offset`): ``turn`` counts batches planned under a record budget (present only then),
 ``initial`` marks the offset a query starts from (never the end of a batch), ``snapshot`` holds a chunked
@@ -41,7 +44,7 @@ from cdc.snapshots.state import SnapshotState
 OffsetJson = dict[str, Any]
 """An offset as Spark stores it and hands it to the source."""
 
-_CHANNEL_KEYS = frozenset({"pos", "done", "from", "snapshot"})
+_CHANNEL_KEYS = frozenset({"pos", "done", "from", "snapshot", "after"})
 _OFFSET_KEYS = frozenset({"channels", "turn", "initial", "snapshot"})
 
 
@@ -49,6 +52,14 @@ def _flag(value: Any, key: str, where: str) -> bool:
     if not isinstance(value, bool):
         raise OffsetError(f"not a cdc offset: {where}: {key!r} must be true or false, got {value!r}")
     return value
+
+
+def _after(value: Any, where: str) -> dict[str, Position] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise OffsetError(f"not a cdc offset: {where}: 'after' must be an object of positions, got {value!r}")
+    return {str(k): v for k, v in value.items()}
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,8 @@ class ChannelOffset:
     done: bool = False
     from_: Position | None = None
     """JSON ``from``: where this batch's range of the channel starts, when not at the previous ``pos``."""
+    after: Mapping[str, Position] | None = None
+    """JSON ``after``: the positions other channels must reach before this one takes part."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"pos": self.pos}
@@ -69,6 +82,8 @@ class ChannelOffset:
             out["done"] = True
         if self.from_ is not None:
             out["from"] = self.from_
+        if self.after:
+            out["after"] = dict(self.after)
         return out
 
     @classmethod
@@ -84,6 +99,7 @@ class ChannelOffset:
             snapshot=_flag(value.get("snapshot", False), "snapshot", where),
             done=_flag(value.get("done", False), "done", where),
             from_=value.get("from"),
+            after=_after(value.get("after"), where),
         )
 
 

@@ -75,6 +75,10 @@ class BackendOptions(_Model):
     """Deprecated option names (lower case) of this backend -> the source option that replaced them (its
     alias): the value is taken as that option's, with a logged deprecation warning."""
 
+    aliases: ClassVar[Mapping[str, str]] = {}
+    """Other names (lower case) this backend accepts for a source option, as its ecosystem spells it (Kafka's
+    ``maxOffsetsPerTrigger`` for ``maxRecordsPerTrigger``) -> that option's alias: taken as it, no warning."""
+
 
 def _passthrough(model: type[BaseModel], key: str) -> tuple[str, str] | None:
     """(dict field, key without the prefix) when ``key`` falls under one of the model's pass-through prefixes."""
@@ -316,18 +320,21 @@ def split_and_parse(
     core_raw: dict[str, Any] = {}
     backend_raw: dict[str, Any] = {}
     renamed: Mapping[str, str] = getattr(backend_model, "renamed", {})
+    aliases: Mapping[str, str] = getattr(backend_model, "aliases", {})
     given_as: dict[str, str] = {}
     for key, value in raw.items():
         k = key.lower()
-        if k in renamed:
-            new = renamed[k]
+        if k in renamed or k in aliases:
+            new = renamed.get(k) or aliases[k]
             if any(other.lower() == new.lower() for other in raw):
+                what = "a deprecated name" if k in renamed else "another name"
                 raise OptionError(
-                    f"options {key!r} and {new!r} cannot be given together ({key!r} is a deprecated name of "
-                    f"{new!r}); accepted: {new!r}",
+                    f"options {key!r} and {new!r} cannot be given together ({key!r} is {what} of "
+                    f"{new!r}); accepted: one of them",
                     key,
                 )
-            log.warning("option %r of backend %r is deprecated; use %r", key, backend_name, new)
+            if k in renamed:
+                log.warning("option %r of backend %r is deprecated; use %r", key, backend_name, new)
             core_raw[new] = value
             given_as[new] = key
         elif k in core_names:

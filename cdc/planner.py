@@ -59,6 +59,7 @@ __all__ = [
     "describe",
     "eligible_channels",
     "end_offset",
+    "followed",
     "parents_done",
     "per_channel",
     "positions",
@@ -101,13 +102,15 @@ def eligible_channels(
     channels: Mapping[str, ChannelInfo],
     *,
     respect_lineage: bool = True,
+    gates: Mapping[str, Mapping[str, Position]] | None = None,
 ) -> list[str]:
     """The channels that may take records in the batch from ``start``, in planning order.
 
     ``new`` are the channels registered by this batch (at their earliest position), ``channels`` what the
     backend lists now. Snapshot chunks are always eligible until done. A change channel is eligible when the
-    backend still lists it and, under ``respect_lineage``, no snapshot chunk is pending in ``start`` and every
-    parent is done in ``start``. Batch reads pass ``respect_lineage=False``: they read every channel at once.
+    backend still lists it and, under ``respect_lineage``, no snapshot chunk is pending in ``start``, every
+    parent is done in ``start``, and the positions it waits for are reached (``after``, or ``gates``: those of
+    the channels registered now). Batch reads pass ``respect_lineage=False``: they read every channel at once.
     """
     snapshot_pending = any(e.snapshot and not e.done for e in start.channels.values())
     candidates = [cid for cid, e in start.channels.items() if not e.done]
@@ -118,10 +121,30 @@ def eligible_channels(
         if entry is not None and entry.snapshot:
             out.append(cid)
         elif cid in channels and (
-            not respect_lineage or (not snapshot_pending and parents_done(channels[cid], start, channels))
+            not respect_lineage
+            or (not snapshot_pending and parents_done(channels[cid], start, channels) and followed(cid, start, gates))
         ):
             out.append(cid)
     return out
+
+
+def followed(cid: str, start: Offset, gates: Mapping[str, Mapping[str, Position]] | None = None) -> bool:
+    """The query's positions in ``start`` reached every position the channel waits for (its ``after``, or the
+    gate it is registered with now: ``gates``); see :attr:`cdc.backend.ChannelInfo.follows`."""
+    entry = start.channels.get(cid)
+    after = (gates or {}).get(cid) or (entry.after if entry is not None else None) or {}
+    for other, target in after.items():
+        have = start.channels.get(other)
+        if have is not None and not have.done and not _reached(have.pos, target):
+            return False
+    return True
+
+
+def _reached(pos: Position, target: Position) -> bool:
+    try:
+        return bool(pos >= target)
+    except TypeError:  # positions that do not compare: the backend named no such gate; never wait for good
+        return True
 
 
 def parents_done(ch: ChannelInfo, start: Offset, channels: Mapping[str, ChannelInfo]) -> bool:
@@ -184,7 +207,12 @@ def share_budget(
 
 
 def end_offset(
-    start: Offset, new: Mapping[str, Position], plans: Mapping[str, ChannelPlan], *, limited: bool
+    start: Offset,
+    new: Mapping[str, Position],
+    plans: Mapping[str, ChannelPlan],
+    *,
+    limited: bool,
+    gates: Mapping[str, Mapping[str, Position]] | None = None,
 ) -> Offset | None:
     """The end offset of the batch from ``start``, or ``None`` when nothing moved and nothing was learned
     (Spark then runs no batch).
@@ -196,9 +224,9 @@ def end_offset(
     """
     entries = start.without_from()
     for cid, pos in new.items():
-        entries.setdefault(cid, ChannelOffset(pos))
+        entries.setdefault(cid, ChannelOffset(pos, after=(gates or {}).get(cid) or None))
     for cid, p in plans.items():
-        entries[cid] = replace(entries[cid], pos=p.end, done=entries[cid].done or p.finished)
+        entries[cid] = replace(entries[cid], pos=p.end, done=entries[cid].done or p.finished, after=None)
     if not new and not any(p.skipped for p in plans.values()) and entries == start.without_from():
         return None
     for cid, p in plans.items():
@@ -234,21 +262,34 @@ def batch_ranges(start: Offset, end: Offset) -> list[ChannelRange]:
     return out
 
 
-def per_channel(spec: str, option: str, accepted: str, channels: Iterable[str]) -> dict[str, Any]:
+def per_channel(
+    spec: str,
+    option: str,
+    accepted: str,
+    channels: Iterable[str],
+    translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The JSON object ``{"<channel>": <value>}`` of ``startingOffsets`` or ``endingOffsets`` (``option``);
     anything else, or a channel not among ``channels``, raises an :class:`OptionError` that names the option
-    and what it accepts."""
+    and what it accepts. ``translate`` reads a backend's own form of the object first
+    (:meth:`~cdc.backend.Backend.channel_positions`)."""
     try:
         given = json.loads(spec)
     except json.JSONDecodeError:
         given = None
     if not isinstance(given, dict):
         raise OptionError(f"option {option!r}: accepted values are {accepted}; got {spec!r}", option)
+    if translate is not None:
+        try:
+            given = translate(given)
+        except (ValueError, TypeError) as exc:  # PositionError is a ValueError
+            raise OptionError(f"option {option!r}: {exc}; accepted values are {accepted}", option) from None
     known = set(channels)
     unknown = sorted(set(given) - known)
     if unknown:
         raise OptionError(f"option {option!r}: unknown channels {unknown}; channels: {sorted(known)}", option)
-    return given
+    out: dict[str, Any] = given
+    return out
 
 
 # ---------------------------------------------------------------------- the planner
@@ -293,7 +334,8 @@ class Planner:
                           initial=True).to_json()
         given: dict[str, Any] = {}
         if default not in ("earliest", "latest"):
-            given = per_channel(text, "startingOffsets", _STARTING_ACCEPTED, (c.id for c in channels))
+            given = per_channel(text, "startingOffsets", _STARTING_ACCEPTED, (c.id for c in channels),
+                                self.backend.channel_positions)
             default = "earliest"
         out: dict[str, ChannelOffset] = {}
         for ch in channels:
@@ -339,7 +381,7 @@ class Planner:
         if text.lower() == "latest":
             return {c.id: head(c.id) for c in self.backend.list_channels()}, set()
         known = {c.id for c in self.backend.list_channels()}
-        given = per_channel(text, "endingOffsets", _ENDING_ACCEPTED, known)
+        given = per_channel(text, "endingOffsets", _ENDING_ACCEPTED, known, self.backend.channel_positions)
         out: dict[str, Position] = {}
         for ch in known:
             value = given.get(ch, "latest")
@@ -406,7 +448,13 @@ class Planner:
             for cid in sorted(channels)
             if cid not in begin.channels and (until is None or cid in until)
         }
-        order = eligible_channels(begin, new, channels, respect_lineage=respect_lineage)
+        # A channel that appears now waits for the heads of the channels it follows (ChannelInfo.follows).
+        gates = {
+            cid: {f: self.backend.latest(f) for f in channels[cid].follows if f in begin.channels}
+            for cid in new
+            if channels[cid].follows and not begin.initial and respect_lineage
+        }
+        order = eligible_channels(begin, new, channels, respect_lineage=respect_lineage, gates=gates)
         plans: dict[str, ChannelPlan] = {}
         for cid in order:
             pos = new[cid] if cid in new else begin.channels[cid].pos
@@ -429,7 +477,7 @@ class Planner:
 
         taken = share_budget(order, max_records, self.max_records_per_channel, begin.turn or 0, take)
         self.last_records = sum(taken.values())
-        end = end_offset(begin, new, plans, limited=max_records is not None)
+        end = end_offset(begin, new, plans, limited=max_records is not None, gates=gates)
         return start if end is None else end.to_json()
 
     def _next_chunked(

@@ -36,6 +36,7 @@ SERVER_GROUPS = {
     "apache_pulsar": "apache-pulsar",
     "spark_cluster": "spark-cluster",
     "connect_server": "spark-connect",
+    "apache_kafka": "apache-kafka",  # Kafka Connect (kafka_connect) runs on the broker's fixture: same group
     "postgres_server": "postgres",
 }
 
@@ -81,7 +82,16 @@ def spark_builder(app: str = "cdc-tunnel-tests") -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
     )
-    return configure_delta(builder)
+    builder = configure_delta(builder)
+    # Spark's own Kafka source (format("kafka")) beside the io.delta jars, when `make kafka` resolved it.
+    from cdc.servers.kafka.standalone import KafkaServerError, spark_kafka_jars
+    from sinks.delta.session import delta_jars
+
+    try:
+        kafka_jars = spark_kafka_jars()
+    except KafkaServerError:
+        return builder  # the Spark Kafka source tests then fail naming `make kafka`
+    return builder.config("spark.jars", ",".join([*map(str, delta_jars()), *kafka_jars]))
 
 
 @pytest.fixture(scope="session")
@@ -128,6 +138,34 @@ def apache_pulsar() -> Iterator[ApachePulsar]:
     partitioned ones with ``create_partitioned_topic``. A test may kill and restart it (same ports, data)."""
     with ApachePulsar() as p:
         yield p
+
+
+KAFKA_USERS = {"cdc-reader": "reader-secret-7f3a"}
+"""The SCRAM users of the session's Kafka broker (its SASL_SSL listener)."""
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Apache Kafka (KRaft, one broker) shared by the session: a PLAINTEXT listener (``bootstrap``) and a
+    SASL_SSL one (``secure_bootstrap``: SCRAM-SHA-512 over TLS, users :data:`KAFKA_USERS`, its CA in
+    ``apache_kafka.tls.ca``). Auto-created topics have one partition; make others with ``create_topic``. A test
+    may kill and restart it (same ports, data)."""
+    from cdc.servers.kafka import ApacheKafka, Tls
+    from tests.tls import make_certificates
+
+    certs = make_certificates(tmp_path_factory.mktemp("kafka-tls"))
+    with ApacheKafka(tls=Tls(certs.cert, certs.key, KAFKA_USERS, certs.ca)) as kafka:
+        yield kafka
+
+
+@pytest.fixture(scope="session")
+def kafka_connect(apache_kafka: Any) -> Iterator[Any]:
+    """Kafka Connect standalone with Debezium's PostgreSQL connector, writing to the session's Kafka; connectors
+    are added through its REST API (one worker for the session)."""
+    from cdc.servers.kafka import KafkaConnect
+
+    with KafkaConnect(apache_kafka) as connect:
+        yield connect
 
 
 @pytest.fixture(scope="session")

@@ -91,3 +91,23 @@ def run_driver_once(options: Mapping[str, Any], out: Path, ck: Path, env: Mappin
         stderr=subprocess.DEVNULL,
         timeout=300,
     )
+
+
+CONNECT_BACK = "Python worker failed to connect back"
+"""Spark gives a Python worker a fixed 10 s to connect back: on a loaded machine it runs out (no retry helps
+inside Spark). A query restarted on the same checkpoint carries on exactly once."""
+
+
+def await_with_retries(start: Callable[[], Any], attempts: int = 3, timeout: float = 600) -> Any:
+    """Start a query (``start()``, same checkpoint each time) and wait for it; a query that failed only because
+    a Python worker did not connect back in Spark's 10 s is started again. Returns the finished query."""
+    for attempt in range(attempts):
+        q = start()
+        try:
+            q.awaitTermination(timeout)
+        except Exception:  # noqa: BLE001 - the failure is read through q.exception()
+            pass
+        error = q.exception()
+        if error is None or CONNECT_BACK not in str(error) or attempt == attempts - 1:
+            return q
+    raise AssertionError("unreachable")

@@ -3,7 +3,8 @@
 Backend-neutral: ``backend=pulsar`` reads them (``valueFormat=debezium``), and any backend whose messages
 carry Debezium envelopes can.
 
-The shapes read (all JSON; Confluent-framed Avro is out of scope):
+The shapes read (JSON; Avro records of a known envelope schema, whichever way the backend found it: Pulsar's
+schema registry, or a Confluent-compatible registry and the Confluent wire format on Kafka):
 
 * the envelope itself (``op``, ``before``, ``after``, ``source``, ``ts_ms``): Debezium's JSON converter with
   ``schemas.enable=false``, Debezium Server's Pulsar sink, and the Pulsar IO Debezium source, whose
@@ -30,17 +31,23 @@ A create whose ``source`` equals that of the delete read just before it in the s
 between them skipped) is the insert half of a key change: its ``_old_key`` is the delete's key, and its
 unavailable values are taken from the delete's ``before`` image when that holds them (``REPLICA IDENTITY
 FULL``). The two halves must be read in one range for the link: keyed partitions can put them on different
-partitions, and a batch can end between them unless ``debezium.transactionTopic`` keeps transactions whole.
+partitions, and a batch can end between them unless transactions are kept whole (Pulsar's
+``debezium.transactionTopic``).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cdc.errors import OptionError
+from cdc.errors import OptionError, SchemaChangedError
+
+if TYPE_CHECKING:
+    from cdc.model import ChangeSchema
 
 
 class TruncateEvent(Exception):
@@ -66,6 +73,28 @@ def placeholder_octets(option: str) -> bytes:
     if option.startswith("hex:"):
         return bytes.fromhex(option[4:])
     return option.encode("utf-8")
+
+
+PLACEHOLDER_DESCRIPTION = (
+    "valueFormat=debezium: the connector's unavailable.value.placeholder (Debezium's default "
+    f"`{DEFAULT_PLACEHOLDER}` when not given; `hex:` followed by hexadecimal octets, as Debezium reads it). "
+    "A text or bytes column of a create or update holding it was not sent by the database (PostgreSQL: an "
+    "unchanged TOASTed value): it becomes an unchanged column (_unchanged), taken from the event's before "
+    "image when that holds it (REPLICA IDENTITY FULL), never a value."
+)
+"""The description of every backend's option ``debezium.unavailableValuePlaceholder``."""
+
+
+def checked_placeholder(option: str) -> str:
+    """Option ``debezium.unavailableValuePlaceholder`` as given, once :func:`placeholder_octets` reads it
+    into at least one octet (the ValueError says what is accepted)."""
+    try:
+        octets = placeholder_octets(option)
+    except ValueError:
+        raise ValueError(f"accepted values: text, or hex: followed by hexadecimal octets; got {option!r}") from None
+    if not octets:
+        raise ValueError("accepted values: a non-empty text, or hex: followed by hexadecimal octets; got an empty one")
+    return option
 
 
 def value_of(payload: bytes) -> bytes:
@@ -288,3 +317,157 @@ def _avro_type(t: Any) -> Any:
         if "logicalType" not in t and isinstance(t.get("type"), str):
             return t["type"]
     return t
+
+
+# ------------------------------------------------------------------ envelopes into change records
+class Change(NamedTuple):
+    """A decoded Debezium change: the change record's columns other than the sequence and channel ones."""
+
+    op: str
+    commit: datetime
+    values: list[Any]
+    """The table's columns, in the schema's order."""
+    unchanged: list[str] | None = None
+    """``_unchanged``: columns Debezium did not have (its placeholder), see :mod:`cdc.model`."""
+    old_key: dict[str, Any] | None = None
+    """``_old_key``: on the create that ends a key change, the deleted key."""
+
+
+@dataclass
+class _Deleted:
+    """The last delete a channel read: the create of a key change follows it (see the module)."""
+
+    source: Any
+    key: dict[str, Any]
+    before: dict[str, Any]
+
+
+class ChangeDecoder:
+    """Decodes one channel's Debezium envelopes, in order, into the pieces of change records of one table:
+    ``valueSchema`` (the row's record schema) and ``changeKeys`` give the change schema (:attr:`change`,
+    partial and with key changes: see the module on placeholders and key changes).
+
+    ``events_schema``: ``valueSchema`` was read from the first envelope's schema, so every later envelope's
+    schema (``schemas.enable=true``) must give the same row. ``envelope_avro``: the envelopes are Avro records
+    of this schema (JSON text) rather than JSON. ``placeholder``: the connector's
+    ``unavailable.value.placeholder``. Backends call :meth:`decode` with an envelope's bytes, or
+    :meth:`decode_envelope` with one they decoded themselves (Confluent-framed Avro). The decoder keeps the
+    channel's last delete, so it reads one channel's envelopes in order."""
+
+    def __init__(
+        self,
+        value_schema: str | None,
+        change_keys: str | None,
+        events_schema: bool = False,
+        envelope_avro: str | None = None,
+        placeholder: str = DEFAULT_PLACEHOLDER,
+    ) -> None:
+        import pyarrow as pa
+
+        from cdc.formats.rows import RowField, parse_avro_schema, parse_record_schema
+        from cdc.model import ChangeSchema
+
+        self.events_schema = json.dumps(json.loads(value_schema), sort_keys=True) if events_schema and value_schema else None
+        self._same_schemas: list[Any] = []
+        self._envelope_avro: Any = parse_avro_schema(envelope_avro) if envelope_avro else None
+        if not value_schema:
+            raise OptionError("option 'valueSchema' is required with valueFormat=debezium", "valueSchema")
+        fields = parse_record_schema(value_schema)
+        keys = [k.strip() for k in (change_keys or "").split(",") if k.strip()]
+        table = pa.schema([pa.field(f.name, f.arrow, nullable=f.nullable) for f in fields])
+        try:
+            self.change: ChangeSchema = ChangeSchema.of(table, keys, partial=True, key_changes=True)
+        except ValueError as exc:
+            raise OptionError(f"options 'valueSchema'/'changeKeys': {exc}", "changeKeys") from None
+        # The change model makes key columns non-null whatever the schema says.
+        self.fields = [RowField(f.name, f.arrow, f.nullable and f.name not in keys, f.convert) for f in fields]
+        # How the placeholder appears in each text or bytes value column of an image (JSON: bytes as base64).
+        octets = placeholder_octets(placeholder)
+        forms = {pa.string(): (octets.decode("utf-8", "replace"),),
+                 pa.binary(): (base64.b64encode(octets).decode("ascii"), octets)}
+        self._placeholders: dict[str, tuple[Any, ...]] = {
+            f.name: forms[f.arrow] for f in self.fields if f.arrow in forms and f.name not in keys
+        }
+        self._deleted: _Deleted | None = None
+
+    def decode(self, value: bytes, fallback_ms: int) -> Change | None:
+        """The change of an envelope's bytes; ``None`` for a tombstone (empty). The commit time falls back to
+        ``fallback_ms`` (the message's own time) when the envelope has none. A truncate raises
+        :class:`TruncateEvent`; an undecodable envelope :class:`~cdc.formats.rows.Malformed`; an envelope whose
+        schema differs from the one the query read from the topic :class:`~cdc.errors.SchemaChangedError`."""
+        from cdc.formats.rows import decode_avro, decode_object
+
+        if not value:
+            return None
+        env = decode_avro(value, self._envelope_avro) if self._envelope_avro else decode_object(value)
+        return self.decode_envelope(env, fallback_ms)
+
+    def decode_envelope(self, env: dict[str, Any], fallback_ms: int) -> Change:
+        """:meth:`decode` of an envelope already decoded into a dict."""
+        from cdc.formats.rows import Malformed, brief, row_values
+        from cdc.model import Op
+
+        if "op" not in env and isinstance(env.get("payload"), dict):
+            if self.events_schema is not None:
+                self._check_events_schema(env.get("schema"))
+            env = env["payload"]  # Debezium's JSON converter with schemas.enable=true
+        deleted, self._deleted = self._deleted, None
+        op = env.get("op")
+        if op == "t":
+            raise TruncateEvent(source_table(env), self._commit_time(env, fallback_ms))
+        ops = {"c": Op.INSERT, "u": Op.UPDATE, "d": Op.DELETE, "r": Op.SNAPSHOT}
+        if not isinstance(op, str) or op not in ops:
+            raise Malformed(f"envelope 'op' must be one of c, u, d, r, t; got {brief(op)}")
+        image_name = "before" if op == "d" else "after"
+        image = env.get(image_name)
+        if not isinstance(image, dict):
+            raise Malformed(f"op {op!r} needs an object in {image_name!r}, got {brief(image)}")
+        commit = self._commit_time(env, fallback_ms)
+        keys = self.change.keys
+        if op == "d":
+            row = row_values(self.fields, {k: v for k, v in image.items() if k in keys}, f"{image_name}: ")
+            key = {f.name: v for f, v in zip(self.fields, row, strict=True) if f.name in keys}
+            self._deleted = _Deleted(env.get("source"), key, image)
+            return Change(ops[op].value, commit, row)
+        # A key change's create: the delete just before it came from the same source event.
+        linked = deleted if op == "c" and deleted is not None and deleted.source == env.get("source") else None
+        unsent = [c for c, forms in self._placeholders.items() if image.get(c) in forms]
+        if unsent:
+            # The old row's image has what the new one lacks when the source logged it (REPLICA IDENTITY FULL;
+            # under DEFAULT a delete's before image holds nulls there: a TOASTed value is never null).
+            before = linked.before if linked is not None else env.get("before") if op == "u" else None
+            if isinstance(before, dict):
+                known = [c for c in unsent if before.get(c) is not None and before[c] not in self._placeholders[c]]
+                if known:
+                    image = {**image, **{c: before[c] for c in known}}
+                    unsent = [c for c in unsent if c not in known]
+        row = row_values(self.fields, image, f"{image_name}: ", unsent)
+        return Change(ops[op].value, commit, row, unsent or None, None if linked is None else linked.key)
+    @staticmethod
+    def _commit_time(env: dict[str, Any], fallback_ms: int) -> datetime:
+        from cdc.formats.rows import CALENDAR, Malformed, brief, from_epoch, integer
+
+        name, ts, scale = commit_field(env)
+        if ts is None:
+            ts, scale = fallback_ms, -1000
+        try:
+            return from_epoch(epoch_micros(integer(ts), scale), 1, "epoch time")
+        except (TypeError, ValueError):
+            unit = {1: "microseconds", 1000: "nanoseconds"}.get(scale, "milliseconds")
+            raise Malformed(f"envelope {name!r} must be epoch {unit} {CALENDAR}, got {brief(ts)}") from None
+
+    def _check_events_schema(self, schema: Any) -> None:
+        if any(schema == known for known in self._same_schemas):
+            return
+        try:
+            text = record_schema_of(schema)
+        except ValueError as exc:
+            raise SchemaChangedError(f"its schema no longer gives the row's columns: {exc}") from None
+        if text != self.events_schema:
+            raise SchemaChangedError(
+                f"its row schema {text} differs from the one the query read from the topic when it was "
+                f"defined, {self.events_schema}; restart the query to read the new schema (or give option "
+                "valueSchema)"
+            )
+        if len(self._same_schemas) < 16:
+            self._same_schemas.append(schema)

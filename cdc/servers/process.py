@@ -5,12 +5,19 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
+
+import click
+
+from cdc.errors import CdcError
 
 if TYPE_CHECKING:
     from rich.status import Status
@@ -101,3 +108,45 @@ class ServerProcess(ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+# ---------------------------------------------------------------------- the `cdc server` commands
+def refuse_taken(port: int, option: str) -> None:
+    """A given port another process listens on is named now, not in a JVM stack trace after start-up."""
+    if not port:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free to a server
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise click.BadParameter(
+                f"port {port} on 127.0.0.1 is taken ({exc.strerror}); 0 picks a free port", param_hint=option
+            ) from None
+
+
+def serve(broker: ServerProcess, name: str, ready: Callable[[], str]) -> None:
+    """Start ``broker`` with a spinner, print ``ready()``, run until SIGINT/SIGTERM, stop it cleanly."""
+    from rich.console import Console
+
+    # SIGTERM and a closed terminal stop the broker too (finally below), which also removes a temporary data dir.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda *_: sys.exit(0))
+    keep_data = False  # a broker that failed keeps its directory, logs included, even a temporary one
+    try:
+        with starting(name):
+            broker.start()
+        click.echo(ready(), err=True)
+        while broker.running:
+            time.sleep(0.5)
+        keep_data = True
+        raise click.ClickException(f"{name} exited on its own; its data and logs are kept in {broker.data_dir}")
+    except KeyboardInterrupt:
+        pass
+    except CdcError as exc:  # the server's own start-up error: it names the cause
+        keep_data = True
+        raise click.ClickException(str(exc)) from None
+    finally:
+        with Console(stderr=True).status(f"stopping {name}..."):
+            broker.stop(cleanup=False if keep_data else None)
+        click.echo(f"{name} stopped", err=True)

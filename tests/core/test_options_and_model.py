@@ -87,7 +87,7 @@ def test_unknown_option_names_it_and_lists_accepted() -> None:
         ({"backend": "local", "path": "/x", "maxBytesPerTrigger": "0"}, "'maxBytesPerTrigger'"),
         ({"backend": "local", "path": "/x", "maxBytesPerTrigger": "1MB"}, "'maxBytesPerTrigger'"),
         ({"backend": "local", "path": "/x", "failOnDataLoss": "maybe"}, "accepted values: true, false"),
-        ({"backend": "kafka"}, "accepted values: local, postgres, pulsar, tablestore"),
+        ({"backend": "kinesis"}, "accepted values: kafka, local, postgres, pulsar, tablestore"),
         ({"backend": "local"}, "option 'path' is required"),
     ],
 )

@@ -1,4 +1,4 @@
-"""Real Debezium output (issue 15): Debezium's embedded engine (3.4.3.Final, PostgreSQL connector, pgoutput)
+"""Real Debezium output (issue 15): Debezium's embedded engine (3.6.1.Final, PostgreSQL connector, pgoutput)
 captures a PostgreSQL table's snapshot, inserts, updates, deletes with their tombstones, a primary-key change
 and a truncate, with and without schemas; the events go to Apache Pulsar the way Debezium Server's Pulsar
 sink sends them, and our source reads them into Delta, which must equal ``SELECT *`` of the table."""

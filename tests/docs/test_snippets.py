@@ -45,7 +45,7 @@ RUN_BY = {
     "postgres_replica_identity.sql": "test_the_replica_identity_sql_makes_updates_whole_rows",
 }
 # Shell lines of other tools, shown as they are run against systems the tests cannot reach as such.
-OTHER_TOOLS = ("spark-submit", "bin/pulsar-admin", "cd ", "PYSPARK_PYTHON=", "  --", "  my_pipeline.py")
+OTHER_TOOLS = ("spark-submit", "bin/pulsar-admin", "kafka-acls.sh", "cd ", "PYSPARK_PYTHON=", "  --", "  my_pipeline.py")
 
 
 def blocks() -> list[tuple[str, str, str]]:
@@ -271,6 +271,17 @@ def test_block_languages_are_ones_a_test_checks() -> None:
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "properties"], ids=_id)
 def test_debezium_configuration_is_the_one_the_real_debezium_tests_run(block: tuple[str, str, str]) -> None:
+    if block[0] == "docs/backends/kafka.md":  # the connector config the Kafka Connect tests register
+        from cdc.servers.kafka import postgres_connector
+
+        config = postgres_connector(host="h", port=1, user="u", database="d", name="pg", tables=["public.orders"])
+        for line in block[2].splitlines():
+            if line.strip() and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                assert key in config, f"{block[0]}: {key} is not set by cdc.servers.kafka.postgres_connector"
+                if key not in ("table.include.list", "topic.prefix"):
+                    assert config[key] == value, f"{block[0]}: {key}={value} is not what the Kafka tests run"
+        return
     engine = (ROOT / "tests" / "debezium" / "engine.py").read_text() + "".join(
         p.read_text() for p in (ROOT / "tests" / "debezium" / "engine").rglob("*.java"))
     for line in block[2].splitlines():

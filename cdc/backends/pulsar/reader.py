@@ -16,8 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from datetime import UTC, date, datetime
-from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -38,6 +36,7 @@ from cdc.errors import (
     TruncateError,
 )
 from cdc.formats.debezium import TruncateEvent
+from cdc.formats.rows import type_default
 from cdc.model import METADATA_COLUMNS, Op
 
 log = logging.getLogger(__name__)
@@ -196,7 +195,7 @@ class _Columns:
         # A truncate record's table columns mean nothing; its key columns are not null in the schema, so they
         # carry a value of their type rather than a null Spark would not expect there.
         self._truncate_values = [
-            None if f.nullable else _placeholder(f.type) for f in self.schema if f.name not in METADATA_COLUMNS
+            None if f.nullable else type_default(f.type) for f in self.schema if f.name not in METADATA_COLUMNS
         ]
 
     def batch(self, msgs: list[Any], mids: list[Any]) -> pa.RecordBatch | None:
@@ -330,19 +329,3 @@ def _metadata(schema: pa.Schema, msgs: list[Any], mids: list[Any], channel: str)
         pc.if_else(pc.equal(event, 0), None, pc.multiply(event, 1000)).cast(TS),
         props_array,
     ]
-
-
-def _placeholder(t: pa.DataType) -> Any:
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return ""
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return b""
-    if pa.types.is_boolean(t):
-        return False
-    if pa.types.is_timestamp(t):
-        return datetime(1970, 1, 1, tzinfo=UTC)
-    if pa.types.is_date(t):
-        return date(1970, 1, 1)
-    if pa.types.is_decimal(t):
-        return Decimal(0)
-    return 0

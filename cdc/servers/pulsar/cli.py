@@ -11,15 +11,9 @@ that is not Apache Pulsar (:class:`EmbeddedBroker`). ::
 
 from __future__ import annotations
 
-import signal
-import socket
-import sys
-import time
-from collections.abc import Callable
-
 import click
 
-from cdc.servers.process import ServerProcess, starting
+from cdc.servers.process import refuse_taken, serve
 from cdc.servers.pulsar.broker import BrokerError, EmbeddedBroker
 from cdc.servers.pulsar.standalone import ApachePulsar, pulsar_lib, pulsar_version
 
@@ -29,47 +23,6 @@ LITE_IS = (
 )
 DEFAULT_ADMIN_PORT = 8080
 DEFAULT_HEAP = "256m"
-
-
-def _refuse_taken(port: int, option: str) -> None:
-    """A given port another process listens on is named now, not in a JVM stack trace after start-up."""
-    if not port:
-        return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free to a server
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise click.BadParameter(
-                f"port {port} on 127.0.0.1 is taken ({exc.strerror}); 0 picks a free port", param_hint=option
-            ) from None
-
-
-def _serve(broker: ServerProcess, name: str, ready: Callable[[], str]) -> None:
-    """Start ``broker`` with a spinner, print ``ready()``, run until SIGINT/SIGTERM, stop it cleanly."""
-    from rich.console import Console
-
-    # SIGTERM and a closed terminal stop the broker too (finally below), which also removes a temporary data dir.
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda *_: sys.exit(0))
-    keep_data = False  # a broker that failed keeps its directory, logs included, even a temporary one
-    try:
-        with starting(name):
-            broker.start()
-        click.echo(ready(), err=True)
-        while broker.running:
-            time.sleep(0.5)
-        keep_data = True
-        raise click.ClickException(f"{name} exited on its own; its data and logs are kept in {broker.data_dir}")
-    except KeyboardInterrupt:
-        pass
-    except BrokerError as exc:
-        keep_data = True
-        raise click.ClickException(str(exc)) from None
-    finally:
-        with Console(stderr=True).status(f"stopping {name}..."):
-            broker.stop(cleanup=False if keep_data else None)
-        click.echo(f"{name} stopped", err=True)
 
 
 @click.command(
@@ -94,20 +47,20 @@ def _serve(broker: ServerProcess, name: str, ready: Callable[[], str]) -> None:
 @click.option("--lite", is_flag=True, help=f"Run pulsar-lite instead of Apache Pulsar ({LITE_IS}).")
 def main(port: int, admin_port: int | None, data_dir: str | None, partitions: int, max_message_size: int,
          heap: str | None, lite: bool) -> None:
-    _refuse_taken(port, "--port")
+    refuse_taken(port, "--port")
     if lite:
         for given, option in ((admin_port, "--admin-port"), (heap, "--heap")):
             if given is not None:
                 raise click.UsageError(f"{option} is an option of Apache Pulsar; pulsar-lite (--lite) has none")
         lite_broker = EmbeddedBroker(data_dir, port=port or None, partitions=partitions,
                                      max_message_size=max_message_size)
-        _serve(lite_broker, "pulsar-lite", lambda: (
+        serve(lite_broker, "pulsar-lite", lambda: (
             f"pulsar-lite running at {lite_broker.url} (data: {lite_broker.data_dir}); Ctrl-C to stop\n"
             f"  {LITE_IS}; `cdc server pulsar` without --lite runs Apache Pulsar"
         ))
         return
     admin = DEFAULT_ADMIN_PORT if admin_port is None else admin_port
-    _refuse_taken(admin, "--admin-port")
+    refuse_taken(admin, "--admin-port")
     try:
         pulsar_lib()
     except BrokerError as exc:
@@ -120,7 +73,7 @@ def main(port: int, admin_port: int | None, data_dir: str | None, partitions: in
     broker = ApachePulsar(data_dir, broker_port=port or None, web_port=admin or None,
                           heap=heap or DEFAULT_HEAP, conf=conf)
     kept = "kept" if data_dir is not None else "removed on exit"
-    _serve(broker, "Apache Pulsar", lambda: (
+    serve(broker, "Apache Pulsar", lambda: (
         f"Apache Pulsar {pulsar_version()} standalone ready in {broker.last_start_s:.1f} s (pid {broker.pid})\n"
         f"  service URL  {broker.url}\n"
         f"  admin URL    {broker.admin_url}\n"

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -36,6 +35,7 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from cdc.servers.jvm import java, megabytes
 from cdc.servers.ports import free_port
 from cdc.servers.process import ServerProcess, die_with_parent
 from cdc.servers.pulsar.broker import BrokerError
@@ -100,14 +100,9 @@ def cds_archive(lib: Path) -> Path:
     """The broker's class-data-sharing archive: the loaded classes of a previous run, mapped at start instead
     of parsed and verified again. It is valid for one JVM build and this exact class path (a JVM that cannot
     use it says so and starts without it), so its name carries both."""
-    java = Path(_java()).resolve()
-    key = hashlib.sha256(f"{java}\n{lib.resolve()}".encode()).hexdigest()[:12]
+    binary = Path(java()).resolve()
+    key = hashlib.sha256(f"{binary}\n{lib.resolve()}".encode()).hexdigest()[:12]
     return lib.parent / f"cds-{key}.jsa"
-
-
-def _java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    return str(Path(java_home) / "bin" / "java") if java_home else (shutil.which("java") or "java")
 
 
 class _NotReady(Exception):
@@ -258,9 +253,9 @@ class ApachePulsar(ServerProcess):
             raise BrokerError(f"{what}: HTTP {exc.code} {detail}") from exc
 
     def _command(self, lib: Path, config: Path) -> list[str]:
-        direct = f"{max(64, _megabytes(self.heap) // 2)}m"
+        direct = f"{max(64, megabytes(self.heap) // 2)}m"
         return [
-            _java(),
+            java(),
             "-Xms64m",
             f"-Xmx{self.heap}",
             f"-XX:MaxDirectMemorySize={direct}",
@@ -390,11 +385,3 @@ def _topic_path(topic: str) -> str:
         raise ValueError(f"not a topic name: {topic!r} (expected persistent://tenant/namespace/name)")
     return f"{domain}/{rest}"
 
-
-def _megabytes(size: str) -> int:
-    """A JVM size (``256m``, ``1g``, ``524288k``) in MiB."""
-    units = {"k": 1 / 1024, "m": 1, "g": 1024}
-    unit = size[-1].lower()
-    if unit not in units:
-        return int(size) // (1024 * 1024)
-    return int(float(size[:-1]) * units[unit])

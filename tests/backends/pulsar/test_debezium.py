@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from cdc.backends.pulsar.connection import Channel, open_client
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.reader import _Columns
-from cdc.backends.pulsar.records import Change, Decoder, Malformed, _Field
+from cdc.backends.pulsar.records import Decoder, Malformed, RowField
 from cdc.errors import MalformedRecordError, OptionError
-from cdc.formats.debezium import TruncateEvent, value_of
+from cdc.formats.debezium import Change, TruncateEvent, value_of
 from cdc.options import parse
 from cdc.servers.pulsar import ApachePulsar
 from tests.backends.pulsar.helpers import backend, drain, produce
@@ -173,7 +173,9 @@ def test_a_value_the_batch_cannot_hold_fails_naming_the_message_not_arrow() -> N
     options = PulsarOptions.model_validate({"service.url": "pulsar://unused:6650", "topic": "t",
                                             "valueFormat": "debezium", "valueSchema": SCHEMA, "changeKeys": "id"})
     columns = _Columns(None, options, Channel("persistent://public/default/t", 0))
-    columns.decoder.fields = [_Field(f.name, f.arrow, f.nullable, lambda v: v) for f in columns.decoder.fields]
+    changes = columns.decoder.changes
+    assert changes is not None
+    changes.fields = [RowField(f.name, f.arrow, f.nullable, lambda v: v) for f in changes.fields]
     msgs = [_Message(envelope(), "good"), _Message(envelope({"n": 2**40}), "too-big")]
     with pytest.raises(MalformedRecordError, match=r"message \[7, 2, -1\] \(key 'too-big'\).*column 'n'"):
         columns.batch(msgs, [_Id(1), _Id(2)])

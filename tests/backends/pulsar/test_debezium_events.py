@@ -23,7 +23,7 @@ from tests.backends.pulsar.helpers import backend, drain, produce
 
 ROW = json.dumps({"type": "record", "name": "R", "fields": [
     {"name": "id", "type": "int"}, {"name": "name", "type": ["null", "string"]}]})
-SOURCE = {"version": "3.4.3.Final", "connector": "postgresql", "name": "pg", "db": "app", "schema": "public",
+SOURCE = {"version": "3.6.1.Final", "connector": "postgresql", "name": "pg", "db": "app", "schema": "public",
           "table": "items", "ts_ms": 1700000000123, "ts_us": 1700000000123456, "ts_ns": 1700000000123456789}
 # The Kafka Connect schema Debezium's JSON converter writes with schemas.enable=true (abridged: the source
 # block's fields are left out; the decoder reads only before/after).

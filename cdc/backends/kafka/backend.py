@@ -1,0 +1,226 @@
+"""``backend=kafka``: channels are topic partitions, positions are offsets.
+
+Planning asks the cluster for each partition's log start offset and head once per planning round (two
+``ListOffsets`` requests for every partition of the query, through the admin client): the head is the last
+stable offset under ``read_committed`` (the default; no record of a transaction still open is readable before
+it), the high watermark under ``read_uncommitted``. A range ends at the head, at ``until``, or ``max_records``
+offsets after its start: no message is read to plan. Its ``records`` are the offsets it spans, which is the
+number of records it holds on a topic without gaps, and an upper bound on a compacted topic or with
+transactional producers (see :mod:`cdc.backends.kafka.positions`): there the budget is a budget of offsets, as
+Spark's ``maxOffsetsPerTrigger`` is, and a range may hold fewer records. A start below the log start offset
+raises :class:`~cdc.errors.DataLossError` (the planner skips to the earliest offset with
+``failOnDataLoss=false``).
+
+Partitions appear while a query runs (a topic given more partitions; a topic matching ``subscribePattern``
+created): each is a new channel from its first offset. A partition added to a topic takes over keys of the
+older partitions, so it follows them (:attr:`cdc.backend.ChannelInfo.follows`): it starts once the query has
+read the older partitions up to their heads at the moment it appeared, so a key's records stay in order
+across the move.
+
+After a batch commits, its end offsets are committed to the query's consumer group (``commitOffsets``): lag
+tools see the query; Spark's checkpoint stays the source of truth.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader
+from cdc.backends.kafka.connection import Cluster
+from cdc.backends.kafka.options import KafkaOptions
+from cdc.backends.kafka.positions import Partition, from_spark_offsets, to_offset
+from cdc.backends.kafka.reader import KafkaRangeReader
+from cdc.backends.kafka.records import confluent_schema_id
+from cdc.backends.kafka.registry import SchemaRegistry
+from cdc.errors import CdcError, DataLossError, OptionError, requires_extra
+from cdc.formats.debezium import record_schema_of, record_schema_of_avro
+
+log = logging.getLogger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+WATERMARKS_TTL_S = 1.0
+"""How long planning reuses the offsets it asked for (within a round; a new round asks again)."""
+
+
+class KafkaBackend(Backend):
+    """The partitions of a Kafka cluster's topics as channels."""
+
+    name = "kafka"
+    options_model = KafkaOptions
+    options: KafkaOptions
+
+    def __init__(self, options: KafkaOptions) -> None:
+        with requires_extra("kafka", "backend 'kafka'"):
+            import confluent_kafka  # noqa: F401 - imported where used, by the driver and executors alike
+            import fastavro  # noqa: F401
+        super().__init__(options)
+        self.cluster = Cluster(options)
+        self._partitions: list[Partition] = []
+        self._marks: dict[Partition, tuple[int, int]] = {}
+        self._marks_at = 0.0
+        self._value_schema = options.value_schema
+        self._events_schema = False
+        if options.value_format == "debezium" and not options.value_schema:
+            self._value_schema, self._events_schema = self._schema_from_topics()
+        self._reader = KafkaRangeReader(options, self._value_schema, self._events_schema)
+
+    def __repr__(self) -> str:
+        topics = self.options.subscribe or self.options.subscribe_pattern or self.options.assign
+        return f"KafkaBackend({self.options.setting('bootstrap.servers')!r}, {topics})"
+
+    def schema(self) -> pa.Schema:
+        return self._reader.schema()
+
+    # ------------------------------------------------------------------ channels and offsets
+    def list_channels(self) -> Sequence[ChannelInfo]:
+        """Every partition of the query's topics; starts a planning round (offsets are asked again)."""
+        self._partitions = self.cluster.partitions()
+        self._marks_at = 0.0
+        by_topic: dict[str, list[str]] = {}
+        for p in self._partitions:
+            by_topic.setdefault(p.topic, []).append(p.id)
+        return [ChannelInfo(p.id, follows=tuple(c for c in by_topic[p.topic] if c != p.id)) for p in self._partitions]
+
+    def _watermarks(self, part: Partition) -> tuple[int, int]:
+        if part not in self._marks or time.monotonic() - self._marks_at > WATERMARKS_TTL_S:
+            parts = self._partitions if part in self._partitions else [*self._partitions, part]
+            self._marks = self.cluster.watermarks(parts)
+            self._marks_at = time.monotonic()
+        return self._marks[part]
+
+    def earliest(self, channel: str) -> Position:
+        return self._watermarks(Partition.parse(channel))[0]
+
+    def latest(self, channel: str) -> Position:
+        return self._watermarks(Partition.parse(channel))[1]
+
+    def parse_position(self, channel: str, value: Any) -> Position:
+        return to_offset(value, channel)
+
+    def channel_positions(self, given: dict[str, Any]) -> dict[str, Any]:
+        return from_spark_offsets(given)
+
+    def position_at(self, channel: str, when: datetime) -> Position:
+        """The offset of the partition's first record with a timestamp at or after ``when``, else the head (taken
+        first: a record produced meanwhile lies after it, not skipped)."""
+        part = Partition.parse(channel)
+        head = self.latest(channel)
+        when_ms = -((_EPOCH - when) // timedelta(milliseconds=1))  # a time inside a millisecond: the next one
+        found = self.cluster.offsets_for_time([part], when_ms)[part]
+        return head if found is None else min(found, head)
+
+    def plan(
+        self, channel: str, start: Position, max_records: int | None = None, until: Position | None = None
+    ) -> PlannedRange:
+        part = Partition.parse(channel)
+        s = to_offset(start, channel)
+        low, head = self._watermarks(part)
+        if s < low:
+            raise DataLossError(
+                f"channel {channel!r}: offsets [{s}, {low}) are no longer held by the broker (the partition now "
+                f"starts at {low}); retention removed them",
+                channel,
+            )
+        end = head if until is None else min(head, to_offset(until, channel))
+        if max_records is not None:
+            end = min(end, s + max_records)
+        end = max(end, s)
+        return PlannedRange(end, end - s)
+
+    def reader(self) -> RangeReader:
+        return self._reader
+
+    # ------------------------------------------------------------------ lag and the consumer group
+    def heads(self, positions: Mapping[str, Position]) -> dict[str, ChannelHead]:
+        """Each partition's head and the offsets from the query's position to it (``behind``: what Spark's Kafka
+        source reports as offsets behind latest; an upper bound of records on a compacted or transactional
+        topic)."""
+        self._marks_at = 0.0
+        out = {}
+        for cid, pos in positions.items():
+            head = self.latest(cid)
+            out[cid] = ChannelHead(head, max(0, int(head) - int(pos)))
+        return out
+
+    def acknowledge(self, positions: Mapping[str, Position]) -> None:
+        """Commit the batch's end offsets to the query's consumer group (``commitOffsets``), for lag tools."""
+        if not self.options.commit_offsets:
+            return
+        offsets = {Partition.parse(c): to_offset(p, c) for c, p in positions.items()}
+        try:
+            self.cluster.commit(offsets)
+        except Exception as exc:  # noqa: BLE001 - best effort; confluent-kafka raises KafkaException
+            log.warning("committing offsets to consumer group %s failed (retried at the next batch): %s",
+                        self.options.group_id(), exc)
+            return
+        log.debug("committed %s to consumer group %s", dict(positions), self.options.group_id())
+
+    # ------------------------------------------------------------------ the row schema of Debezium events
+    def _schema_from_topics(self) -> tuple[str, bool]:
+        """``valueSchema`` from the first change event of the query's partitions: its JSON schema
+        (``schemas.enable=true``), or its Avro schema from the registry (Confluent wire format)."""
+        from confluent_kafka import KafkaError, TopicPartition
+
+        consumer = self.cluster.consumer
+        parts = self.cluster.partitions()
+        marks = self.cluster.watermarks(parts)
+        pending = {p for p in parts if marks[p][1] > marks[p][0]}
+        if not pending:
+            raise OptionError("option 'valueSchema' is required: the query's topics hold no Debezium event to read "
+                              "the row schema from (they are empty); give option valueSchema", "valueSchema")
+        consumer.assign([TopicPartition(p.topic, p.partition, marks[p][0]) for p in sorted(pending)])
+        deadline = time.monotonic() + self.options.metadata_timeout_ms / 1000
+        try:
+            while pending and time.monotonic() < deadline:
+                m = consumer.poll(0.5)
+                if m is None:
+                    continue
+                part = Partition(m.topic(), m.partition())
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        pending.discard(part)
+                    continue
+                found = self._schema_of(m.value(), part, m.offset())
+                if found is not None:
+                    log.info("valueSchema read from %s offset %d: %s", part.id, m.offset(), found[0])
+                    return found
+        finally:
+            consumer.unassign()
+        raise OptionError("option 'valueSchema' is required: no change event of the query's topics carries a row "
+                          "schema (JSON converter with schemas.enable=false?); give option valueSchema", "valueSchema")
+
+    def _schema_of(self, value: bytes | None, part: Partition, offset: int) -> tuple[str, bool] | None:
+        if not value:
+            return None  # a tombstone
+        schema_id = confluent_schema_id(value)
+        if schema_id is not None:
+            if not self.options.schema_registry_url:
+                raise OptionError(
+                    f"option 'schema.registry.url' is required: {part.id} offset {offset} is an Avro value in the "
+                    f"Confluent wire format (schema id {schema_id})", "schema.registry.url")
+            registry = SchemaRegistry(self.options.schema_registry_url, self.options.schema_registry_auth,
+                                      self.options.schema_registry_ca)
+            return record_schema_of_avro(json.loads(registry.schema(schema_id))), False
+        try:
+            doc = json.loads(value)
+            if isinstance(doc.get("payload"), dict) and doc["payload"].get("op") == "t":
+                return None  # a truncate's schema has no row
+            return record_schema_of(doc["schema"]), True
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise OptionError(
+                f"option 'valueSchema' is required: {part.id} offset {offset} carries no row schema ({exc}); give "
+                "option valueSchema, or write events with schemas (converter schemas.enable=true)", "valueSchema"
+            ) from None
+
+    def close(self) -> None:
+        try:
+            self.cluster.close()
+        except CdcError:  # pragma: no cover - closing never fails the caller
+            pass
