@@ -238,6 +238,7 @@ BACKENDS: dict[str, str] = {
     "pulsar": "cdc.backends.pulsar:PulsarBackend",
     "tablestore": "cdc.backends.tablestore:TablestoreBackend",
     "postgres": "cdc.backends.postgres:PostgresBackend",
+    "mysql": "cdc.backends.mysql:MySQLBackend",
 }
 
 
@@ -256,6 +257,7 @@ BACKEND_OPTIONS: dict[str, str] = {
     "pulsar": "cdc.backends.pulsar.options:PulsarOptions",
     "tablestore": "cdc.backends.tablestore.options:TablestoreOptions",
     "postgres": "cdc.backends.postgres.options:PostgresOptions",
+    "mysql": "cdc.backends.mysql.options:MySQLOptions",
 }
 
 

@@ -115,6 +115,26 @@ def postgres_dsn(postgres_server: Any, request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[Any]:
+    """One real MariaDB (:class:`cdc.servers.mysql.MariaDBServer`, Debian's ``mariadb-server`` binaries) for the
+    session, on loopback with a row-based binary log; tests take a database of their own through ``mysql_dsn``.
+    A test may kill and restart it (same port and data). Missing binaries fail the test, naming the install."""
+    from cdc.servers.mysql import MariaDBServer
+
+    with MariaDBServer() as server:
+        yield server
+
+
+@pytest.fixture
+def mysql_dsn(mariadb_server: Any, request: pytest.FixtureRequest) -> str:
+    """The DSN of a fresh database for this test on the session's MariaDB."""
+    import hashlib
+
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
+    return str(mariadb_server.create_database(f"t_{digest}"))
+
+
+@pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The Spark Connect server of pyspark 4.2 on a free loopback port, shared by the session (~15-40 s to
     start); clients run in child processes (``tests/drivers/connect_client.py``): a Connect session in this
