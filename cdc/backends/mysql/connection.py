@@ -62,7 +62,8 @@ def connect(endpoint: Endpoint) -> Any:
         code = exc.args[0] if exc.args else 0
         if code in _ACCESS_DENIED:
             raise MissingPrivilegeError(f"the server refused {endpoint.user!r}: {exc.args[1]}", "login") from None
-        raise BackendUnavailableError(f"cannot connect to the server {endpoint!r}: {exc}") from exc
+        raise BackendUnavailableError(f"cannot connect to the server {endpoint!r} (ssl.mode={endpoint.ssl_mode}): "
+                                      f"{exc}") from exc
     except (ssl.SSLError, OSError) as exc:
         raise BackendUnavailableError(f"cannot connect to the server {endpoint!r} (ssl.mode={endpoint.ssl_mode}): "
                                       f"{exc}") from exc

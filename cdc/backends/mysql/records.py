@@ -451,7 +451,8 @@ def _decimal(raw: Sequence[bytes | None], precision: int, scale: int, target: pa
         data = b"".join((0 if v is None else v).to_bytes(16, "little", signed=True) for v in values)
         validity = pa.array([v is not None for v in values], pa.bool_()).buffers()[1] if None in values else None
         return pa.Array.from_buffers(target, len(values), [validity, pa.py_buffer(data)])
-    return pa.array([None if v is None else str(Decimal(v).scaleb(-scale)) for v in values], pa.string())
+    # Decimal from text is exact (scaleb would round to the context's 28 digits).
+    return pa.array([None if v is None else format(Decimal(f"{v}e-{scale}"), "f") for v in values], pa.string())
 
 
 def _text(raw: Sequence[bytes | None], encoding: str | None) -> pa.Array:

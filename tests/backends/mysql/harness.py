@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pymysql
+from tenacity import Retrying, stop_after_delay, wait_fixed
 
 from cdc.backend import Backend, open_backend
 from cdc.backends.mysql.options import parse_dsn
@@ -18,13 +19,19 @@ def connect(dsn: str) -> Any:
 
 
 def purge_binlogs(conn: Any) -> None:
-    """Start a new binary log and drop the older ones: ``earliest`` is then this test's start (the session's
-    server holds every earlier test's changes, which planning from earliest would walk)."""
+    """Start a new binary log and drop the older ones, as a server expiring them would: ``earliest`` is then this
+    test's start (the session's server holds every earlier test's changes, which planning from earliest would
+    walk). MariaDB keeps a file until its binlog checkpoint has moved past it (crash recovery may need it), so
+    the purge is repeated until it took."""
     with conn.cursor() as cur:
         cur.execute("FLUSH BINARY LOGS")
         cur.execute("SHOW MASTER STATUS")
         current = cur.fetchone()[0]
-        cur.execute("PURGE BINARY LOGS TO %s", (current,))
+        for attempt in Retrying(stop=stop_after_delay(30), wait=wait_fixed(0.05), reraise=True):
+            with attempt:
+                cur.execute("PURGE BINARY LOGS TO %s", (current,))
+                cur.execute("SHOW BINARY LOGS")
+                assert [r[0] for r in cur.fetchall()] == [current], "an older binary log is still in use"
 
 
 class MySQLHarness(Harness):
