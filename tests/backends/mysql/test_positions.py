@@ -28,7 +28,7 @@ from cdc.backends.mysql.positions import (
     parse_mariadb_position,
     parse_mysql_gtid_set,
 )
-from cdc.backends.mysql.records import _time2, unscaled_decimal
+from cdc.backends.mysql.values import time_text, unscaled_decimal
 from cdc.errors import PositionError
 
 # (body, GTID, immediate_commit_timestamp in Unix microseconds, last_committed, sequence_number)
@@ -146,4 +146,4 @@ def test_decimals_from_mysqls_documented_binary_form() -> None:
     ],
 )
 def test_time_values_in_mysqls_text_form(raw: bytes, fsp: int, text: str) -> None:
-    assert _time2(raw, fsp) == text
+    assert time_text(raw, fsp) == text
