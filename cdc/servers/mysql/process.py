@@ -37,7 +37,7 @@ from typing import Any, Self
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from cdc.errors import CdcError
+from cdc.errors import CdcError, requires_extra
 from cdc.servers.ports import free_port
 from cdc.servers.process import ServerProcess
 
@@ -208,7 +208,8 @@ class MariaDBServer(ServerProcess):
         return self
 
     def _wait_until_serving(self) -> None:
-        import pymysql
+        with requires_extra("mysql", "the MariaDB server"):
+            import pymysql
 
         process = self._process
         assert process is not None
@@ -236,7 +237,8 @@ class MariaDBServer(ServerProcess):
 
     def root(self) -> Any:
         """A connection as root through the server's socket (for set-up: users, grants)."""
-        import pymysql
+        with requires_extra("mysql", "the MariaDB server"):
+            import pymysql
 
         return pymysql.connect(unix_socket=str(self.socket), user="root", autocommit=True, charset="utf8mb4")
 
