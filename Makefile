@@ -83,14 +83,20 @@ $(DELTA_STAMP):
 demo: install
 	$(PY) examples/orders_demo.py
 
+# The suite runs on TEST_WORKERS pytest-xdist workers (one per core here); ``--dist loadgroup`` keeps the tests
+# of each heavy server on one worker (see tests/conftest.py). TEST_WORKERS=0 runs it in this process.
+# PYTEST_ARGS passes more, e.g. PYTEST_ARGS=--durations=0 for tests/folder_times.py.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+
 test: install pulsar-standalone
 	$(PY) -m ruff check cdc sinks udfs tests examples benchmarks docs
 	$(PY) -m mypy
 	$(MAKE) docs
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-fast: install pulsar-standalone
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 lint: install
 	$(PY) -m ruff check cdc sinks udfs tests examples benchmarks docs

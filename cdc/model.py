@@ -21,6 +21,8 @@ column     type                         meaning
 key columns the table's types, not null the row's primary key (one or more columns)
 other columns the table's types, nullable the row's values after the change; null for a delete
 ``_unchanged`` array<string>, nullable  only in a *partial* change schema (see below)
+``_old_key`` struct of the key columns, only in a schema with *key changes* (see below): on the insert
+           nullable                     half of an update that changed the key, the key before it
 ========== ============================ ===================================================================
 
 Partial changes. Some sources do not send the whole row after an update: a Tablestore ``UpdateRow``
@@ -31,6 +33,26 @@ empty) for a record that carries the whole row: every insert, delete and snapsho
 every column. A column that a change sets to null (Tablestore: deletes) is not in ``_unchanged``. Sinks
 fold consecutive partial changes of a key in sequence order and keep the target's value for the columns
 that stay unchanged (see ``sinks.delta.batch``).
+
+Key changes. Some sources let an update change a row's key (PostgreSQL: ``UPDATE t SET id = 10 WHERE
+id = 1``; Debezium sends it as a delete of the old key, a tombstone and a create of the new one). A backend
+whose keys can change declares ``ChangeSchema(..., key_changes=True)`` and delivers such an update as two
+records, adjacent and in this order: a ``delete`` of the old key, then an ``insert`` of the new key whose
+``_old_key`` holds the old key's columns (a struct of the key columns, named and typed as in the table;
+``_old_key`` is null on every other record). For a many-table query (one JSON layout for every table, see
+the PostgreSQL backend) the key columns are ``_table`` and ``_key``, so ``_old_key`` is
+``{_table, _key}`` with the old key's JSON object.
+
+The link matters when the insert is partial. Its ``_unchanged`` columns are values the source did not send
+because the update did not touch them (PostgreSQL under ``REPLICA IDENTITY DEFAULT``: unchanged TOASTed
+values; Debezium: its ``unavailable.value.placeholder``); they are the old key's values just before the
+delete. A consumer must take them from the old key's row, which it holds (as ``sinks.delta`` does, in
+:func:`sinks.delta.batch.complete_key_changes`), or fail: the insert is never a row of nulls in those
+columns. When the source does send the old values (PostgreSQL under ``REPLICA IDENTITY FULL`` logs the whole
+old row), the backend completes the record itself and ``_unchanged`` is empty: every update, key-changing or
+not, is then a whole row, which a consumer that keeps no table state can apply as it is (Spark's own
+``AUTO CDC`` flows, a plain ``foreachBatch`` upsert). ``_old_key`` stays set on such complete inserts: it
+tells any consumer which row moved.
 
 The Arrow schema (:func:`ChangeSchema.arrow`) and the Spark schema (:func:`ChangeSchema.spark`) agree
 exactly: ``pyspark``'s ``to_arrow_schema(spark())`` equals ``arrow()``, which is what a Python data source
@@ -65,6 +87,7 @@ COMMIT_TS = "_commit_ts"
 CHANNEL = "_channel"
 POSITION = "_position"
 UNCHANGED = "_unchanged"
+OLD_KEY = "_old_key"
 
 METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(OP, pa.string(), nullable=False),
@@ -75,7 +98,7 @@ METADATA_FIELDS: tuple[pa.Field, ...] = (
 )
 METADATA_COLUMNS: tuple[str, ...] = tuple(f.name for f in METADATA_FIELDS)
 UNCHANGED_FIELD = pa.field(UNCHANGED, pa.list_(pa.string()), nullable=True)
-RESERVED_COLUMNS: frozenset[str] = frozenset((*METADATA_COLUMNS, UNCHANGED))
+RESERVED_COLUMNS: frozenset[str] = frozenset((*METADATA_COLUMNS, UNCHANGED, OLD_KEY))
 
 # Arrow types that map one-to-one onto Spark SQL types (so the two schemas can agree exactly).
 _SUPPORTED = (
@@ -114,6 +137,7 @@ class ChangeSchema:
     table: pa.Schema
     keys: tuple[str, ...]
     partial: bool = False
+    key_changes: bool = False
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -137,14 +161,24 @@ class ChangeSchema:
         keys: Sequence[str],
         *,
         partial: bool = False,
+        key_changes: bool = False,
     ) -> ChangeSchema:
         schema = table if isinstance(table, pa.Schema) else pa.schema(list(table))
-        return cls(schema, tuple(keys), partial)
+        return cls(schema, tuple(keys), partial, key_changes)
+
+    @property
+    def old_key_type(self) -> pa.StructType:
+        """The type of ``_old_key``: a struct of the key columns, as typed in the table."""
+        return old_key_type(self.table, self.keys)
 
     @property
     def metadata_fields(self) -> tuple[pa.Field, ...]:
-        """The metadata columns of this schema: the five common ones, plus ``_unchanged`` when partial."""
-        return (*METADATA_FIELDS, UNCHANGED_FIELD) if self.partial else METADATA_FIELDS
+        """The metadata columns of this schema: the five common ones, plus ``_unchanged`` when partial and
+        ``_old_key`` when keys can change."""
+        fields = (*METADATA_FIELDS, UNCHANGED_FIELD) if self.partial else METADATA_FIELDS
+        if self.key_changes:
+            fields = (*fields, pa.field(OLD_KEY, self.old_key_type, nullable=True))
+        return fields
 
     def arrow(self) -> pa.Schema:
         """The Arrow schema of change records, as a Python data source must yield them."""
@@ -164,11 +198,21 @@ class ChangeSchema:
         out: dict[str, Any] = {"keys": list(self.keys), "schema": schema_to_json(self.table)}
         if self.partial:
             out["partial"] = True
+        if self.key_changes:
+            out["key_changes"] = True
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ChangeSchema:
-        return cls(schema_from_json(data["schema"]), tuple(data["keys"]), bool(data.get("partial", False)))
+        return cls(schema_from_json(data["schema"]), tuple(data["keys"]), bool(data.get("partial", False)),
+                   bool(data.get("key_changes", False)))
+
+
+def old_key_type(table: pa.Schema, keys: Sequence[str]) -> pa.StructType:
+    """The type of ``_old_key`` for a table with these key columns (see the module docstring). Its fields are
+    nullable as Arrow sees them: a null ``_old_key`` has null children, which Spark's Arrow conversion
+    (``toArrow``) refuses to view as non-nullable fields."""
+    return pa.struct([pa.field(k, table.field(k).type) for k in keys])
 
 
 def schema_to_json(schema: pa.Schema) -> str:

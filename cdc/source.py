@@ -130,14 +130,18 @@ class CdcStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvaila
         super().__init__(config, schema)
         self._target: dict[str, Position] | None = None
         self._planned: OffsetJson | None = None
+        self._initial: OffsetJson | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._last_trigger: float | None = None
 
     def initialOffset(self) -> OffsetJson:
-        source = self._config.source
-        offset = self.planner.initial(source.starting_offsets, source.starting_time)
-        log.info("starting from %s", Offset.from_json(offset).positions())
-        return offset
+        # Computed once per run: Spark asks again for the first batch (when it plans the batch's end, and
+        # when it runs the batch from its start), and a snapshot start must not export a second snapshot.
+        if self._initial is None:
+            source = self._config.source
+            self._initial = self.planner.initial(source.starting_offsets, source.starting_time)
+            log.info("starting from %s", Offset.from_json(self._initial).positions())
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self._config.source.max_records_per_trigger

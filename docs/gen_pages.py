@@ -4,6 +4,8 @@ The API reference: one page per public package of ``cdc``, ``sinks`` and ``udfs`
 modules, found by walking the source tree (never a hand-kept list, so a module renamed or added shows up by
 itself), and a ``reference/SUMMARY.md`` that literate-nav turns into the section's navigation. A module is
 public when no part of its dotted name starts with ``_``; ``cdc.testing`` is public (backend authors use it).
+A deprecated alias left at a moved module's old path (:func:`cdc.lazy.moved_module`) gets no entry: the module
+it names is documented.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def public_modules(package: tuple[str, ...]) -> list[str]:
     """The package's own public modules (not those of its sub-packages), by name."""
     folder = ROOT.joinpath(*package)
     return sorted(
-        p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "__main__"
+        p.stem for p in folder.glob("*.py")
+        if not p.stem.startswith("_") and p.stem != "__main__" and "moved_module(" not in p.read_text()
     )
 
 

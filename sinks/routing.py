@@ -9,6 +9,10 @@ i.e. the primary key read from the catalog). Each table commits with its own Del
 applies the others. A column that appears in a table's rows (``ALTER TABLE ... ADD COLUMN``) is added to
 its Delta table by the upsert sink's schema evolution, without a restart.
 
+An update that changed a key arrives as a delete and an insert whose ``_old_key`` is ``{_table, _key}``
+(see :mod:`cdc.model`); it is decoded into the table's key columns, so the table's sink completes the
+insert's unchanged columns from the old key's row.
+
 Types come from JSON: integers -> long, numbers -> double, booleans, strings (numerics, timestamps and
 dates arrive as strings, as PostgreSQL prints them: cast them downstream where needed). A column whose
 values in a batch are all null takes the Delta table's type, else string. ::
@@ -26,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc.model import OLD_KEY
 from sinks.delta import DeltaUpsertSink
 
 log = logging.getLogger(__name__)
@@ -93,4 +98,14 @@ class RoutingDeltaSink:
                 target = existing.field(c).type if existing is not None and c in existing.names else pa.string()
                 arr = pa.array(values, type=target)
             arrays[c] = arr
+        if OLD_KEY in part.column_names:
+            arrays[OLD_KEY] = self._old_keys(part.column(OLD_KEY).to_pylist(), keys, arrays)
         return keys, pa.table(arrays)
+
+    @staticmethod
+    def _old_keys(old: list[dict[str, Any] | None], keys: tuple[str, ...], arrays: dict[str, pa.Array]) -> pa.Array:
+        """``_old_key`` ``{_table, _key}`` as a struct of the table's key columns, typed like them."""
+        objs = [None if o is None else json.loads(o["_key"]) for o in old]
+        children = [pa.array([None if o is None else o.get(k) for o in objs], type=arrays[k].type) for k in keys]
+        fields = [pa.field(k, arrays[k].type) for k in keys]
+        return pa.StructArray.from_arrays(children, fields=fields, mask=pa.array([o is None for o in objs], pa.bool_()))

@@ -27,6 +27,43 @@ settings.register_profile("dev", max_examples=50, deadline=None, suppress_health
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# ``make test`` runs the suite on pytest-xdist workers with ``--dist loadgroup``. A session fixture starts its
+# server once per worker, so the tests of each heavy server (a JVM of a few GB that takes tens of seconds to
+# start) are kept on one worker: one broker, one cluster, one Connect server per run. A module goes whole to
+# the group of the first server in this order that one of its tests uses; a module whose fixtures are
+# module-scoped (set up once for the module) stays whole too. Every worker starts its own Spark session.
+SERVER_GROUPS = {
+    "apache_pulsar": "apache-pulsar",
+    "spark_cluster": "spark-cluster",
+    "connect_server": "spark-connect",
+    "postgres_server": "postgres",
+    "mariadb_server": "mariadb",
+}
+
+
+def _module_scoped(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope in ("module", "package") and d.baseid for ds in defs for d in ds)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    groups: dict[str, str] = {}  # module path -> group
+    rank = {g: i for i, g in enumerate(SERVER_GROUPS.values())}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        used = getattr(item, "fixturenames", ())
+        for fixture, group in SERVER_GROUPS.items():
+            if fixture in used and rank[group] < rank.get(groups.get(module, ""), len(rank)):
+                groups[module] = group
+        if module not in groups and _module_scoped(item):
+            groups[module] = module
+    for item in items:
+        group = groups.get(item.nodeid.split("::")[0])
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def spark_builder(app: str = "cdc-tunnel-tests") -> Any:
     """The tests' local session, with Delta Lake configured (the io.delta jars of ``make delta-spark``) so the
     delta-spark engine and ``format("delta")`` run in the suite; without the jars it fails, naming the command."""
@@ -134,10 +171,10 @@ def mysql_dsn(mariadb_server: Any, request: pytest.FixtureRequest) -> str:
     return str(mariadb_server.create_database(f"t_{digest}"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The Spark Connect server of pyspark 4.2 on a free loopback port, shared by the session (~15-40 s to
-    start); clients run in child processes (``tests/drivers/connect_client.py``): a Connect session in this
+    """The Spark Connect server of pyspark 4.2 on a free loopback port, shared by the module that uses it (~15-40
+    s to start; stopped after that module, so its JVM does not weigh on the rest of the run); clients run in child processes (``tests/drivers/connect_client.py``): a Connect session in this
     process would switch pyspark's functions to Connect mode for every later test."""
     from cdc.servers.spark.connect import ConnectServer
 
@@ -145,9 +182,10 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A Spark standalone master and two workers (1 core, 1 GB each) on loopback, shared by the session.
+    """A Spark standalone master and two workers (1 core, 1 GB each) on loopback, shared by the module that uses
+    it and stopped after it (three JVMs that would otherwise idle through the rest of the run).
     Drivers run in child processes (``tests/drivers/cluster_orders.py``) so that a test can ``kill -9`` them."""
     from cdc.servers.spark.cluster import SparkCluster
 

@@ -16,20 +16,27 @@ from typing import Any
 DRIVER = Path(__file__).parent / "drivers" / "stream_to_parquet.py"
 
 
-def run_available_now(spark: Any, options: Mapping[str, Any], out: Path, ck: Path, timeout: float = 300) -> Any:
-    """Run ``format("cdc")`` with ``options`` into parquet at ``out`` until caught up (``Trigger.AvailableNow``);
-    returns the query's exception (``None`` when it succeeded)."""
+def start_query(spark: Any, options: Mapping[str, Any], out: Path, ck: Path, **trigger: Any) -> Any:
+    """``format("cdc")`` with ``options`` into parquet at ``out``, in this process's session; ``trigger`` as
+    ``DataStreamWriter.trigger`` takes it (default: every 200 ms, what :func:`start_driver`'s process runs, for
+    a driver that no test kills). Stop it with ``query.stop()``."""
     reader = spark.readStream.format("cdc")
     for k, v in options.items():
         reader = reader.option(k, v)
-    q = (
+    return (
         reader.load()
         .writeStream.format("parquet")
         .option("path", str(out))
         .option("checkpointLocation", str(ck))
-        .trigger(availableNow=True)
+        .trigger(**(trigger or {"processingTime": "200 milliseconds"}))
         .start()
     )
+
+
+def run_available_now(spark: Any, options: Mapping[str, Any], out: Path, ck: Path, timeout: float = 300) -> Any:
+    """Run ``format("cdc")`` with ``options`` into parquet at ``out`` until caught up (``Trigger.AvailableNow``);
+    returns the query's exception (``None`` when it succeeded)."""
+    q = start_query(spark, options, out, ck, availableNow=True)
     try:
         q.awaitTermination(timeout)
     except Exception:  # noqa: BLE001 - the failure is returned through q.exception()

@@ -18,24 +18,44 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from cdc.model import COMMIT_TS, OP, Op
+from cdc.formats.debezium import DEFAULT_PLACEHOLDER, placeholder_octets
+from cdc.model import COMMIT_TS, OLD_KEY, OP, UNCHANGED, Op
 
 _DEBEZIUM_OPS = {"c": Op.INSERT.value, "u": Op.UPDATE.value, "d": Op.DELETE.value, "r": Op.SNAPSHOT.value}
 
 
-def debezium(column: Any, row_schema: str | Any) -> Any:
-    """A struct column ``(_op, _commit_ts, <row columns>)`` from a Debezium JSON envelope column.
+def debezium(
+    column: Any,
+    row_schema: str | Any,
+    *,
+    placeholder: str = DEFAULT_PLACEHOLDER,
+    keys: Sequence[str] | None = None,
+    old_key: Any = None,
+) -> Any:
+    """A struct column ``(_op, _commit_ts, _unchanged, [_old_key,] <row columns>)`` from a Debezium JSON
+    envelope column.
 
     ``row_schema`` is the row's schema (DDL string or ``StructType``). For a delete the row columns come
     from ``before`` (the key identifies the row); otherwise from ``after``. ``_commit_ts`` is the source's
     commit time (``source.ts_us``, ``ts_ns`` or ``ts_ms``), the top-level ``ts_ms`` only when the source has
     none. An ``op`` outside c/u/d/r (a truncate ``t`` included), a tombstone (empty value) or a payload that
     is not an envelope gives ``_op`` null: filter ``_op IS NULL`` to set them aside.
+
+    A text or bytes column of a create or update holding Debezium's ``unavailable.value.placeholder``
+    (``placeholder``: what the connector was told, Debezium's default if not given; ``hex:`` octets as
+    Debezium reads it) was not sent by the database (PostgreSQL: an unchanged TOASTed value): it is null and
+    named in ``_unchanged`` (see :mod:`cdc.model`), or, when the update's ``before`` image holds its value
+    (``REPLICA IDENTITY FULL``), that value. With ``keys`` (the key columns) and ``old_key`` (a column
+    holding the old key as Debezium's key converter wrote it: the ``__debezium.oldkey`` header Debezium puts
+    on the create that ends a key change, e.g. from Kafka's ``includeHeaders``), the struct has ``_old_key``
+    too: what :class:`sinks.delta.DeltaUpsertSink` takes a key change's unchanged columns from. Without the
+    link such a create's unchanged columns cannot be known, and the sink fails naming them.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import BinaryType, StringType, StructType
 
     schema = row_schema if isinstance(row_schema, StructType) else _struct(row_schema)
     envelope = _struct(
@@ -48,7 +68,8 @@ def debezium(column: Any, row_schema: str | Any) -> Any:
     wrapped = F.from_json(col.cast("string"), _struct(f"payload {envelope.simpleString()}"))
     env = F.when(parsed["op"].isNotNull(), parsed).otherwise(wrapped["payload"])
     op = F.coalesce(*[F.when(env["op"] == k, F.lit(v)) for k, v in _DEBEZIUM_OPS.items()])
-    row = F.when(env["op"] == "d", env["before"]).otherwise(env["after"])
+    is_delete = env["op"] == "d"
+    row = F.when(is_delete, env["before"]).otherwise(env["after"])
     # The source's commit time, the most precise given; the top-level ts_ms is when Debezium processed it.
     source = env["source"]
     commit = F.coalesce(
@@ -57,9 +78,31 @@ def debezium(column: Any, row_schema: str | Any) -> Any:
         F.timestamp_millis(source["ts_ms"]),
         F.timestamp_millis(env["ts_ms"]),
     )
-    fields = [op.alias(OP), commit.alias(COMMIT_TS)]
-    fields += [row[f.name].alias(f.name) for f in schema.fields]
-    return F.struct(*fields)
+    octets = placeholder_octets(placeholder)
+    forms: dict[Any, Any] = {StringType(): F.lit(octets.decode("utf-8", "replace")), BinaryType(): F.lit(octets)}
+    values = []
+    unsent = []
+    for f in schema.fields:
+        value = row[f.name]
+        if f.dataType in forms and f.name not in (keys or ()):
+            marker = forms[f.dataType]
+            before = env["before"][f.name]
+            missing = ~is_delete & F.coalesce(value == marker, F.lit(False))
+            known = (env["op"] == "u") & before.isNotNull() & (before != marker)  # REPLICA IDENTITY FULL
+            value = F.when(missing & known, before).when(missing, F.lit(None).cast(f.dataType)).otherwise(value)
+            unsent.append(F.when(missing & ~known, F.lit(f.name)))
+        values.append(value.alias(f.name))
+    names = F.filter(F.array(*unsent), lambda n: n.isNotNull()) if unsent else F.array().cast("array<string>")
+    fields = [op.alias(OP), commit.alias(COMMIT_TS), F.when(F.size(names) > 0, names).alias(UNCHANGED)]
+    if old_key is not None:
+        if not keys:
+            raise ValueError("debezium(): old_key needs keys, the key columns it holds")
+        key_type = StructType([schema[k] for k in keys])
+        text = (F.col(old_key) if isinstance(old_key, str) else old_key).cast("string")
+        key = F.coalesce(F.from_json(text, _struct(f"payload {key_type.simpleString()}"))["payload"],
+                         F.from_json(text, key_type))
+        fields.append(F.when(env["op"] == "c", key).alias(OLD_KEY))
+    return F.struct(*fields, *values)
 
 
 def _struct(ddl: str) -> Any:

@@ -16,6 +16,21 @@ The shapes read (all JSON; Confluent-framed Avro is out of scope):
 
 The commit time is the source's (``source.ts_us``, ``source.ts_ns`` or ``source.ts_ms``, the most precise
 given); the top-level ``ts_ms`` is when Debezium processed the event, used only when ``source`` has none.
+
+Values Debezium does not have. When PostgreSQL does not log a value (an unchanged TOASTed column of an update
+under ``REPLICA IDENTITY DEFAULT``), Debezium writes its ``unavailable.value.placeholder``
+(``__debezium_unavailable_value`` unless configured; option ``debezium.unavailableValuePlaceholder``) in the
+``after`` image instead. The placeholder is never a value: such a column becomes an unchanged column of the
+record (``_unchanged``, see :mod:`cdc.model`), exactly like pgoutput's marker, unless the event's ``before``
+image holds the value (``REPLICA IDENTITY FULL``), which is then taken.
+
+Key changes. Debezium sends an update that changes a row's key as a delete of the old key, a tombstone and a
+create of the new key, all from one source event: the delete and the create carry the same ``source`` block.
+A create whose ``source`` equals that of the delete read just before it in the same channel (tombstones
+between them skipped) is the insert half of a key change: its ``_old_key`` is the delete's key, and its
+unavailable values are taken from the delete's ``before`` image when that holds them (``REPLICA IDENTITY
+FULL``). The two halves must be read in one range for the link: keyed partitions can put them on different
+partitions, and a batch can end between them unless ``debezium.transactionTopic`` keeps transactions whole.
 """
 
 from __future__ import annotations
@@ -39,6 +54,18 @@ class TruncateEvent(Exception):
 
 
 _U32 = struct.Struct(">i")
+
+#: Debezium's default ``unavailable.value.placeholder``.
+DEFAULT_PLACEHOLDER = "__debezium_unavailable_value"
+
+
+def placeholder_octets(option: str) -> bytes:
+    """The placeholder's bytes, read as Debezium reads ``unavailable.value.placeholder``: text, or
+    hexadecimal octets after a ``hex:`` prefix. Text columns carry them decoded as UTF-8, bytes columns as
+    the octets (base64 in JSON)."""
+    if option.startswith("hex:"):
+        return bytes.fromhex(option[4:])
+    return option.encode("utf-8")
 
 
 def value_of(payload: bytes) -> bytes:

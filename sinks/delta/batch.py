@@ -7,7 +7,7 @@ sorted by key and sequence with replays dropped (:func:`resolve_rows`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -15,16 +15,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc.errors import MalformedRecordError, OptionError
-from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, UNCHANGED, Op
+from cdc.errors import MalformedRecordError, OptionError, TerminalError
+from cdc.model import CHANNEL, COMMIT_TS, OLD_KEY, OP, POSITION, UNCHANGED, Op
 from sinks.delta.layout import (
     DEFAULT_DELETE_CONDITION,
+    DELETED_AT,
     DROPPED_METADATA,
     HIDDEN_PREFIX,
+    IS_CURRENT,
     IS_DELETE,
     NOW,
     SET_PREFIX,
     TIMESTAMP,
+    VALID_FROM,
+    VALID_TO,
 )
 from sinks.delta.schema import normalise_type
 from sinks.delta.spec import SinkSpec
@@ -57,6 +61,36 @@ def check_columns(spec: SinkSpec, names: list[str]) -> None:
         raise OptionError(f"the changes carry columns reserved by the sink: {clash}", "keys")
 
 
+ACCEPTED_OPS: tuple[str, ...] = tuple(o.value for o in Op)
+
+
+def unknown_ops_error(count: int, values: Sequence[Any], where: str) -> MalformedRecordError:
+    """The error for change records whose ``_op`` lies outside the change model (both engines raise it)."""
+    shown = ", ".join("null" if v is None else repr(v) for v in values)
+    return MalformedRecordError(
+        f"{count} change record(s) have an {OP!r} outside the change model: {shown} ({where}); accepted: "
+        f"{', '.join(ACCEPTED_OPS)}. Nothing was written: the sink has no quarantine, so the batch fails until "
+        f"its records are fixed (or give 'apply_as_deletes' to decide deletes by another condition)"
+    )
+
+
+def check_ops(spec: SinkSpec, batch: pa.Table) -> None:
+    """Refuse a batch whose ``_op`` values lie outside the change model (:class:`cdc.model.Op`), as the local
+    log does at append: applied as upserts, they would write what no source meant. Checked when the sink
+    reads ``_op`` itself (the default ``apply_as_deletes``); with another condition ``_op`` is the user's."""
+    if OP not in batch.column_names or IS_DELETE in batch.column_names or batch.num_rows == 0:
+        return
+    if spec.apply_as_deletes.strip() != DEFAULT_DELETE_CONDITION:
+        return
+    ops = batch.column(OP)
+    known = pc.fill_null(pc.is_in(ops, value_set=pa.array(ACCEPTED_OPS, ops.type)), False)
+    if pc.all(known).as_py():
+        return
+    bad = batch.filter(pc.invert(known))
+    values = sorted(bad.column(OP).unique().to_pylist(), key=lambda v: (v is not None, v or ""))
+    raise unknown_ops_error(bad.num_rows, values, first_at(bad.slice(0, 1).to_pylist()[0], spec.sequence_by))
+
+
 def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     """Validate a batch of change records, drop what the table does not keep, reduce it per key (see the
     module docstring), and add the source-only columns ``__cdc_is_delete`` and ``__cdc_now``."""
@@ -87,7 +121,8 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     for c in (*spec.keys, spec.sequence_by):
         nulls = batch.column(c).null_count
         if nulls:
-            raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({_where(batch, c)})")
+            first = batch.filter(pc.is_null(batch.column(c))).slice(0, 1).to_pylist()[0]
+            raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({first_at(first)})")
     drop = [c for c in batch.column_names if c in DROPPED_METADATA or c in spec.except_columns]
     batch = batch.drop_columns(drop)
     unchanged = batch.column(UNCHANGED) if UNCHANGED in batch.column_names else None
@@ -106,11 +141,14 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     return batch.append_column(NOW, pa.repeat(pa.scalar(now, TIMESTAMP), batch.num_rows))
 
 
-def _where(batch: pa.Table, column: str) -> str:
-    row = batch.filter(pc.is_null(batch.column(column))).slice(0, 1).to_pylist()[0]
+def first_at(row: Mapping[str, Any], sequence_by: str | None = None) -> str:
+    """Where the first of some malformed change records is: its channel and position when the batch carries
+    them, else its sequence (``sequence_by``) or the whole record."""
     if CHANNEL in row and POSITION in row:
         return f"first at channel {row[CHANNEL]!r} position {row[POSITION]}"
-    return f"first: {row}"
+    if sequence_by is not None and row.get(sequence_by) is not None:
+        return f"first at {sequence_by} {row[sequence_by]}"
+    return f"first: {dict(row)}"
 
 
 def latest_per_key(batch: pa.Table, keys: Sequence[str], sequence: str) -> pa.Table:
@@ -221,3 +259,256 @@ def key_starts(batch: pa.Table, keys: Sequence[str]) -> np.ndarray:
             diff |= pc.not_equal(c.slice(1), c.slice(0, n - 1)).to_numpy(zero_copy_only=False)
         out[1:] = diff
     return out
+
+
+# ------------------------------------------------------------------ key changes (see cdc.model, "Key changes")
+class UnknownValueError(TerminalError):
+    """A change leaves a column unchanged whose value the sink cannot know: it is neither in the change nor
+    in the old row of a key change (the old key's row is not in the table). Nothing of the batch is written."""
+
+
+#: The fix named by :class:`UnknownValueError`: the source then sends whole rows.
+REPLICA_IDENTITY_FIX = (
+    "PostgreSQL sends the values an update does not touch only under REPLICA IDENTITY FULL: run ALTER TABLE "
+    "<the source table> REPLICA IDENTITY FULL, then rebuild this table from a snapshot (startingOffsets=snapshot "
+    "into a new path); Debezium sources also need the create to follow its delete in one batch "
+    "(debezium.transactionTopic)"
+)
+
+
+def key_change_rows(spec: SinkSpec, heads: pa.Table, rows: pa.Table) -> pa.Table:
+    """What the table knows of some keys, as rows :func:`complete_key_changes` walks back through: per key
+    its state at its head's sequence (live: the row, or SCD type 2 the current version; a tombstone: a
+    delete), and for an SCD type 2 tombstone also its last version's values at that version's start.
+
+    ``heads`` are the keys' state-table rows (keys, sequence, ``__cdc_deleted_at``); ``rows`` their rows in
+    the main table (SCD type 2: every version, with ``_valid_from``). Returns keys, the sequence, the delete
+    flag and the value columns of ``rows``."""
+    seq = spec.sequence_by
+    keys = list(spec.keys)
+    values = [c for c in rows.column_names if c not in keys and c not in (seq, COMMIT_TS, VALID_FROM, VALID_TO,
+                                                                          IS_CURRENT)]
+    seq_type = heads.schema.field(seq).type
+    head = heads.select([*keys, seq]).append_column(IS_DELETE, pc.is_valid(heads.column(DELETED_AT)))
+    if spec.scd_type == 2 and rows.num_rows:  # the latest version of each key
+        rows = rows.take(pc.sort_indices(rows, sort_keys=[*((k, "ascending") for k in keys), (VALID_FROM, "descending")]))
+        rows = rows.filter(pa.array(key_starts(rows, keys)))
+    rows = rows.select([*keys, *values, *([VALID_FROM] if spec.scd_type == 2 else [])])
+    out = head.join(rows, keys, join_type="left outer", use_threads=False)
+    dead = out.column(IS_DELETE).combine_chunks()
+    parts = []
+    if spec.scd_type == 2:  # the version a tombstone closed: its values, at its start
+        closed = out.filter(pc.and_(dead, pc.is_valid(out.column(VALID_FROM))))
+        closed = closed.set_column(closed.column_names.index(seq), seq, closed.column(VALID_FROM).cast(seq_type))
+        closed = closed.set_column(closed.column_names.index(IS_DELETE), IS_DELETE,
+                                   pa.repeat(pa.scalar(False), closed.num_rows))
+        parts.append(closed.drop_columns([VALID_FROM]))
+        out = out.drop_columns([VALID_FROM])
+    for c in values:  # a tombstone's own row holds nothing
+        column = out.column(c)
+        out = out.set_column(out.column_names.index(c), c, pc.if_else(dead, pa.nulls(len(column), column.type), column))
+    return pa.concat_tables([out, *parts])
+
+
+def complete_key_changes(
+    spec: SinkSpec, changes: pa.Table, table_rows: Callable[[pa.Table], pa.Table], where: str
+) -> pa.Table:
+    """Complete the insert halves of key changes: every column a key change leaves unchanged takes the old
+    key's value just before the change (see ``_old_key`` in :mod:`cdc.model`). The one place the rule lives,
+    for both engines and both SCD types.
+
+    ``changes`` are change records (``_op`` or ``__cdc_is_delete``, ``_unchanged``, ``_old_key``); a record
+    completed here has every value and ``_unchanged`` null, so the rest of the batch's preparation applies it
+    as a whole row. ``table_rows(keys)`` returns what the table holds of those keys, shaped by
+    :func:`key_change_rows`; it is called once, with the old keys and the new keys of the batch's key changes.
+
+    The old key's value is found by walking back from the insert through the old key's changes: the delete
+    half (the old key's last change before the insert) is stepped over; then the old key's latest change that
+    set the column (a whole row, a partial change that set it, or an earlier key change that moved a row
+    there, itself completed first: re-keys twice and swaps in one transaction chain that way), in the batch or,
+    before the batch, the table's row. A change of the batch not newer than the key's head in the table is
+    already in that row, so it is not walked. When the walk ends without a value (the old key is not in the
+    table, e.g. the table was created after the old row was last written, or SCD type 1 deleted it in an
+    earlier batch) the batch fails with :class:`UnknownValueError` naming the table, the keys and the column:
+    the sink never writes a null the source did not send (it has no quarantine). Insert halves whose new key's
+    head is not older than them are stale (they will not be applied) and are left as they are.
+
+    An insert that leaves columns unchanged without naming an old key has no row to keep them from, and fails
+    the same way (a Debezium create cut off from its delete).
+    """
+    names = changes.column_names
+    if UNCHANGED not in names or changes.num_rows == 0:
+        return changes
+    n = changes.num_rows
+    keys = list(spec.keys)
+    seq = spec.sequence_by
+    unchanged = changes.column(UNCHANGED).combine_chunks()
+    if pa.types.is_large_list(unchanged.type):
+        unchanged = unchanged.cast(pa.list_(pa.string()))
+    partial = pc.fill_null(pc.greater(pc.list_value_length(unchanged), 0), False).to_numpy(zero_copy_only=False)
+    if not partial.any():
+        return changes
+    if IS_DELETE in names:
+        is_delete = pc.fill_null(changes.column(IS_DELETE).cast(pa.bool_()), False)
+    elif OP in names:
+        is_delete = pc.fill_null(pc.equal(changes.column(OP), Op.DELETE.value), False)
+    else:
+        return changes
+    deletes = is_delete.to_numpy(zero_copy_only=False).astype(bool)
+    linked = (pc.is_valid(changes.column(OLD_KEY)).to_numpy(zero_copy_only=False) if OLD_KEY in names
+              else np.zeros(n, dtype=bool))
+    inserts = ~deletes
+    if OP in names:  # the insert half carries the link (see cdc.model)
+        inserts = pc.fill_null(pc.equal(changes.column(OP), Op.INSERT.value), False).to_numpy(zero_copy_only=False)
+        orphans = np.flatnonzero(inserts & partial & ~linked & ~deletes)
+        if len(orphans):
+            row = changes.slice(int(orphans[0]), 1).to_pylist()[0]
+            raise UnknownValueError(
+                f"{where}: {len(orphans)} insert(s) leave columns unchanged but name no old key, so their values "
+                f"cannot be known (first: key {_key_text(row, keys)}, {seq} {row[seq]}, columns {row[UNCHANGED]}); "
+                f"nothing was written and this sink has no quarantine. {REPLICA_IDENTITY_FIX}"
+            )
+    rekey = linked & partial & inserts & ~deletes
+    if not rekey.any():
+        return changes
+    old_struct = changes.column(OLD_KEY).combine_chunks()
+    fields = [old_struct.type.field(i).name for i in range(old_struct.type.num_fields)]
+    if sorted(fields) != sorted(keys):
+        raise OptionError(f"option 'keys': the changes' {OLD_KEY} holds {fields}, the sink's keys are {keys}", "keys")
+    q_rows = np.flatnonzero(rekey)
+    q_old = pa.table({k: pc.struct_field(old_struct, k).take(pa.array(q_rows)).cast(changes.schema.field(k).type)
+                      for k in keys})
+    q_new = changes.select(keys).take(pa.array(q_rows))
+    wanted = pa.concat_tables([q_old, q_new]).group_by(keys).aggregate([])
+    known = table_rows(wanted)
+    known = known.select([c for c in known.column_names if c in (*keys, seq, IS_DELETE) or c in names])
+    known = known.cast(pa.schema([changes.schema.field(c) if c in names else known.schema.field(c)
+                                  for c in known.column_names]))
+    seqs = _as_int64(changes.column(seq))
+    # The table's head sequence of each key: changes not newer than it are already in the table's row.
+    head_seq = known.group_by(keys).aggregate([(seq, "max")]) if known.num_rows else None
+
+    def head_of(table: pa.Table) -> np.ndarray:
+        if head_seq is None:
+            return np.full(table.num_rows, _NONE, dtype=np.int64)
+        tagged = table.select(keys).append_column("__cdc_at", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+        joined = tagged.join(head_seq, keys, join_type="left outer", use_threads=False)
+        return _as_int64(joined.take(pc.sort_indices(joined.column("__cdc_at"))).column(f"{seq}_max"))
+
+    fresh = seqs[q_rows] > head_of(q_new)
+    q_rows, q_old = q_rows[fresh], q_old.filter(pa.array(fresh))
+    if len(q_rows) == 0:
+        return changes
+    # The walk's history H: the old keys' changes in the batch (newer than their head) and the table's rows.
+    old_keys = q_old.group_by(keys).aggregate([])
+    tagged = changes.select(keys).append_column("__cdc_at", pa.array(np.arange(n, dtype=np.int64)))
+    in_batch = tagged.join(old_keys, keys, join_type="inner", use_threads=False).column("__cdc_at")
+    batch_rows = np.sort(in_batch.to_numpy(zero_copy_only=False)) if len(in_batch) else np.zeros(0, np.int64)
+    batch_rows = batch_rows[seqs[batch_rows] > head_of(changes.select(keys).take(pa.array(batch_rows)))]
+    known = known.join(old_keys, keys, join_type="inner", use_threads=False)
+    m_b, m_t = len(batch_rows), known.num_rows
+    history = pa.concat_tables([
+        changes.select(keys).take(pa.array(batch_rows)).append_column("__cdc_seq", pa.array(seqs[batch_rows])),
+        known.select(keys).append_column("__cdc_seq", pa.array(_as_int64(known.column(seq)))),
+    ])
+    # H index i < m_b: batch row batch_rows[i]; i >= m_b: table row i - m_b.
+    h_delete = np.concatenate([deletes[batch_rows], known.column(IS_DELETE).to_numpy(zero_copy_only=False).astype(bool)])
+    order = pc.sort_indices(history, sort_keys=[*((k, "ascending") for k in keys), ("__cdc_seq", "ascending")])
+    order_np = order.to_numpy(zero_copy_only=False)
+    history = history.take(order)
+    starts = key_starts(history, keys)
+    gid = np.cumsum(starts) - 1
+    h_seq = history.column("__cdc_seq").to_numpy(zero_copy_only=False)
+    groups = history.filter(pa.array(starts)).select(keys).append_column("__cdc_gid", pa.array(gid[starts]))
+    q_tag = q_old.append_column("__cdc_at", pa.array(np.arange(len(q_rows), dtype=np.int64)))
+    q_join = q_tag.join(groups, keys, join_type="left outer", use_threads=False)
+    q_join = q_join.take(pc.sort_indices(q_join.column("__cdc_at")))
+    q_gid = pc.fill_null(q_join.column("__cdc_gid"), -1).to_numpy(zero_copy_only=False)
+    # (group, sequence) as one orderable number: the sequence's dense rank among the sequences in play.
+    both = np.concatenate([h_seq, seqs[q_rows]])
+    ranks = pc.rank(pa.array(both), sort_keys="ascending", tiebreaker="dense").to_numpy(zero_copy_only=False)
+    width = int(ranks.max()) + 1 if len(ranks) else 1
+    h_comb = gid * width + ranks[: len(h_seq)].astype(np.int64)
+    q_comb = q_gid * width + ranks[len(h_seq) :].astype(np.int64)
+    h_delete = h_delete[order_np]
+    h_batch = np.full(len(order_np), -1, dtype=np.int64)  # the batch row of a history entry (-1: the table's)
+    h_batch[order_np < m_b] = batch_rows[order_np[order_np < m_b]]
+    row_query = np.full(n, -1, dtype=np.int64)
+    row_query[q_rows] = np.arange(len(q_rows))
+    flat = pc.list_flatten(unchanged)
+    parents = pc.list_parent_indices(unchanged).to_numpy(zero_copy_only=False)
+    needed = sorted(str(c) for c in pc.unique(pc.list_flatten(unchanged.take(pa.array(q_rows)))).to_pylist())
+    out = changes
+    for c in needed:
+        if c not in names:
+            continue
+        leaves = np.zeros(n, dtype=bool)
+        leaves[parents[pc.equal(flat, c).to_numpy(zero_copy_only=False)]] = True
+        h_leaves = np.where(h_batch >= 0, leaves[np.maximum(h_batch, 0)], False)
+        h_pending = h_leaves & (h_batch >= 0) & rekey[np.maximum(h_batch, 0)]
+        # Candidates: what sets c (whole rows, deletes, the table's rows), and key changes still to complete.
+        cand = np.flatnonzero(~h_leaves | h_delete | h_pending)
+        asks = np.flatnonzero(leaves[q_rows])
+        found = _latest_before(h_comb[cand], q_comb[asks], gid[cand], q_gid[asks])
+        first = np.where(found >= 0, cand[np.maximum(found, 0)], -1)
+        # Step over the delete half once: the old key's state is the one before it.
+        at_delete = (first >= 0) & h_delete[np.maximum(first, 0)]
+        again = _latest_before(h_comb[cand], h_comb[np.maximum(first, 0)], gid[cand], q_gid[asks])
+        second = np.where(again >= 0, cand[np.maximum(again, 0)], -1)
+        src = np.where(at_delete, second, first)
+        src = np.where((src >= 0) & h_delete[np.maximum(src, 0)], -1, src)
+        # A source that is itself a key change leaving c unchanged takes that change's completed value (a
+        # chain: each step moves one link back; links only point to earlier changes, so it ends).
+        ask_of = np.full(len(q_rows), -1, dtype=np.int64)
+        ask_of[asks] = np.arange(len(asks))
+        final = src.copy()
+        for _ in range(len(asks) + 1):
+            waiting = (final >= 0) & h_pending[np.maximum(final, 0)]
+            if not waiting.any():
+                break
+            on = row_query[h_batch[final[waiting]]]
+            dep = np.where(on >= 0, ask_of[np.maximum(on, 0)], -1)
+            final[waiting] = np.where(dep >= 0, final[np.maximum(dep, 0)], -1)
+        missing = np.flatnonzero((final < 0) | h_pending[np.maximum(final, 0)])
+        if len(missing):
+            r = int(q_rows[asks[missing[0]]])
+            row = changes.slice(r, 1).to_pylist()[0]
+            raise UnknownValueError(
+                f"{where}: the insert of key {_key_text(row, keys)} ({seq} {row[seq]}) ends an update that changed "
+                f"the key from {_key_text(row[OLD_KEY], keys)} and leaves column {c!r} unchanged, but the old key's "
+                f"row is not in the table, so its value cannot be known ({len(missing)} such insert(s) in the batch); "
+                f"nothing was written and this sink has no quarantine. {REPLICA_IDENTITY_FIX}"
+            )
+        src_rows = np.where(h_batch[final] >= 0, h_batch[final], n + (order_np[final] - m_b))
+        values = changes.column(c).combine_chunks()
+        if c in known.column_names:
+            values = pa.concat_arrays([values, known.column(c).combine_chunks().cast(values.type)])
+        else:  # the table has no such column yet: the old row's value is null
+            values = pa.concat_arrays([values, pa.nulls(m_t, values.type)])
+        take = np.arange(n, dtype=np.int64)
+        take[q_rows[asks]] = src_rows
+        out = out.set_column(out.column_names.index(c), c, values.take(pa.array(take)))
+    completed = np.zeros(n, dtype=bool)
+    completed[q_rows] = True
+    cleared = pc.if_else(pa.array(completed), pa.nulls(n, unchanged.type), unchanged)
+    return out.set_column(out.column_names.index(UNCHANGED), UNCHANGED, cleared)
+
+
+def _latest_before(sorted_comb: np.ndarray, at: np.ndarray, groups: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """For each ``at``: the index in ``sorted_comb`` of the last entry below it in the same group, or -1."""
+    i = np.searchsorted(sorted_comb, at, side="left") - 1
+    ok = (i >= 0) & (group >= 0) & (groups[np.maximum(i, 0)] == group) if len(sorted_comb) else np.zeros(len(at), bool)
+    return np.where(ok, i, -1)
+
+
+_NONE = np.iinfo(np.int64).min  # below every sequence
+
+
+def _as_int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A sequence column (integers or timestamps) as int64 values, nulls as :data:`_NONE`."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return np.asarray(pc.fill_null(arr.cast(pa.int64()), _NONE).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _key_text(row: Any, keys: Sequence[str]) -> str:
+    return ", ".join(f"{k}={row[k]!r}" for k in keys) if isinstance(row, dict) else repr(row)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from sinks.delta.keyrange import Rows
 from sinks.delta.merge import MergePlan
 
 
@@ -33,8 +34,8 @@ class Engine(Protocol):
     def add_columns(self, fields: list[pa.Field]) -> None:
         """Add nullable columns to the table."""
 
-    def read(self, sql: str, expr: Any) -> pa.Table:
-        """Rows matching a condition, given both as SQL and as a pyarrow dataset expression."""
+    def read(self, rows: Rows) -> pa.Table:
+        """The table's ``rows`` (pruned by their key range where the table's statistics allow)."""
 
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
         """Run ``plan`` with ``source`` as one commit carrying the application transaction."""

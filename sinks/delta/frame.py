@@ -19,8 +19,8 @@ each touched key's new head, each commit carrying ``(app_id, batch id)``. Both M
 as it was before the batch (the state's own MERGE is the only writer of the state), so after a crash between
 the two commits the replay merges the state alone from the same heads.
 
-Only one row reaches the driver per batch: the checks and the first key's range (a single aggregation),
-which the MERGE predicates need for pruning.
+Only one row reaches the driver per batch: the checks and the key columns' range (a single aggregation),
+which prunes the reads and the MERGEs (bound as typed literals, see :mod:`sinks.delta.keyrange`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,19 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdc.errors import MalformedRecordError, OptionError
-from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, UNCHANGED, Op
-from sinks.delta.batch import check_columns, prepare
+from cdc.model import COMMIT_TS, OLD_KEY, OP, UNCHANGED, Op
+from sinks.delta.batch import (
+    ACCEPTED_OPS,
+    check_columns,
+    complete_key_changes,
+    first_at,
+    prepare,
+    unknown_ops_error,
+)
+from sinks.delta.keyrange import KeyRange, Rows, prunable
 from sinks.delta.layout import (
     ACTION,
     DEFAULT_DELETE_CONDITION,
@@ -57,7 +66,7 @@ from sinks.delta.scd2 import main_source, stage_scd2
 from sinks.delta.schema import SchemaEvolutionError, new_columns, normalise_type, state_schema, table_schema
 from sinks.delta.spark import DeltaSparkEngine
 from sinks.delta.spec import SinkSpec
-from sinks.delta.state import HEAD_SEQ, key_range_condition
+from sinks.delta.state import HEAD_SEQ, key_change_source
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +80,17 @@ class Checked:
     df: Any  # the batch with ``__cdc_is_delete``, without the dropped metadata and excluded columns
     rows: int
     partial: bool  # some change leaves columns unchanged
-    key_min: Any
-    key_max: Any
+    key_range: KeyRange
+    #: inserts that leave columns unchanged (key changes): ``df`` keeps ``_op`` and ``_old_key`` for
+    #: :func:`complete_key_changes_in_spark`, which drops them
+    key_changes: int = 0
 
 
 def check(spec: SinkSpec, df: Any) -> Checked:
     """Validate a batch of change records as :func:`sinks.delta.batch.prepare` does, in one Spark job."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     names = df.columns
     check_columns(spec, names)
@@ -104,14 +116,30 @@ def check(spec: SinkSpec, df: Any) -> Checked:
     else:
         df = df.withColumn(IS_DELETE, F.coalesce(F.col(IS_DELETE).cast("boolean"), F.lit(False)))
     guarded = (*spec.keys, spec.sequence_by)
-    k = spec.keys[0]
-    aggs = [F.count(F.lit(1)).alias("rows"), F.min(quote(k)).alias("lo"), F.max(quote(k)).alias("hi")]
+    arrow = to_arrow_schema(df.select(*_keys(spec)).schema, timezone="UTC")
+    pruned = [k for k in spec.keys if prunable(arrow.field(k).type)]
+    aggs = [F.count(F.lit(1)).alias("rows")]
+    aggs += [F.min(F.col(quote(k))).alias(f"lo{i}") for i, k in enumerate(pruned)]
+    aggs += [F.max(F.col(quote(k))).alias(f"hi{i}") for i, k in enumerate(pruned)]
     aggs += [F.count_if(F.col(quote(c)).isNull()).alias(f"null{i}") for i, c in enumerate(guarded)]
     if UNCHANGED in names:
         aggs.append(F.max(F.coalesce(F.size(UNCHANGED), F.lit(0))).alias("partial"))
+        if OP in names:
+            aggs.append(F.count_if(_completes(names)).alias("key_changes"))
     if OP in names:  # counted in the same job as the rest
         aggs.append(F.count_if(F.col(OP) == F.lit(Op.TRUNCATE.value)).alias("truncates"))
+    known = F.col(OP).isin(*ACCEPTED_OPS)  # a null _op is outside the model too
+    checks_ops = OP in names and spec.apply_as_deletes.strip() == DEFAULT_DELETE_CONDITION and IS_DELETE not in names
+    if checks_ops:
+        aggs.append(F.count_if(~F.coalesce(known, F.lit(False))).alias("unknown_ops"))
     summary = df.agg(*aggs).first()
+    if checks_ops and summary["unknown_ops"]:
+        bad = df.where(~F.coalesce(known, F.lit(False)))
+        values = sorted((r[0] for r in bad.select(OP).distinct().limit(20).collect()),
+                        key=lambda v: (v is not None, v or ""))
+        first = bad.limit(1).first()
+        raise unknown_ops_error(int(summary["unknown_ops"]), values,
+                                first_at(first.asDict() if first is not None else {}, spec.sequence_by))
     if OP in names and summary["truncates"]:
         raise OptionError(
             f"the batch holds {summary['truncates']} truncate record(s) (debezium.truncate=apply), which the sink "
@@ -122,15 +150,48 @@ def check(spec: SinkSpec, df: Any) -> Checked:
         nulls = summary[f"null{i}"]
         if nulls:
             first = df.where(F.col(quote(c)).isNull()).limit(1).first()
-            where = first.asDict() if first is not None else {}
-            place = (f"first at channel {where[CHANNEL]!r} position {where[POSITION]}"
-                     if CHANNEL in where and POSITION in where else f"first: {where}")
+            place = first_at(first.asDict() if first is not None else {})
             raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({place})")
     partial = UNCHANGED in names and bool(summary["partial"] and summary["partial"] > 0)
-    drop = [c for c in df.columns if c in DROPPED_METADATA or c in spec.except_columns]
+    key_changes = int(summary["key_changes"] or 0) if UNCHANGED in names and OP in names else 0
+    kept = (OP, OLD_KEY) if key_changes else ()
+    drop = [c for c in df.columns if (c in DROPPED_METADATA and c not in kept) or c in spec.except_columns]
     if UNCHANGED in names and not partial:
         drop.append(UNCHANGED)
-    return Checked(df.drop(*drop), int(summary["rows"]), partial, summary["lo"], summary["hi"])
+    key_range = KeyRange.of_values(
+        spec.keys, arrow, [(k, summary[f"lo{i}"], summary[f"hi{i}"]) for i, k in enumerate(pruned)]
+    )
+    return Checked(df.drop(*drop), int(summary["rows"]), partial, key_range, key_changes)
+
+
+def _completes(names: list[str]) -> Any:
+    """The inserts :func:`sinks.delta.batch.complete_key_changes` completes (or refuses): those that leave
+    columns unchanged (with or without ``_old_key``)."""
+    from pyspark.sql import functions as F
+
+    return (F.col(OP) == F.lit(Op.INSERT.value)) & (F.coalesce(F.size(UNCHANGED), F.lit(0)) > 0) & ~F.col(IS_DELETE)
+
+
+def complete_key_changes_in_spark(spec: SinkSpec, target: Target, checked: Checked) -> Checked:
+    """:func:`sinks.delta.batch.complete_key_changes` for a batch in Spark: the inserts it completes and the
+    changes of their old keys (few: key changes are) are collected, completed on the driver by the same
+    function as the delta-rs engine's, and put back in place of the inserts."""
+    from pyspark.sql import functions as F
+
+    df = checked.df
+    keys = list(spec.keys)
+    needs = _completes(df.columns)
+    olds = df.where(needs & F.col(OLD_KEY).isNotNull()).select(*[F.col(OLD_KEY)[k].alias(k) for k in keys]).distinct()
+    flagged = df.join(olds.withColumn("__cdc_old", F.lit(True)), keys, "left")
+    subset = flagged.where(F.col("__cdc_old").isNotNull() | needs).drop("__cdc_old").toArrow()
+    completed = complete_key_changes(
+        spec, subset, lambda k: key_change_source(spec, target.main, target.state, k), target.main.path)
+    marks = pc.and_(pc.equal(subset.column(OP), Op.INSERT.value),
+                    pc.greater(pc.fill_null(pc.list_value_length(subset.column(UNCHANGED)), 0), 0))
+    replaced = df.sparkSession.createDataFrame(completed.filter(marks).select(df.columns))
+    replaced = replaced.select(*[F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in df.schema.fields])
+    whole = df.where(~needs).unionByName(replaced).drop(OP, OLD_KEY)
+    return Checked(whole, checked.rows, checked.partial, checked.key_range)
 
 
 def _values(spec: SinkSpec, columns: list[str]) -> list[str]:
@@ -235,8 +296,7 @@ def _heads(spec: SinkSpec, state: DeltaSparkEngine, main_schema: pa.Schema, main
     from pyspark.sql import functions as F
 
     keys = list(spec.keys)
-    in_range = key_range_condition(spec, bounds(spec, [spec.keys[0]], checked))[0]
-    heads = state.frame().where(in_range).join(checked.df.select(*_keys(spec)).distinct(), keys, "left_semi")
+    heads = state.rows(Rows(checked.key_range)).join(checked.df.select(*_keys(spec)).distinct(), keys, "left_semi")
     if spec.scd_type == 1:
         return heads
     heads = heads.select(*_keys(spec), F.col(quote(spec.sequence_by)), F.col(DELETED_AT),
@@ -245,8 +305,7 @@ def _heads(spec: SinkSpec, state: DeltaSparkEngine, main_schema: pa.Schema, main
     values = [f.name for f in main_schema if f.name not in spec.keys and f.name not in bookkeeping]
     if not values:
         return heads
-    current = main.frame().where(key_range_condition(spec, bounds(spec, [spec.keys[0]], checked),
-                                                     (f"{quote(VALID_TO)} IS NULL", None))[0])
+    current = main.rows(Rows(checked.key_range, current=True))
     return heads.join(current.select(*_keys(spec), *[F.col(quote(c)) for c in values]), keys, "left")
 
 
@@ -268,13 +327,6 @@ def _state_source(spec: SinkSpec, checked: Checked, staged: Any | None, heads: A
         last = _fresh(spec, latest, heads)
     stamp = F.when(F.col(IS_DELETE), F.lit(now).cast("timestamp")).otherwise(F.lit(None).cast("timestamp"))
     return last.select(*_keys(spec), F.col(quote(seq)), stamp.alias(DELETED_AT))
-
-
-def bounds(spec: SinkSpec, columns: list[str], checked: Checked) -> pa.Table:
-    """A two-row stand-in for a MERGE source: :func:`sinks.delta.merge.merge_plan`, ``state_plan`` and
-    :func:`sinks.delta.state.key_range_condition` read only its column names and the first key's range."""
-    k = spec.keys[0]
-    return pa.table({c: pa.array([checked.key_min, checked.key_max]) if c == k else pa.nulls(2) for c in columns})
 
 
 def prepared_schema(checked: Checked) -> pa.Schema:
@@ -307,7 +359,13 @@ def write_frame(spec: SinkSpec, target: Target, df: Any, batch_id: int, app_id: 
     # source, a log read) runs once.
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        return _write_checked(spec, target, check(spec, df), batch_id, app_id, now)
+        checked = check(spec, df)
+        if checked.key_changes:
+            if target.main_done:  # the state's commit alone needs no values
+                checked = Checked(checked.df.drop(OP, OLD_KEY), checked.rows, checked.partial, checked.key_range)
+            else:
+                checked = complete_key_changes_in_spark(spec, target, checked)
+        return _write_checked(spec, target, checked, batch_id, app_id, now)
     finally:
         df.unpersist()
 
@@ -328,20 +386,20 @@ def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: i
             f"{main.path} was written by the previous layout of DeltaUpsertSink (tombstones in the table, column "
             f"{DELETED_AT}); nothing was written. Run sink.migrate() once with this sink's options, then restart"
         )
+    added = new_columns(spec, schema, prepared)  # a type change fails here, before anything is written
     if state.schema() is None:
         state.create(state_schema(spec, prepared))
     heads = _heads(spec, state, schema, main, checked)
     staged = _stage_latest(spec, checked.df, now, heads) if spec.scd_type == 1 and not checked.partial else None
     if not target.main_done:
-        added = new_columns(spec, schema, prepared)
         if added:
             log.info("adding columns %s to %s", [f.name for f in added], main.path)
             main.add_columns(added)
             schema = pa.schema([*schema, *added])
         source = staged if staged is not None else _stage_in_buckets(spec, checked, now, heads)
-        main.merge_frame(source, merge_plan(spec, bounds(spec, source.columns, checked), schema), app_id, batch_id)
+        main.merge_frame(source, merge_plan(spec, source.columns, schema, checked.key_range), app_id, batch_id)
         log.info("batch %d: merged %d change records into %s in Spark", batch_id, checked.rows, main.path)
     if not target.state_done:
         source = _state_source(spec, checked, staged, heads, now)
-        state.merge_frame(source, state_plan(spec, bounds(spec, source.columns, checked)), app_id, batch_id)
+        state.merge_frame(source, state_plan(spec, checked.key_range), app_id, batch_id)
     return True

@@ -42,7 +42,8 @@ nothing.
 Tables of the previous layout (tombstones and ``__cdc_deleted_at`` in the main table, no state table) are
 refused with :class:`LegacyLayoutError`; :meth:`sinks.delta.DeltaUpsertSink.migrate` converts one.
 
-The change-record metadata ``_op``, ``_channel`` and ``_position`` are delivery details and are not kept.
+The change-record metadata ``_op``, ``_channel``, ``_position`` and ``_old_key`` are delivery details and are
+not kept (``_old_key`` is read first: see :func:`sinks.delta.batch.complete_key_changes`).
 
 Every name here is shared by several steps (batch preparation, staging, the MERGE, the reader), which is why
 it lives in a module of its own that depends on nothing of the sink.
@@ -53,7 +54,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from cdc.errors import TerminalError
-from cdc.model import CHANNEL, COMMIT_TS, OP, POSITION, Op
+from cdc.model import CHANNEL, COMMIT_TS, OLD_KEY, OP, POSITION, Op
 
 SOURCE_ALIAS = "s"
 TARGET_ALIAS = "t"
@@ -71,7 +72,7 @@ VALID_FROM = "_valid_from"
 VALID_TO = "_valid_to"
 IS_CURRENT = "_is_current"
 DEFAULT_DELETE_CONDITION = f"{OP} = '{Op.DELETE.value}'"
-DROPPED_METADATA = (OP, CHANNEL, POSITION)
+DROPPED_METADATA = (OP, CHANNEL, POSITION, OLD_KEY)
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 # SCD type 2 staging actions: the first group changes the key's head, the second group adds a head or a

@@ -1,20 +1,22 @@
 """The MERGE statement that applies a staged batch: one :class:`MergePlan`, whose text runs unchanged on
 delta-rs (DataFusion SQL) and on delta-spark (Spark SQL), and the SQL quoting both engines parse alike.
 
-The source of the MERGE is staged by :mod:`sinks.delta.scd1` or :mod:`sinks.delta.scd2`; the clauses here
-rely on what staging put there (deletes already nulled, SCD type 2 actions in ``__cdc_action``).
+The text holds column names and the sink's own constants only, never a value of the data: the batch's key
+range, which prunes the MERGE, travels beside it as typed bounds (:class:`sinks.delta.keyrange.KeyRange`)
+that each engine binds its own way. The source of the MERGE is staged by :mod:`sinks.delta.scd1` or
+:mod:`sinks.delta.scd2`; the clauses here rely on what staging put there (deletes already nulled, SCD type 2
+actions in ``__cdc_action``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import date, datetime
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from sinks.delta.keyrange import KeyRange
 from sinks.delta.layout import (
     ACTION,
     DELETED_AT,
@@ -41,19 +43,6 @@ def col(alias: str, name: str) -> str:
     return f"{alias}.{quote(name)}"
 
 
-def sql_literal(value: Any) -> str | None:
-    """A SQL literal both engines parse identically, or None when the value has no portable literal."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, date) and not isinstance(value, datetime):
-        return f"DATE '{value.isoformat()}'"
-    return None
-
-
 @dataclass(frozen=True)
 class Clause:
     """One WHEN clause of a MERGE: ``kind`` is ``update`` or ``delete`` (WHEN MATCHED; a delete has no
@@ -66,39 +55,30 @@ class Clause:
 
 @dataclass(frozen=True)
 class MergePlan:
-    """A MERGE statement: the same text runs on delta-rs and on delta-spark."""
+    """A MERGE statement: the same text runs on delta-rs and on delta-spark. ``key_range`` is the source's
+    range of the key columns, to prune the target by (empty: no pruning); it is not part of the text."""
 
     predicate: str
     clauses: tuple[Clause, ...]
+    key_range: KeyRange = field(default_factory=KeyRange)
     source_alias: str = SOURCE_ALIAS
     target_alias: str = TARGET_ALIAS
-
-
-def key_range(spec: SinkSpec, source: pa.Table) -> str:
-    """A pruning conjunct on the first key column's range in the batch ('' when not applicable)."""
-    if not spec.prune_by_key_range or source.num_rows == 0:
-        return ""
-    k = spec.keys[0]
-    mm = pc.min_max(source.column(k)).as_py()
-    lo, hi = sql_literal(mm["min"]), sql_literal(mm["max"])
-    if lo is None or hi is None:
-        return ""
-    return f" AND {col(TARGET_ALIAS, k)} >= {lo} AND {col(TARGET_ALIAS, k)} <= {hi}"
 
 
 def _key_match(spec: SinkSpec) -> str:
     return " AND ".join(f"{col(TARGET_ALIAS, k)} = {col(SOURCE_ALIAS, k)}" for k in spec.keys)
 
 
-def merge_plan(spec: SinkSpec, source: pa.Table, table: pa.Schema) -> MergePlan:
+def merge_plan(spec: SinkSpec, source: Sequence[str], table: pa.Schema, key_range: KeyRange) -> MergePlan:
     """The MERGE that applies a staged batch (:func:`sinks.delta.scd1.stage_scd1` or
-    :func:`sinks.delta.scd2.main_source`) to the main table, whose schema is ``table``.
+    :func:`sinks.delta.scd2.main_source`), whose columns are ``source`` and whose key range is
+    ``key_range``, to the main table, whose schema is ``table``.
 
     The source holds only changes newer than their key's head in the state table (the sequence guard ran in
     Arrow), so no clause compares sequences, and the main table needs no bookkeeping column to be correct.
     """
     s, t = SOURCE_ALIAS, TARGET_ALIAS
-    present = set(source.column_names)
+    present = set(source)
     validity = {VALID_FROM, VALID_TO, IS_CURRENT}
     values = [f.name for f in table if f.name not in validity and f.name not in spec.keys]
 
@@ -144,12 +124,17 @@ def merge_plan(spec: SinkSpec, source: pa.Table, table: pa.Schema) -> MergePlan:
                 row({VALID_FROM: valid_from, VALID_TO: valid_to, IS_CURRENT: f"{valid_to} IS NULL"}),
             ),
         )
-    return MergePlan(predicate + key_range(spec, source), clauses)
+    return MergePlan(predicate, clauses, _pruning(spec, key_range))
 
 
-def state_plan(spec: SinkSpec, source: pa.Table) -> MergePlan:
-    """The MERGE that records a batch's new key heads (:func:`sinks.delta.state.state_source`) in the state
-    table. Guarded by sequence, so merging the same batch twice changes nothing."""
+def _pruning(spec: SinkSpec, key_range: KeyRange) -> KeyRange:
+    return key_range if spec.prune_by_key_range else KeyRange()
+
+
+def state_plan(spec: SinkSpec, key_range: KeyRange) -> MergePlan:
+    """The MERGE that records a batch's new key heads (:func:`sinks.delta.state.state_source`), whose key
+    range is ``key_range``, in the state table. Guarded by sequence, so merging the same batch twice changes
+    nothing."""
     s, t = SOURCE_ALIAS, TARGET_ALIAS
     seq = spec.sequence_by
     head = {quote(seq): col(s, seq), quote(DELETED_AT): col(s, DELETED_AT)}
@@ -157,4 +142,4 @@ def state_plan(spec: SinkSpec, source: pa.Table) -> MergePlan:
         Clause("update", f"{col(s, seq)} > {col(t, seq)}", head),
         Clause("insert", None, {**{quote(k): col(s, k) for k in spec.keys}, **head}),
     )
-    return MergePlan(_key_match(spec) + key_range(spec, source), clauses)
+    return MergePlan(_key_match(spec), clauses, _pruning(spec, key_range))

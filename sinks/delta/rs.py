@@ -1,6 +1,11 @@
 """The delta-rs engine (``deltalake``): the default, and the one that runs on every machine.
 
 The micro-batch is collected to the driver as Arrow (``batch_df.toArrow()``) and merged there by delta-rs.
+
+Pruning (see :mod:`sinks.delta.keyrange`): a read selects the files whose statistics overlap the key range
+from the table's log, then filters their rows in memory; a MERGE lets delta-rs derive each key column's
+range from the source (``t.k BETWEEN min(s.k) AND max(s.k)``, typed values, no SQL text), which it does when
+the source is not streamed (``streamed_exec=False``; the source is an in-memory Arrow table anyway).
 """
 
 from __future__ import annotations
@@ -9,9 +14,11 @@ import logging
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Field, Transaction
 from deltalake.exceptions import TableNotFoundError
 
+from sinks.delta.keyrange import Rows
 from sinks.delta.merge import MergePlan
 
 log = logging.getLogger(__name__)
@@ -53,10 +60,29 @@ class DeltaRsEngine:
         assert dt is not None
         dt.alter.add_columns([Field.from_arrow(f) for f in fields])
 
-    def read(self, sql: str, expr: Any) -> pa.Table:
+    def read(self, rows: Rows) -> pa.Table:
         dt = self._dt()
         assert dt is not None
-        return dt.to_pyarrow_dataset().to_table(filter=expr)
+        dataset = dt.to_pyarrow_dataset()
+        where = rows.arrow(dataset.schema)
+        if where is None:
+            return dataset.to_table()
+        # The files are selected by the statistics in the log (the fragments' expressions, typed like the
+        # dataset's schema) and read whole, and the rows filtered in memory: a filter pushed into the Parquet
+        # scan would also meet the row groups' statistics, typed as the file was written (delta-rs writes
+        # text as string_view), and Arrow has no kernel comparing the two (string vs string_view).
+        try:
+            files = list(dataset.get_fragments(filter=where))
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            log.warning("reading %s unpruned: its file statistics cannot be compared with the key range (%s)",
+                        self.path, e)
+            files = list(dataset.get_fragments())
+        table = ds.FileSystemDataset(files, dataset.schema, dataset.format, dataset.filesystem).to_table()
+        try:
+            return table.filter(where)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            log.warning("rows of %s read unfiltered (%s)", self.path, e)  # the sink joins them with the batch's keys
+            return table
 
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
         dt = self._dt()
@@ -68,6 +94,8 @@ class DeltaRsEngine:
             plan.predicate,
             source_alias=plan.source_alias,
             target_alias=plan.target_alias,
+            # Not streamed: delta-rs then prunes the target by the source's range of each key column.
+            streamed_exec=not plan.key_range.complete,
             commit_properties=commit,
         )
         for clause in plan.clauses:

@@ -10,14 +10,13 @@ row per action; :func:`main_source` keeps those that touch the main table, and
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.model import COMMIT_TS
 from sinks.delta.batch import key_starts
+from sinks.delta.keyrange import KeyRange, Rows
 from sinks.delta.layout import (
     ACTION,
     DELETED_AT,
@@ -30,16 +29,12 @@ from sinks.delta.layout import (
     VALID_FROM,
     VALID_TO,
 )
-from sinks.delta.merge import quote
 from sinks.delta.spec import SinkSpec
-from sinks.delta.state import key_range_condition
 
 
-def current_condition(spec: SinkSpec, prepared: pa.Table) -> tuple[str, Any]:
-    """The main table's current versions in the batch's key range (SQL and pyarrow expression)."""
-    import pyarrow.dataset as ds
-
-    return key_range_condition(spec, prepared, (f"{quote(VALID_TO)} IS NULL", ds.field(VALID_TO).is_null()))
+def current_rows(spec: SinkSpec, prepared: pa.Table) -> Rows:
+    """The main table's rows a batch reads: the current versions in the batch's key range."""
+    return Rows(KeyRange.of(spec.keys, prepared), current=True)
 
 
 def key_heads(spec: SinkSpec, state: pa.Table, current: pa.Table) -> pa.Table:

@@ -15,17 +15,18 @@ import pyarrow as pa
 
 from cdc.errors import OptionError
 from cdc.model import CHANNEL, POSITION
-from sinks.delta.batch import after_last_truncate, prepare
+from sinks.delta.batch import after_last_truncate, check_ops, complete_key_changes, prepare
 from sinks.delta.engine import Engine
+from sinks.delta.keyrange import KeyRange
 from sinks.delta.layout import DEFAULT_DELETE_CONDITION, DELETED_AT, IS_DELETE, LegacyLayoutError, state_path
 from sinks.delta.merge import merge_plan, state_plan
 from sinks.delta.migration import migrate_layout
 from sinks.delta.scd1 import purge_predicate, stage_scd1
-from sinks.delta.scd2 import current_condition, key_heads, main_source, stage_scd2
+from sinks.delta.scd2 import current_rows, key_heads, main_source, stage_scd2
 from sinks.delta.schema import new_columns, state_schema, table_schema
 from sinks.delta.spec import SinkSpec
 from sinks.delta.staging import StagingLog
-from sinks.delta.state import guard, key_range_condition, state_source
+from sinks.delta.state import conform, guard, heads_rows, key_change_source, state_source
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +256,7 @@ class DeltaUpsertSink:
         most ``MAX_COALESCED`` batches wait (then ``foreachBatch`` waits for the merge)."""
         if self._inflight is not None and self._inflight.done():
             self.flush()  # surfaces the previous merge's failure before this batch is accepted
+        check_ops(self.spec, changes)  # refused before it is staged (a staged batch is merged on every restart)
         staging = StagingLog(self.staging_dir, app_id)
         staging.put(batch_id, changes)  # durable before Spark may record the batch as done
         with self._lock:
@@ -343,9 +345,13 @@ class DeltaUpsertSink:
             return False
         now = self.clock()
         spec = self.spec
+        check_ops(spec, changes)  # before the truncate: a batch that fails changes nothing
         changes, truncated = after_last_truncate(changes, spec.sequence_by)
         if truncated is not None:
             self._truncate(batch_id, truncated, main_done, state_done)
+        if main_done is None or main_done < batch_id:  # (the state's commit alone needs no values)
+            changes = complete_key_changes(
+                spec, changes, lambda keys: key_change_source(spec, main, state, keys), self.path)
         prepared = prepare(spec, changes, now)
         if prepared.num_rows == 0:
             # (A batch that ends with a truncate records no transaction: replaying it empties the tables again,
@@ -364,14 +370,14 @@ class DeltaUpsertSink:
                 "moves the tombstones and sequences to the state table and rewrites the table without them, one "
                 "commit each), then restart the query"
             )
+        added = new_columns(spec, schema, prepared.schema)  # a type change fails here, before any read or write
         if state.schema() is None:
             state.create(state_schema(spec, prepared.schema))
-        heads = state.read(*key_range_condition(spec, prepared))
+        heads = conform(state.read(heads_rows(spec, prepared)), prepared.schema)
         fresh: pa.Table | None = None  # the guarded changes, computed once (stage_scd1 is the guard itself)
         if main_done is None or main_done < batch_id:
             # The main table first, computed from the state before the batch: a crash before the state's
             # commit leaves that state as it was, so the replay recomputes the state's commit alone.
-            added = new_columns(spec, schema, prepared.schema)
             if added:
                 log.info("adding columns %s to %s", [f.name for f in added], self.path)
                 main.add_columns(added)
@@ -379,13 +385,14 @@ class DeltaUpsertSink:
             if spec.scd_type == 1:
                 source = fresh = stage_scd1(spec, prepared, heads)
             else:
-                current = main.read(*current_condition(spec, prepared))
+                current = conform(main.read(current_rows(spec, prepared)), prepared.schema)
                 source = main_source(stage_scd2(spec, prepared, key_heads(spec, heads, current)))
-            metrics = main.merge(source, merge_plan(spec, source, schema), app, batch_id)
+            plan = merge_plan(spec, source.column_names, schema, KeyRange.of(spec.keys, source))
+            metrics = main.merge(source, plan, app, batch_id)
             log.info("batch %d: merged %d changes into %s: %s", batch_id, source.num_rows, self.path, metrics)
         if state_done is None or state_done < batch_id:
             heads_after = state_source(spec, guard(spec, prepared, heads) if fresh is None else fresh)
-            state.merge(heads_after, state_plan(spec, heads_after), app, batch_id)
+            state.merge(heads_after, state_plan(spec, KeyRange.of(spec.keys, heads_after)), app, batch_id)
         if self.compact_every and (batch_id + 1) // self.compact_every > first // self.compact_every:
             self.maintain(now)  # one of the batches first..batch_id is a multiple of compact_every
         return True

@@ -2,7 +2,8 @@
 ``make delta-spark`` resolves (see :mod:`sinks.delta.session`).
 
 It runs exactly the statements :mod:`sinks.delta.merge` generates for delta-rs (same predicate, same
-WHEN clauses, same staging). From ``foreachBatch`` the batch stays a DataFrame (:meth:`merge_frame`, fed by
+WHEN clauses, same staging), with the batch's key range added to the MERGE condition as ``Column``
+literals (typed values, never SQL text). From ``foreachBatch`` the batch stays a DataFrame (:meth:`merge_frame`, fed by
 :mod:`sinks.delta.frame`); :meth:`merge` takes an Arrow batch (the sink's ``write``). Exactly-once uses
 Delta's idempotent writes: the session confs ``spark.databricks.delta.write.txnAppId`` / ``txnVersion``
 make Delta skip a commit already made under that application transaction, and the sink reads the last
@@ -17,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc.errors import TerminalError
+from sinks.delta.keyrange import Rows
 from sinks.delta.merge import MergePlan, quote
 
 log = logging.getLogger(__name__)
@@ -106,16 +108,28 @@ class DeltaSparkEngine:
         cols = ", ".join(f"{quote(f.name)} {from_arrow_type(f.type).simpleString()}" for f in fields)
         self.spark.sql(f"ALTER TABLE delta.{quote(self.path)} ADD COLUMNS ({cols})")
 
-    def read(self, sql: str, expr: Any) -> pa.Table:
-        return self._forpath().toDF().where(sql).toArrow()
+    def read(self, rows: Rows) -> pa.Table:
+        return self.rows(rows).toArrow()
+
+    def rows(self, rows: Rows) -> Any:
+        """The table's ``rows`` as a DataFrame (the key range bound as typed literals)."""
+        df = self._forpath().toDF()
+        where = rows.spark()
+        return df if where is None else df.where(where)
 
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
         return self.merge_frame(self.spark.createDataFrame(source), plan, app_id, version)
 
     def merge_frame(self, source_df: Any, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
         """Run ``plan`` with the DataFrame ``source_df`` as one commit carrying ``(app_id, version)``."""
+        from pyspark.sql import functions as F
+
         conf = self.spark.conf
-        merger = self._forpath().alias(plan.target_alias).merge(source_df.alias(plan.source_alias), plan.predicate)
+        condition = F.expr(plan.predicate)
+        in_range = plan.key_range.spark(plan.target_alias)  # typed literals: Delta prunes the target's files by them
+        if in_range is not None:
+            condition = condition & in_range
+        merger = self._forpath().alias(plan.target_alias).merge(source_df.alias(plan.source_alias), condition)
         for clause in plan.clauses:
             if clause.kind == "update":
                 merger = merger.whenMatchedUpdate(condition=clause.condition, set=dict(clause.assignments))

@@ -2,42 +2,62 @@
 rows a batch writes back.
 
 Per key the state table holds the sequence of the key's last applied change and, for a deleted key, the
-tombstone's time. A batch reads the heads of its key range once (:func:`key_range_condition`), drops every
+tombstone's time. A batch reads the heads of its key range once (:func:`heads_rows`), drops every
 change not newer than its key's head (:func:`guard`), and after the main table's commit records each
 touched key's new head (:func:`state_source`, merged by :func:`sinks.delta.merge.state_plan`).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.delta.batch import key_starts
+from sinks.delta.batch import key_change_rows, key_starts
+from sinks.delta.engine import Engine
+from sinks.delta.keyrange import KeyRange, Rows
 from sinks.delta.layout import DELETED_AT, IS_DELETE, NOW, SET_PREFIX, TIMESTAMP
-from sinks.delta.merge import quote, sql_literal
 from sinks.delta.spec import SinkSpec
 
 HEAD_SEQ = "__cdc_head_seq"
 
 
-def key_range_condition(spec: SinkSpec, prepared: pa.Table, base: tuple[str, Any] | None = None) -> tuple[str, Any]:
-    """Rows of the batch's range of the first key column (plus ``base``): as SQL (for engines that read with
-    SQL) and as a pyarrow dataset expression (for engines that read Arrow)."""
-    import pyarrow.dataset as ds
+def heads_rows(spec: SinkSpec, prepared: pa.Table) -> Rows:
+    """The state table's rows a batch reads: those in the batch's key range."""
+    return Rows(KeyRange.of(spec.keys, prepared))
 
-    sql, expr = base if base is not None else ("TRUE", None)
-    if prepared.num_rows:
-        k = spec.keys[0]
-        mm = pc.min_max(prepared.column(k)).as_py()
-        lo, hi = sql_literal(mm["min"]), sql_literal(mm["max"])
-        if lo is not None and hi is not None:
-            sql += f" AND {quote(k)} >= {lo} AND {quote(k)} <= {hi}"
-            in_range = (ds.field(k) >= mm["min"]) & (ds.field(k) <= mm["max"])
-            expr = in_range if expr is None else expr & in_range
-    return sql, expr
+
+def conform(read: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``read`` (rows read back from a table) with each column that ``schema`` also has cast to its type
+    there: the type of the batch, whatever type the engine read the files as (delta-rs reads text that it
+    wrote as ``string_view``), so that the joins with the batch compare one type."""
+    for i, f in enumerate(read.schema):
+        if f.name in schema.names and not f.type.equals(want := schema.field(f.name).type):
+            read = read.set_column(i, f.name, read.column(i).cast(want))
+    return read
+
+
+def key_change_source(spec: SinkSpec, main: Engine, state: Engine, keys: pa.Table) -> pa.Table:
+    """What the two tables hold of ``keys`` (old and new keys of a batch's key changes), shaped by
+    :func:`sinks.delta.batch.key_change_rows` for :func:`sinks.delta.batch.complete_key_changes`."""
+    seq = spec.sequence_by
+    if main.schema() is None or state.schema() is None:  # a new table holds nothing
+        none = keys.select(list(spec.keys)).slice(0, 0)
+        return none.append_column(seq, pa.array([], pa.int64())).append_column(IS_DELETE, pa.array([], pa.bool_()))
+    wanted = Rows(KeyRange.of(spec.keys, keys))
+    return key_change_rows(spec, _of_keys(state, wanted, keys), _of_keys(main, wanted, keys))
+
+
+def _of_keys(engine: Engine, wanted: Rows, keys: pa.Table) -> pa.Table:
+    """The table's rows of exactly ``keys`` (read by their key range, then matched)."""
+    from sinks.delta.spark import DeltaSparkEngine
+
+    if isinstance(engine, DeltaSparkEngine):  # matched in Spark: only the keys' rows reach the driver
+        read = engine.rows(wanted).join(engine.spark.createDataFrame(keys), list(keys.column_names), "left_semi")
+        table = read.toArrow()
+    else:
+        table = engine.read(wanted)
+    return conform(table, keys.schema).join(keys, list(keys.column_names), join_type="left semi", use_threads=False)
 
 
 def with_head_seq(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:

@@ -43,6 +43,18 @@ def test_partial_change_schema_adds_unchanged_and_agrees_with_spark() -> None:
     assert "_unchanged" not in ChangeSchema.of([("id", pa.int64())], ["id"]).arrow().names
 
 
+def test_key_changes_add_the_old_key_struct_in_key_order_and_agree_with_spark() -> None:
+    cs = ChangeSchema.of([("a", pa.int32()), ("b", pa.large_string()), ("v", pa.string())], ["b", "a"],
+                         partial=True, key_changes=True)
+    assert cs.arrow().names == ["_op", "_seq", "_commit_ts", "_channel", "_position", "_unchanged", "_old_key",
+                                "a", "b", "v"]
+    assert cs.arrow().field("_old_key").type == pa.struct(
+        [pa.field("b", pa.string()), pa.field("a", pa.int32())])
+    assert cs.arrow().field("_old_key").nullable
+    assert to_arrow_schema(cs.spark(), timezone="UTC") == cs.arrow()
+    assert ChangeSchema.from_json(cs.to_json()) == cs
+
+
 @pytest.mark.parametrize(
     ("table", "keys", "message"),
     [
@@ -50,6 +62,7 @@ def test_partial_change_schema_adds_unchanged_and_agrees_with_spark() -> None:
         ([("id", pa.int64())], ["nope"], "not a column"),
         ([("_seq", pa.int64())], ["_seq"], "collide"),
         ([("id", pa.int64()), ("_unchanged", pa.string())], ["id"], "collide"),
+        ([("id", pa.int64()), ("_old_key", pa.string())], ["id"], "collide"),
         ([("id", pa.int64()), ("t", pa.timestamp("us"))], ["id"], "naive timestamps"),
         ([("id", pa.int64()), ("l", pa.list_(pa.int64()))], ["id"], "not supported"),
     ],

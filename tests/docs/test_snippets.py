@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 import shlex
@@ -41,6 +42,7 @@ RUN_BY = {
     "local_log.py": "test_the_local_log_snippet_runs_and_prints_its_documented_output",
     "local_log.out": "test_the_local_log_snippet_runs_and_prints_its_documented_output",
     "postgres_setup.sql": "test_the_postgres_set_up_sql_lets_the_role_read_changes",
+    "postgres_replica_identity.sql": "test_the_replica_identity_sql_makes_updates_whole_rows",
 }
 # Shell lines of other tools, shown as they are run against systems the tests cannot reach as such.
 OTHER_TOOLS = ("spark-submit", "bin/pulsar-admin", "cd ", "PYSPARK_PYTHON=", "  --", "  my_pipeline.py")
@@ -146,14 +148,30 @@ def _shell_lines(body: str) -> list[str]:
     return lines
 
 
+def _pytest_invocation(page: str, args: list[str]) -> None:
+    """A documented pytest run names test paths that exist and plugins the project installs."""
+    targets = [a for a in args if a.startswith("tests")]
+    assert targets, (page, args)
+    for target in targets:
+        assert (ROOT / target.split("::")[0]).exists(), f"{page}: no such test path {target!r}"
+    if "-n" in args:
+        assert importlib.util.find_spec("xdist") is not None, "pytest-xdist is not installed"
+
+
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "bash"], ids=_id)
 def test_shell_lines_are_real_commands(block: tuple[str, str, str]) -> None:
     page, _, body = block
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
     for line in _shell_lines(body):
-        words = shlex.split(line)
-        if words[0] == "cdc":
+        words = shlex.split(line.split(" | ")[0])
+        while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # VAR=value before the command
+            words = words[1:]
+        if words[:3] == [".venv/bin/python", "-m", "pytest"]:
+            _pytest_invocation(page, words[3:])
+        elif words[0] == ".venv/bin/python" and words[1].endswith(".py"):
+            assert (ROOT / words[1]).is_file(), f"{page}: no such script {words[1]!r}"
+        elif words[0] == "cdc":
             _cdc_invocation(words[1:])
         elif words[:2] == ["pip", "install"]:
             for spec in words[2:]:
@@ -216,6 +234,34 @@ def test_the_postgres_set_up_sql_lets_the_role_read_changes(postgres_server: Any
             admin.execute("DROP PUBLICATION cdc_shop")
             admin.execute("DROP OWNED BY cdc_docs_role")
             admin.execute("DROP ROLE cdc_docs_role")
+
+
+def test_the_replica_identity_sql_makes_updates_whole_rows(postgres_dsn: str) -> None:
+    """The page's statements set FULL and show it; an update that leaves a TOASTed value alone is then read
+    as a whole row (``_unchanged`` empty)."""
+    import psycopg
+
+    from cdc.backend import open_backend
+
+    sql = (ROOT / "docs" / "snippets" / "postgres_replica_identity.sql").read_text()
+    big = "".join(chr(65 + (i * 7919) % 26) for i in range(20_000))
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, status text, note text)")
+        conn.execute("INSERT INTO orders VALUES (1, 'new', %s)", (big,))
+        backend = open_backend("postgres", {"dsn": postgres_dsn, "tables": "public.orders", "slot.name": "docs_ri"})
+        try:
+            backend.prepare_start()
+            start = backend.latest("changes")
+            alter, select = [s for s in sql.split(";") if s.strip()][:2]
+            conn.execute(alter)  # type: ignore[call-overload]
+            assert conn.execute(select).fetchall() == [("orders", "f")]  # type: ignore[call-overload]
+            conn.execute("UPDATE orders SET status = 'paid' WHERE id = 1")
+            planned = backend.plan("changes", start, None, backend.latest("changes"))
+            rows = [r for b in backend.reader().read("changes", start, planned.end) for r in b.to_pylist()]
+            assert [(r["status"], r["note"] == big, r["_unchanged"]) for r in rows] == [("paid", True, None)]
+        finally:
+            backend.close()
+            conn.execute("SELECT pg_drop_replication_slot('docs_ri')")
 
 
 def test_block_languages_are_ones_a_test_checks() -> None:

@@ -1,5 +1,6 @@
 """A streaming query from a local change log into DeltaUpsertSink, run as a child process that the crash
-test kills with SIGKILL (see test_crash.py). Not a test module.
+test kills with SIGKILL (see test_crash.py); the run after the kills, which nothing kills, goes through
+:func:`run` in the tests' own Spark session. Not a test module.
 
 Usage: python delta_crash_child.py LOG TABLE CHECKPOINT MARKERS [--hold-after-commit N | --hold-before-commit N |
        --hold-between-commits N | --hold-in-background-merge N]
@@ -24,12 +25,21 @@ def main() -> None:
     hold_batch = int(sys.argv[6]) if len(sys.argv) > 6 else -1
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import cdc
-    from sinks.delta import DeltaUpsertSink
     from tests.conftest import spark_builder
 
     spark = spark_builder("delta-crash-child").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     cdc.register(spark)
+    run(spark, log_path, table, checkpoint, markers, hold, hold_batch)
+    spark.stop()
+
+
+def run(spark: Any, log_path: str, table: str, checkpoint: str, markers: str, hold: str = "", hold_batch: int = -1,
+        *, pipelined: bool = False, timeout_s: float | None = None) -> None:
+    """The query, until caught up (``Trigger.AvailableNow``) and its last merge committed, in ``spark``: this
+    child's session, or the tests' own for the run after the kills (a restart needs no process of its own)."""
+    from sinks.delta import DeltaUpsertSink
+
     calls = Path(markers) / "calls.txt"
 
     class SlowMergeSink(DeltaUpsertSink):
@@ -64,7 +74,7 @@ def main() -> None:
             if hasattr(state, "merge_frame"):  # delta-spark: the DataFrame path's commit
                 state.merge_frame = held
 
-    pipelined = hold == "--hold-in-background-merge" or os.environ.get("CRASH_CHILD_PIPELINED") == "1"
+    pipelined = pipelined or hold == "--hold-in-background-merge" or os.environ.get("CRASH_CHILD_PIPELINED") == "1"
     engine = os.environ.get("CRASH_CHILD_ENGINE", "delta-rs")
     sink = SlowMergeSink(table, keys=["id"], compact_every=3, pipelined=pipelined, engine=engine)
 
@@ -84,8 +94,12 @@ def main() -> None:
         .option("maxRecordsPerTrigger", os.environ.get("CRASH_CHILD_MAX_RECORDS", "40")).load()
     )
     q = changes.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
-    q.awaitTermination()
-    spark.stop()
+    try:
+        if q.awaitTermination(timeout_s) is False:
+            raise TimeoutError(f"the query did not catch up in {timeout_s} s")
+    finally:
+        q.stop()
+    sink.flush()  # pipelined: the last batches' background merge (a child's exit waits for it too)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc.backends.postgres.errors import ReplicaIdentityError
 from cdc.backends.postgres.pgoutput import PG_EPOCH, UNCHANGED, Relation, Truncate, decode
 from cdc.backends.postgres.positions import INDEX_BITS, MAX_INDEX, format_lsn, pack
 from cdc.backends.postgres.records import Layout, Record
 from cdc.errors import CdcError, MalformedRecordError
-from cdc.model import Op
+from cdc.model import OLD_KEY, Op
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,14 @@ class _Relation:
         # pgoutput flags the replica identity's columns as the key: the primary key under the default
         # identity, every column under REPLICA IDENTITY FULL. Records are keyed by the primary key.
         primary = next((t.keys for t in layout.tables if t.name == rel.qualified), None)
+        if primary is not None and rel.identity == "i" and {c.name for c in rel.columns if c.is_key} != set(primary):
+            raise ReplicaIdentityError(
+                f"table {rel.qualified!r} has REPLICA IDENTITY USING INDEX on columns "
+                f"{[c.name for c in rel.columns if c.is_key]}, not its primary key {list(primary)}: its updates "
+                "and deletes would be logged by other columns than the records' key. Run ALTER TABLE "
+                f"{rel.qualified} REPLICA IDENTITY DEFAULT (or FULL), then restart the query",
+                rel.qualified,
+            )
         if primary is not None:
             rel = replace(rel, columns=tuple(replace(c, is_key=c.name in primary) for c in rel.columns))
         keys = rel.key_indexes
@@ -123,6 +132,7 @@ def decode_changes(
     times: list[int] = []
     rels: list[_Relation] = []
     unchanged: dict[int, list[int]] = {}
+    old_keys: dict[int, dict[int, Any]] = {}  # the insert half of a key change: its old key's values
     skipping = False
     commit_lsn = base = index = low = when = 0
     kind = 0
@@ -167,21 +177,22 @@ def decode_changes(
                     op = _DELETE
                 else:  # an update with the old key ('K', the key changed) or the old row ('O', replica identity full)
                     old = []
-                    pos, _ = _tuple(data, 6, old.append, width)
+                    pos, old_gone = _tuple(data, 6, old.append, width)
                     new: list[Any] = []
                     _, gone = _tuple(data, pos + 1, new.append, width)
                     op = _UPDATE
+                    if gone is not None and data[5] == _O:
+                        gone = _from_old_row(new, old, gone, old_gone)
                     if any(old[i] != new[i] for i in r.keys):  # the key changed: a delete, then an insert
                         if index >= low:
-                            for i in r.non_keys:
-                                old[i] = None
-                            flat.extend(old)
+                            flat.extend([old[i] if i in r.keys else None for i in range(width)])
                             ops.append(_DELETE)
                             positions.append(base + index)
                             times.append(when)
                             rels.append(r)
                         index += 1
                         op = _INSERT
+                        old_keys[len(ops)] = {i: old[i] for i in r.keys}
                     flat.extend(new)
                 if index > MAX_INDEX:
                     pack(commit_lsn, index)  # raises: the position would not fit a long
@@ -217,11 +228,24 @@ def decode_changes(
                 f"decoded: {exc}"
             ) from exc
         if len(ops) >= batch_rows:
-            yield build(flat, ops, positions, times, rels, unchanged)
-            flat, ops, positions, times, rels, unchanged = [], [], [], [], [], {}
+            yield build(flat, ops, positions, times, rels, unchanged, old_keys)
+            flat, ops, positions, times, rels, unchanged, old_keys = [], [], [], [], [], {}, {}
             add = flat.append
     if ops:
-        yield build(flat, ops, positions, times, rels, unchanged)
+        yield build(flat, ops, positions, times, rels, unchanged, old_keys)
+
+
+def _from_old_row(new: list[Any], old: list[Any], gone: list[int], old_gone: list[int] | None) -> list[int] | None:
+    """Under ``REPLICA IDENTITY FULL`` the old row ('O') carries every column, TOASTed ones included
+    (PostgreSQL inlines them into the logged old row): an unchanged TOASTed column of the new row takes the
+    old row's value, so the record is whole. Returns the columns still unknown (None: none)."""
+    still = []
+    for j in gone:
+        if old_gone is not None and j in old_gone:
+            still.append(j)
+        else:
+            new[j] = old[j]
+    return still or None
 
 
 class _BatchBuilder:
@@ -237,10 +261,10 @@ class _BatchBuilder:
 
     def __call__(
         self, flat: list[Any], ops: list[str], positions: list[int], times: list[int], rels: list[_Relation],
-        unchanged: dict[int, list[int]],
+        unchanged: dict[int, list[int]], old_keys: dict[int, dict[int, Any]],
     ) -> pa.RecordBatch:
         if not self.typed:
-            return self._json(flat, ops, positions, times, rels, unchanged)
+            return self._json(flat, ops, positions, times, rels, unchanged, old_keys)
         n = len(ops)
         width = len(self.columns)
         schema = self.schema
@@ -261,11 +285,29 @@ class _BatchBuilder:
             cols["_unchanged"] = pa.array(names, pa.list_(pa.string()))
         else:
             cols["_unchanged"] = pa.nulls(n, pa.list_(pa.string()))
+        cols[OLD_KEY] = self._old_key(n, old_keys)
         return pa.RecordBatch.from_arrays([cols[f.name] for f in schema], schema=schema)
+
+    def _old_key(self, n: int, old_keys: dict[int, dict[int, Any]]) -> pa.Array:
+        """``_old_key``: the old key's columns on the insert half of a key change, else null."""
+        struct = self.schema.field(OLD_KEY).type
+        if not old_keys:
+            return pa.nulls(n, struct)
+        index = {name: j for j, (name, _, _) in enumerate(self.columns)}
+        children = []
+        for f in struct:
+            j = index[f.name]
+            _, oid, typmod = self.columns[j]
+            raw = [None] * n
+            for i, values in old_keys.items():
+                raw[i] = values[j]
+            children.append(self.layout.column(oid, typmod, f.type, raw))
+        absent = pa.array([i not in old_keys for i in range(n)], pa.bool_())
+        return pa.StructArray.from_arrays(children, fields=list(struct), mask=absent)
 
     def _json(
         self, flat: list[Any], ops: list[str], positions: list[int], times: list[int], rels: list[_Relation],
-        unchanged: dict[int, list[int]],
+        unchanged: dict[int, list[int]], old_keys: dict[int, dict[int, Any]],
     ) -> pa.RecordBatch:
         records = []
         at = 0  # rows of different tables have different widths
@@ -274,7 +316,10 @@ class _BatchBuilder:
             at += rels[i].width
             for j in unchanged.get(i, ()):
                 values[j] = UNCHANGED
-            records.append(Record(Op(op), positions[i], self._time(times[i]), rels[i].relation, tuple(values)))
+            old = old_keys.get(i)
+            old_key = None if old is None else tuple(old.get(j) for j in range(rels[i].width))
+            records.append(Record(Op(op), positions[i], self._time(times[i]), rels[i].relation, tuple(values),
+                                  old_key))
         return self.layout.batch(records, self.channel)
 
     def _time(self, unix_micros: int) -> datetime:

@@ -62,6 +62,9 @@ class Relation:
     namespace: str
     name: str
     columns: tuple[Column, ...]
+    identity: str = "d"
+    """The table's replica identity: ``d`` default (the primary key), ``f`` full, ``i`` an index, ``n``
+    nothing; the columns flagged as key are the identity's."""
 
     @property
     def qualified(self) -> str:
@@ -143,7 +146,7 @@ def decode(data: bytes) -> Message:
         (oid,) = buf.unpack("!I")
         namespace = buf.cstring() or "pg_catalog"
         name = buf.cstring()
-        buf.byte()  # replica identity setting
+        identity = chr(buf.byte())
         (ncols,) = buf.unpack("!h")
         cols = []
         for _ in range(ncols):
@@ -151,7 +154,7 @@ def decode(data: bytes) -> Message:
             col = buf.cstring()
             type_oid, typmod = buf.unpack("!Ii")
             cols.append(Column(col, type_oid, typmod, bool(flags & 1)))
-        return Relation(oid, namespace, name, tuple(cols))
+        return Relation(oid, namespace, name, tuple(cols), identity)
     if kind == 0x54:  # 'T'
         (n,) = buf.unpack("!i")
         buf.byte()

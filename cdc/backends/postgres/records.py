@@ -7,8 +7,10 @@
   appears in later rows' JSON.
 
 Every layout is partial: an update's unchanged TOASTed columns (pgoutput sends a marker, not the value)
-are named in ``_unchanged`` and carry null, never a made-up value. An update that changes the primary key
-becomes a delete of the old key and an insert of the new one.
+are named in ``_unchanged`` and carry null, never a made-up value. Under ``REPLICA IDENTITY FULL`` the
+logged old row holds those values, and the record takes them from it: ``_unchanged`` stays empty. An update
+that changes the primary key becomes a delete of the old key and an insert of the new one whose
+``_old_key`` is the old key (see :mod:`cdc.model`; in the JSON layout ``{_table, _key}``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from cdc.backends.postgres.catalog import (
 )
 from cdc.backends.postgres.pgoutput import UNCHANGED, Relation, Value
 from cdc.errors import SchemaChangedError
-from cdc.model import ChangeSchema, Op
+from cdc.model import OLD_KEY, ChangeSchema, Op
 
 # Types whose PostgreSQL text form Arrow's cast parses exactly (bool's 't'/'f' it does not).
 _ARROW_CASTS = frozenset({INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC, DATE, TIMESTAMP, TIMESTAMPTZ})
@@ -48,7 +50,7 @@ _ARROW_CASTS = frozenset({INT2, INT4, INT8, FLOAT4, FLOAT8, NUMERIC, DATE, TIMES
 JSON_TABLE, JSON_KEY, JSON_ROW = "_table", "_key", "_row"
 JSON_SCHEMA = ChangeSchema.of(
     [(JSON_TABLE, pa.string()), (JSON_KEY, pa.string()), (JSON_ROW, pa.string())], [JSON_TABLE, JSON_KEY],
-    partial=True,
+    partial=True, key_changes=True,
 )
 
 
@@ -62,6 +64,8 @@ class Record:
     relation: Relation
     values: tuple[Value, ...]
     """Text values in the relation's column order (None for a delete's non-key columns)."""
+    old_key: tuple[Value, ...] | None = None
+    """The insert half of a key change: the old row's values in column order (only its key's are read)."""
 
 
 def _json_default(value: Any) -> Any:
@@ -92,7 +96,7 @@ class Layout:
     def change_schema(self) -> ChangeSchema:
         if self.typed:
             t = self.tables[0]
-            return ChangeSchema.of(t.arrow_schema(), t.keys, partial=True)
+            return ChangeSchema.of(t.arrow_schema(), t.keys, partial=True, key_changes=True)
         return JSON_SCHEMA
 
     def arrow_schema(self) -> pa.Schema:
@@ -151,7 +155,10 @@ class Layout:
         }
         unchanged: list[list[str] | None] = []
         tables, keys, rows = [], [], []
+        old_keys: list[dict[str, str] | None] = []
         for r in records:
+            old_keys.append(None if r.old_key is None else {
+                JSON_TABLE: r.relation.qualified, JSON_KEY: self._json_key(r.relation, r.old_key)})
             key: dict[str, Any] = {}
             row: dict[str, Any] = {}
             gone = []
@@ -170,6 +177,15 @@ class Layout:
             unchanged.append(gone or None)
         cols.update({JSON_TABLE: tables, JSON_KEY: keys, JSON_ROW: rows})
         cols["_unchanged"] = unchanged
+        cols[OLD_KEY] = old_keys
         arrays = [cols[f.name] if isinstance(cols[f.name], pa.Array) else pa.array(cols[f.name], type=f.type)
                   for f in schema]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _json_key(self, relation: Relation, values: Sequence[Value]) -> str:
+        """The ``_key`` JSON object of a row's key columns (in the relation's column order)."""
+        key = {
+            col.name: self._parser(col.type_oid, col.typmod)(raw) if isinstance(raw, bytes) else None
+            for col, raw in zip(relation.columns, values, strict=True) if col.is_key
+        }
+        return json.dumps(key, default=_json_default, separators=(",", ":"))

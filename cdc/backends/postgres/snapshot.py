@@ -42,7 +42,7 @@ from cdc.backends.postgres.catalog import BYTEA, TIMESTAMP, TableInfo, arrow_typ
 from cdc.backends.postgres.pgoutput import Column, Relation
 from cdc.backends.postgres.positions import pack, parse_lsn
 from cdc.backends.postgres.records import Layout, Record
-from cdc.model import Op
+from cdc.model import OLD_KEY, Op
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +211,7 @@ def _with_meta(schema: pa.Schema, data: pa.Table, channel: str, seq: int, when: 
         "_channel": pa.repeat(pa.scalar(channel, pa.string()), n),
         "_position": pa.array(np.arange(n, dtype=np.int64)),
         "_unchanged": pa.nulls(n, pa.list_(pa.string())),
+        OLD_KEY: pa.nulls(n, schema.field(OLD_KEY).type),
     }
     return pa.table([meta[f.name] if f.name in meta else data.column(f.name) for f in schema], schema=schema)
 
@@ -226,6 +227,7 @@ def _typed_batch(
         "_channel": pa.array([channel] * n, pa.string()),
         "_position": pa.array(range(first, first + n), pa.int64()),
         "_unchanged": pa.nulls(n, pa.list_(pa.string())),
+        OLD_KEY: pa.nulls(n, schema.field(OLD_KEY).type),
     }
     columns = list(zip(*rows, strict=True)) if rows else []
     data = [f for f in schema if f.name not in meta]

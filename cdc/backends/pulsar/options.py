@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import PositiveInt, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from cdc.formats.debezium import DEFAULT_PLACEHOLDER, placeholder_octets
 from cdc.options import BackendOptions, Field, SecretStr
 
 ValueFormat = Literal["bytes", "json", "avro", "debezium"]
@@ -184,6 +185,15 @@ class PulsarOptions(ConnectionOptions):
         "transaction whose END event or events have not all arrived waits. Planning then reads every message "
         "on the driver (see From Debezium for the cost).",
     )
+    debezium_unavailable_value_placeholder: str = Field(
+        DEFAULT_PLACEHOLDER,
+        alias="debezium.unavailableValuePlaceholder",
+        description="valueFormat=debezium: the connector's unavailable.value.placeholder (Debezium's default "
+        f"`{DEFAULT_PLACEHOLDER}` when not given; `hex:` followed by hexadecimal octets, as Debezium reads it). "
+        "A text or bytes column of a create or update holding it was not sent by the database (PostgreSQL: an "
+        "unchanged TOASTed value): it becomes an unchanged column (_unchanged), taken from the event's before "
+        "image when that holds it (REPLICA IDENTITY FULL), never a value.",
+    )
     quarantine_topic: str | None = Field(
         None, alias="quarantineTopic", description="Where onMalformed=quarantine sends undecodable messages."
     )
@@ -292,6 +302,17 @@ class PulsarOptions(ConnectionOptions):
         if self.on_malformed == "quarantine" and not self.quarantine_topic:
             raise ValueError("option 'quarantineTopic' is required with onMalformed=quarantine")
         return self
+
+    @field_validator("debezium_unavailable_value_placeholder")
+    @classmethod
+    def _placeholder(cls, v: str) -> str:
+        try:
+            octets = placeholder_octets(v)
+        except ValueError:
+            raise ValueError(f"accepted values: text, or hex: followed by hexadecimal octets; got {v!r}") from None
+        if not octets:
+            raise ValueError("accepted values: a non-empty text, or hex: followed by hexadecimal octets; got an empty one")
+        return v
 
     @field_validator("debezium_transaction_topic")
     @classmethod

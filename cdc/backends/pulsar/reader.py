@@ -186,6 +186,7 @@ class _Columns:
             options.change_keys,
             options.schema_from_events,
             options.envelope_avro,
+            options.debezium_unavailable_value_placeholder,
         )
         self.tombstones = 0  # Debezium's empty values after deletes: skipped, counted in the range's log line
         self.kept = 0
@@ -222,8 +223,8 @@ class _Columns:
                     if decoded is None:
                         self.tombstones += 1
                         continue
-                    op, commit, values = decoded
-                    rows.append([op, seq, commit, ch, seq, *values])
+                    rows.append([decoded.op, seq, decoded.commit, ch, seq, decoded.unchanged, decoded.old_key,
+                                 *decoded.values])
                 else:
                     rows.append(decoder.decode_value(msg.data()))
                 kept.append(i)

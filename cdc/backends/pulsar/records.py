@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -229,10 +229,13 @@ def _decode_object(payload: bytes) -> dict[str, Any]:
     return obj
 
 
-def _row(fields: Sequence[_Field], obj: dict[str, Any], what: str) -> list[Any]:
+def _row(fields: Sequence[_Field], obj: dict[str, Any], what: str, unsent: Sequence[str] = ()) -> list[Any]:
     out: list[Any] = []
     for f in fields:
         v = obj.get(f.name)
+        if f.name in unsent:  # a value the source did not send (see debezium's placeholder): null, named apart
+            out.append(None)
+            continue
         if v is None:
             if not f.nullable:
                 raise Malformed(f"{what}field {f.name!r} is missing or null but not nullable")
@@ -255,8 +258,31 @@ def parse_avro_schema(text: str) -> Any:
         raise OptionError(f"option 'valueSchema': not a valid Avro schema: {exc}", "valueSchema") from None
 
 
+class Change(NamedTuple):
+    """A decoded Debezium change: the change record's columns other than the sequence and channel ones."""
+
+    op: str
+    commit: datetime
+    values: list[Any]
+    """The table's columns, in the schema's order."""
+    unchanged: list[str] | None = None
+    """``_unchanged``: columns Debezium did not have (its placeholder), see :mod:`cdc.model`."""
+    old_key: dict[str, Any] | None = None
+    """``_old_key``: on the create that ends a key change, the deleted key."""
+
+
+@dataclass
+class _Deleted:
+    """The last delete a channel read: the create of a key change follows it (see :mod:`.debezium`)."""
+
+    source: Any
+    key: dict[str, Any]
+    before: dict[str, Any]
+
+
 class Decoder:
-    """Decodes one partition's messages into Arrow batches for one value format."""
+    """Decodes one partition's messages into Arrow batches for one value format. A Debezium decoder keeps
+    the channel's last delete, so it reads one channel's messages in order."""
 
     def __init__(
         self,
@@ -265,6 +291,7 @@ class Decoder:
         change_keys: str | None,
         events_schema: bool = False,
         envelope_avro: str | None = None,
+        placeholder: str = debezium.DEFAULT_PLACEHOLDER,
     ) -> None:
         self.value_format = value_format
         # valueSchema read from the topic's first envelope: every later envelope's schema must give it too.
@@ -279,17 +306,24 @@ class Decoder:
                 raise OptionError("option 'valueSchema' is required with valueFormat=avro", "valueSchema")
             self._avro = parse_avro_schema(value_schema)
         self.change: ChangeSchema | None = None
+        self._placeholders: dict[str, tuple[Any, ...]] = {}
         if value_format == "debezium":
             keys = [k.strip() for k in (change_keys or "").split(",") if k.strip()]
             table = pa.schema([pa.field(f.name, f.arrow, nullable=f.nullable) for f in self.fields])
             try:
-                self.change = ChangeSchema.of(table, keys)
+                self.change = ChangeSchema.of(table, keys, partial=True, key_changes=True)
             except ValueError as exc:
                 raise OptionError(f"options 'valueSchema'/'changeKeys': {exc}", "changeKeys") from None
             # The change model makes key columns non-null whatever the schema says.
             self.fields = [
                 _Field(f.name, f.arrow, f.nullable and f.name not in keys, f.convert) for f in self.fields
             ]
+            # How the placeholder appears in each text or bytes value column of an image (JSON: bytes as base64).
+            octets = debezium.placeholder_octets(placeholder)
+            forms = {pa.string(): (octets.decode("utf-8", "replace"),),
+                     pa.binary(): (base64.b64encode(octets).decode("ascii"), octets)}
+            self._placeholders = {f.name: forms[f.arrow] for f in self.fields if f.arrow in forms and f.name not in keys}
+        self._deleted: _Deleted | None = None
 
     def schema(self) -> pa.Schema:
         if self.change is not None:
@@ -321,10 +355,10 @@ class Decoder:
             raise Malformed("the Avro value is not a record")
         return record
 
-    def decode_change(self, payload: bytes, publish_ms: int) -> tuple[str, datetime, list[Any]] | None:
-        """(op, commit time, table row) of a Debezium envelope (see :mod:`cdc.formats.debezium`);
-        ``None`` for a tombstone. A truncate raises :class:`TruncateEvent`; an envelope whose schema differs
-        from the one the query read from the topic raises :class:`SchemaChangedError`."""
+    def decode_change(self, payload: bytes, publish_ms: int) -> Change | None:
+        """The change of a Debezium envelope (see :mod:`cdc.formats.debezium`); ``None`` for a
+        tombstone. A truncate raises :class:`TruncateEvent`; an envelope whose schema differs from the one the
+        query read from the topic raises :class:`SchemaChangedError`."""
         assert self.change is not None
         value = debezium.value_of(payload)
         if not value:
@@ -334,6 +368,7 @@ class Decoder:
             if self.events_schema is not None:
                 self._check_events_schema(env.get("schema"))
             env = env["payload"]  # Debezium's JSON converter with schemas.enable=true
+        deleted, self._deleted = self._deleted, None
         op = env.get("op")
         if op == "t":
             raise debezium.TruncateEvent(debezium.source_table(env), self._commit_time(env, publish_ms))
@@ -344,11 +379,27 @@ class Decoder:
         image = env.get(image_name)
         if not isinstance(image, dict):
             raise Malformed(f"op {op!r} needs an object in {image_name!r}, got {_brief(image)}")
+        commit = self._commit_time(env, publish_ms)
+        keys = self.change.keys
         if op == "d":
-            keys = set(self.change.keys)
-            image = {k: v for k, v in image.items() if k in keys}
-        row = _row(self.fields, image, f"{image_name}: ")
-        return ops[op].value, self._commit_time(env, publish_ms), row
+            row = _row(self.fields, {k: v for k, v in image.items() if k in keys}, f"{image_name}: ")
+            self._deleted = _Deleted(env.get("source"), {f.name: v for f, v in zip(self.fields, row, strict=True)
+                                                         if f.name in keys}, image)
+            return Change(ops[op].value, commit, row)
+        # A key change's create: the delete just before it came from the same source event.
+        linked = deleted if op == "c" and deleted is not None and deleted.source == env.get("source") else None
+        unsent = [c for c, forms in self._placeholders.items() if image.get(c) in forms]
+        if unsent:
+            # The old row's image has what the new one lacks when the source logged it (REPLICA IDENTITY FULL;
+            # under DEFAULT a delete's before image holds nulls there: a TOASTed value is never null).
+            before = linked.before if linked is not None else env.get("before") if op == "u" else None
+            if isinstance(before, dict):
+                known = [c for c in unsent if before.get(c) is not None and before[c] not in self._placeholders[c]]
+                if known:
+                    image = {**image, **{c: before[c] for c in known}}
+                    unsent = [c for c in unsent if c not in known]
+        row = _row(self.fields, image, f"{image_name}: ", unsent)
+        return Change(ops[op].value, commit, row, unsent or None, None if linked is None else linked.key)
 
     @staticmethod
     def _commit_time(env: dict[str, Any], publish_ms: int) -> datetime:

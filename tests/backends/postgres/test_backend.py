@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 
 from cdc.backend import open_backend
@@ -76,7 +77,8 @@ def test_typed_columns_and_key_changes(postgres_dsn: str) -> None:
         h.execute("UPDATE typed SET a = 2 WHERE a = 1")  # a key change: delete of (x, 1), insert of (x, 2)
         backend = h.backend()
         schema = backend.schema()
-        assert [f.name for f in schema][6:9] == ["a", "b", "i2"]
+        assert [f.name for f in schema][5:10] == ["_unchanged", "_old_key", "a", "b", "i2"]
+        assert schema.field("_old_key").type == pa.struct([pa.field("b", pa.string()), pa.field("a", pa.int32())])
         assert str(schema.field("amount").type) == "decimal128(10, 2)" and str(schema.field("big").type) == "string"
         # Planning counts in SQL from the messages' first bytes: the key change counts as two records.
         assert backend.plan("changes", backend.earliest("changes")).records == 3
@@ -89,22 +91,36 @@ def test_typed_columns_and_key_changes(postgres_dsn: str) -> None:
         assert first["day"] == dt.date(2024, 2, 29) and first["raw"] == b"\x01\x02" and first["ok"] is True
         assert first["doc"] == '{"k": 1}' and first["f4"] == 1.5 and first["i8"] == 3
         assert rows[1]["b"] == "x" and rows[1]["i2"] is None  # a delete carries the key only
+        # The insert half names the key it replaces, in the primary key's order (b, a)
+        assert [r["_old_key"] for r in rows] == [None, None, {"b": "x", "a": 1}]
         assert [r["_seq"] for r in rows] == sorted(r["_seq"] for r in rows)
     finally:
         h.close()
 
 
 def test_unchanged_toasted_column_is_named_not_nulled(postgres_dsn: str) -> None:
+    """REPLICA IDENTITY DEFAULT: an update's unchanged TOASTed column is named in _unchanged (null, never a
+    made-up value), on a key change too (whose insert names the old key); FULL: the logged old row completes
+    both, so every record is a whole row."""
     h = PostgresHarness(postgres_dsn)
     try:
         big = "".join(chr(65 + (i * 7919) % 26) for i in range(200_000))  # incompressible enough to be TOASTed
         h.execute("INSERT INTO items VALUES (1, %s, 0)", (big,))
         h.execute("UPDATE items SET n = 5 WHERE id = 1")
+        h.execute("UPDATE items SET id = 2 WHERE id = 1")
         rows = [r for t in drain(h.backend()) for r in t.to_pylist()]
-        assert [r["_op"] for r in rows] == ["insert", "update"]
+        assert [r["_op"] for r in rows] == ["insert", "update", "delete", "insert"]
         assert rows[1]["_unchanged"] == ["v"] and rows[1]["v"] is None and rows[1]["n"] == 5
         assert rows[0]["_unchanged"] is None and rows[0]["v"] == big
-        assert fold_typed([t for t in drain(h.backend())], ("id",)) == {(1,): {"id": 1, "v": big, "n": 5}}
+        assert [r["_old_key"] for r in rows] == [None, None, None, {"id": 1}]
+        assert rows[3]["_unchanged"] == ["v"] and rows[3]["v"] is None and rows[3]["n"] == 5
+        assert fold_typed([t for t in drain(h.backend())], ("id",)) == {(2,): {"id": 2, "v": big, "n": 5}}
+        h.execute("ALTER TABLE items REPLICA IDENTITY FULL")
+        h.execute("UPDATE items SET n = 6 WHERE id = 2")
+        h.execute("UPDATE items SET id = 3 WHERE id = 2")
+        rows = [r for t in drain(h.backend()) for r in t.to_pylist()][4:]
+        assert [(r["_op"], r["id"], r["v"] == big, r["_unchanged"], r["_old_key"]) for r in rows] == [
+            ("update", 2, True, None, None), ("delete", 2, False, None, None), ("insert", 3, True, None, {"id": 2})]
     finally:
         h.close()
 
@@ -318,3 +334,36 @@ def test_a_snapshot_value_arrow_cannot_parse_fails_the_snapshot_instead_of_hangi
     backend.close()
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         connection.drop_slot(conn, "odd_snap")
+
+
+def test_a_fresh_snapshot_query_exports_one_snapshot(postgres_dsn: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark asks a new query's stream reader for its initial offset twice for the first batch (when it plans
+    the batch's end, and when it runs the batch from its start): one snapshot all the same, one export, one
+    slot, whichever of the two calls the backend answers."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from cdc.backends.postgres import backend as pg_backend
+    from cdc.source import CdcStreamReader, _Config
+
+    h = PostgresHarness(postgres_dsn, **{"snapshot.path": str(tmp_path / "snap"), "slot.name": "snap_once"})
+    try:
+        connection.drop_slot(h.conn, "snap_once")  # the harness made it: a snapshot starts with its own export
+        h.append(30)
+        exports, snapshots = [], []
+        export = pg_backend.export_and_materialise
+        monkeypatch.setattr(pg_backend, "export_and_materialise", lambda *a: exports.append(a) or export(*a))
+        snapshot = pg_backend.PostgresBackend.snapshot
+        monkeypatch.setattr(pg_backend.PostgresBackend, "snapshot", lambda self: snapshots.append(1) or snapshot(self))
+        config = _Config({**h.options, "backend": "postgres", "startingOffsets": "snapshot"})
+        reader = CdcStreamReader(config, from_arrow_schema(h.backend().schema()))
+        try:
+            first = reader.initialOffset()
+            assert reader.initialOffset() == first
+        finally:
+            reader.stop()
+        assert (len(exports), len(snapshots)) == (1, 1)
+        assert _rows(postgres_dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'snap_once'") == [(1,)]
+        assert [p.name for p in (tmp_path / "snap").iterdir()] == ["snap_once"]
+    finally:
+        h.close()

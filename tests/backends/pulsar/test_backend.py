@@ -212,7 +212,8 @@ def test_debezium_envelopes_map_to_the_change_model(broker: ApachePulsar, topic:
     ]
     produce(broker.url, topic, [json.dumps(e).encode() for e in events], ["same"] * 4)
     b = backend(broker.url, topic, valueFormat="debezium", valueSchema=schema, changeKeys="id")
-    assert b.schema().names == ["_op", "_seq", "_commit_ts", "_channel", "_position", "id", "name"]
+    assert b.schema().names == ["_op", "_seq", "_commit_ts", "_channel", "_position", "_unchanged", "_old_key", "id",
+                                "name"]
     table, _ = drain(b)
     rows = table.to_pylist()
     assert [(r["_op"], r["id"], r["name"]) for r in rows] == [

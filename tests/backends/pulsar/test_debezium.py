@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from cdc.backends.pulsar.connection import Channel, open_client
 from cdc.backends.pulsar.options import PulsarOptions
 from cdc.backends.pulsar.reader import _Columns
-from cdc.backends.pulsar.records import Decoder, Malformed, _Field
+from cdc.backends.pulsar.records import Change, Decoder, Malformed, _Field
 from cdc.errors import MalformedRecordError, OptionError
 from cdc.formats.debezium import TruncateEvent, value_of
 from cdc.options import parse
@@ -43,10 +43,10 @@ def decoder() -> Decoder:
     return Decoder("debezium", SCHEMA, "id")
 
 
-def build(dec: Decoder, op: str, commit: datetime, values: list[Any]) -> pa.RecordBatch:
+def build(dec: Decoder, c: Change) -> pa.RecordBatch:
     """The batch the reader builds from one decoded message (the change model's columns)."""
     schema = dec.schema()
-    row = [op, 1, commit, "t-partition-0", 1, *values]
+    row = [c.op, 1, c.commit, "t-partition-0", 1, c.unchanged, c.old_key, *c.values]
     return pa.RecordBatch.from_arrays([pa.array([v], type=f.type) for v, f in zip(row, schema, strict=True)],
                                       schema=schema)
 
@@ -94,12 +94,12 @@ def test_values_at_the_edges_of_their_types_still_decode() -> None:
              "at": 253402300799999, "us": -62135596800000000, "day": 2932896}  # 9999-12-31, 0001-01-01
     decoded = dec.decode_change(envelope(edges, ts_ms=-62135596800000), 0)
     assert decoded is not None
-    op, commit, values = decoded
+    commit, values = decoded.commit, decoded.values
     assert values == [-(2**63), 2**31 - 1, FLOAT32_MAX, 1.7e308, "\u00e9\U0001f600",
                       datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC), datetime(1, 1, 1, tzinfo=UTC),
                       date(9999, 12, 31)]
     assert commit == datetime(1, 1, 1, tzinfo=UTC)
-    assert build(dec, op, commit, values).num_rows == 1
+    assert build(dec, decoded).num_rows == 1
 
 
 # ---------------------------------------------------------------------------------------------- the batch
@@ -300,8 +300,7 @@ def test_any_payload_decodes_into_a_batch_or_is_malformed(payload: bytes) -> Non
     if decoded is None:  # a tombstone: only an empty value is one
         assert value_of(payload) == b""
         return
-    op, commit, values = decoded
-    batch = build(dec, op, commit, values)
+    batch = build(dec, decoded)
     for name in ("f", "d"):  # a float column never holds inf or NaN (1e400, or a double beyond float32)
         value = batch.column(name)[0].as_py()
         assert value is None or math.isfinite(value), (name, value)

@@ -17,6 +17,7 @@ import pytest
 from cdc.backends.pulsar.records import Decoder
 from cdc.errors import OptionError, SchemaChangedError, TruncateError
 from cdc.formats.debezium import TruncateEvent, record_schema_of
+from cdc.options import parse
 from cdc.servers.pulsar import EmbeddedBroker
 from tests.backends.pulsar.helpers import backend, drain, produce
 
@@ -60,8 +61,8 @@ def decoder(schema_from_events: bool = False) -> Decoder:
                                                                                   tzinfo=UTC)),
 ], ids=["ts_us", "ts_ns", "ts_ms"])
 def test_commit_time_is_the_sources_not_when_debezium_processed_it(source: dict[str, Any], expected: datetime) -> None:
-    op, commit, _ = decoder().decode_change(wire(change("c", {"id": 1}, source=source)), 0) or ("", None, [])
-    assert (op, commit) == ("insert", expected)
+    c = decoder().decode_change(wire(change("c", {"id": 1}, source=source)), 0)
+    assert c is not None and (c.op, c.commit) == ("insert", expected)
 
 
 def test_commit_time_falls_back_to_the_envelope_then_the_publish_time() -> None:
@@ -82,8 +83,88 @@ def test_the_udf_and_the_decoder_give_one_envelope_the_same_change(spark: Any) -
     df = spark.createDataFrame([(e.decode(),) for e in envelopes], "value string")
     rows = df.select(debezium("value", "id int, name string").alias("c")).select("c.*").collect()
     for payload, row in zip(envelopes, rows, strict=True):
-        op, commit, values = decoder().decode_change(payload, 0) or ("", None, [])
-        assert (row["_op"], row["_commit_ts"].replace(tzinfo=UTC), [row["id"], row["name"]]) == (op, commit, values)
+        c = decoder().decode_change(payload, 0)
+        assert c is not None
+        assert (row["_op"], row["_commit_ts"].replace(tzinfo=UTC), [row["id"], row["name"]]) == (c.op, c.commit, c.values)
+
+
+# What the PostgreSQL connector (3.4.3, pgoutput) sends for a table (id int primary key, n int, b text, raw
+# bytea) whose b and raw are TOASTed, as tests/debezium's engine captured it: under REPLICA IDENTITY DEFAULT
+# the unchanged TOASTed columns hold the placeholder (raw: its bytes, base64), a key change is a delete, a
+# tombstone and a create from one source event (the same source block); under FULL Debezium sends values.
+TOASTED = json.dumps({"type": "record", "name": "R", "fields": [
+    {"name": "id", "type": "int"}, {"name": "n", "type": ["null", "int"]}, {"name": "b", "type": ["null", "string"]},
+    {"name": "raw", "type": ["null", "bytes"]}]})
+PLACEHOLDER_B64 = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="  # base64 of __debezium_unavailable_value
+UNAVAILABLE = {"b": "__debezium_unavailable_value", "raw": PLACEHOLDER_B64}
+
+
+def toasted(placeholder: str | None = None) -> Decoder:
+    if placeholder is None:
+        return Decoder("debezium", TOASTED, "id")
+    return Decoder("debezium", TOASTED, "id", placeholder=placeholder)
+
+
+def test_the_placeholder_is_an_unchanged_column_never_a_value() -> None:
+    update = toasted().decode_change(wire(change("u", {"id": 1, "n": 5, **UNAVAILABLE})), 0)
+    assert update is not None
+    assert (update.op, update.values, update.unchanged, update.old_key) == ("update", [1, 5, None, None],
+                                                                            ["b", "raw"], None)
+    # A value that only looks like the placeholder in another column kind, or a real value, is a value
+    snap = toasted().decode_change(wire(change("r", {"id": 2, "n": None, "b": "x", "raw": PLACEHOLDER_B64[:-4]})), 0)
+    assert snap is not None and snap.unchanged is None and snap.values[2] == "x"
+
+
+def test_a_before_image_that_holds_the_value_completes_the_update() -> None:
+    """Under REPLICA IDENTITY FULL the before image has the old row: a placeholder left in after takes it."""
+    env = change("u", {"id": 1, "n": 5, **UNAVAILABLE})
+    env["before"] = {"id": 1, "n": 4, "b": "old text", "raw": "AQI="}
+    update = toasted().decode_change(wire(env), 0)
+    assert update is not None and (update.values, update.unchanged) == ([1, 5, "old text", b"\x01\x02"], None)
+
+
+def test_a_key_change_links_the_create_to_the_deleted_key() -> None:
+    dec = toasted()
+    source = {**SOURCE, "lsn": 26441944, "sequence": '["26441888","26441944"]'}
+    gone = dec.decode_change(wire(change("d", {"id": 1, "n": None, "b": None, "raw": None}, source=source)), 0)
+    assert dec.decode_change(b"", 0) is None  # the tombstone between them
+    moved = dec.decode_change(wire(change("c", {"id": 10, "n": 5, **UNAVAILABLE}, source=source)), 0)
+    assert gone is not None and moved is not None
+    assert (gone.op, gone.values) == ("delete", [1, None, None, None])
+    assert (moved.op, moved.values, moved.unchanged, moved.old_key) == (
+        "insert", [10, 5, None, None], ["b", "raw"], {"id": 1})
+    # A create from another source event (another LSN) is a new row, not the delete's key moving
+    dec.decode_change(wire(change("d", {"id": 2}, source=source)), 0)
+    other = dec.decode_change(wire(change("c", {"id": 3, "n": 1}, source={**source, "lsn": 26441999})), 0)
+    assert other is not None and other.old_key is None
+    # Under FULL the delete's before image is the whole old row: the create's placeholders take it
+    full_delete = change("d", {"id": 4, "n": 1, "b": "kept", "raw": "AQI="}, source=source)
+    dec.decode_change(wire(full_delete), 0)
+    moved = dec.decode_change(wire(change("c", {"id": 40, "n": 1, "b": UNAVAILABLE["b"], "raw": "AQI="},
+                                          source=source)), 0)
+    assert moved is not None and (moved.values, moved.unchanged, moved.old_key) == (
+        [40, 1, "kept", b"\x01\x02"], None, {"id": 4})
+
+
+@pytest.mark.parametrize("option, text", [("--none--", "--none--"), ("hex:2d2d", "--")])
+def test_the_placeholder_option_names_what_debezium_was_told(option: str, text: str) -> None:
+    import base64
+
+    raw = base64.b64encode(text.encode()).decode()
+    c = toasted(option).decode_change(wire(change("u", {"id": 1, "b": text, "raw": raw})), 0)
+    assert c is not None and c.unchanged == ["b", "raw"]
+    c = toasted(option).decode_change(wire(change("u", {"id": 1, **UNAVAILABLE})), 0)
+    assert c is not None and c.unchanged is None and c.values[2] == UNAVAILABLE["b"]
+
+
+@pytest.mark.parametrize("value, message", [("", "non-empty"), ("hex:zz", "hexadecimal")])
+def test_a_bad_placeholder_option_names_it(value: str, message: str) -> None:
+    from cdc.backends.pulsar.options import PulsarOptions
+
+    with pytest.raises(OptionError, match=rf"debezium\.unavailableValuePlaceholder.*{message}"):
+        parse(PulsarOptions, {"service.url": "pulsar://x:6650", "topic": "t", "valueFormat": "debezium",
+                              "changeKeys": "id", "valueSchema": TOASTED,
+                              "debezium.unavailableValuePlaceholder": value}, what="b")
 
 
 def test_tombstones_are_no_change() -> None:

@@ -1,5 +1,6 @@
 """No stalls after restarts, on Apache Pulsar: a streaming query in a driver process of its own, the broker
-SIGKILLed and restarted mid-stream, then the driver SIGKILLed and restarted from its checkpoint. pulsar-lite
+SIGKILLed and restarted mid-stream, then the driver SIGKILLed and the query restarted from its checkpoint (in
+the tests' own Spark session: only the kill needs a process of its own). pulsar-lite
 kept the dead driver's Exclusive consumer after such a sequence and every later micro-batch waited for the
 30 s operation timeout; here each batch after the restarts must stay far under it, and the output holds every
 message once, in production order per key within each partition (this is also the Pulsar source's exactly-once
@@ -22,7 +23,7 @@ import pytest
 from cdc.backends.pulsar.positions import Key, key_of
 from cdc.servers.pulsar import ApachePulsar
 from tests.backends.pulsar.helpers import produce
-from tests.streaming import driver_args, kill_driver, wait_for
+from tests.streaming import driver_args, kill_driver, start_query, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +82,7 @@ def _payloads(lo: int, hi: int) -> tuple[list[bytes], list[str | None]]:
     return [f"m{i}".encode() for i in range(lo, hi)], [f"k{i % 7}" for i in range(lo, hi)]
 
 
-def test_no_stall_after_broker_then_driver_restart(apache_pulsar: ApachePulsar, tmp_path: Path) -> None:
+def test_no_stall_after_broker_then_driver_restart(spark: Any, apache_pulsar: ApachePulsar, tmp_path: Path) -> None:
     topic = f"persistent://public/default/restarts-{uuid.uuid4().hex[:8]}"
     apache_pulsar.create_partitioned_topic(topic, 2)
     out, ck = tmp_path / "out", tmp_path / "ck"
@@ -90,6 +91,7 @@ def test_no_stall_after_broker_then_driver_restart(apache_pulsar: ApachePulsar, 
     produce(apache_pulsar.url, topic, *_payloads(0, 500), batching=True)
     log = tmp_path / "driver.log"
     proc = start_driver(options, out, ck, log)
+    query = None
     try:
         wait_for(lambda: len(_rows(out)) >= 500, 240, "the first 500 messages")
         apache_pulsar.kill()
@@ -98,11 +100,12 @@ def test_no_stall_after_broker_then_driver_restart(apache_pulsar: ApachePulsar, 
         wait_for(lambda: len(_rows(out)) >= 1000, 120, "the messages produced after the broker restart")
         kill_driver(proc)
         restarted_at = time.time()
-        proc = start_driver(options, out, ck, log)
+        # The restarted driver is this process's Spark session: only the kill needs a process of its own.
+        query = start_query(spark, options, out, ck)
         # While the new driver starts: messages that no query reads yet, batched and not.
         produce(apache_pulsar.url, topic, *_payloads(1000, 1500), batching=True)
         produce(apache_pulsar.url, topic, *_payloads(1500, 2000))
-        # A new driver needs its Spark session and Python workers first (about a minute with 2 cores under load).
+        # The restarted query needs its Python planner and workers first (tens of seconds with 2 cores under load).
         wait_for(lambda: len(_rows(out)) >= 2000, 300, "the messages produced after the driver restart")
         for lo in (2000, 2200):  # batches that start no Python worker: each must be quick
             produce(apache_pulsar.url, topic, *_payloads(lo, lo + 200), batching=True)
@@ -111,9 +114,14 @@ def test_no_stall_after_broker_then_driver_restart(apache_pulsar: ApachePulsar, 
         wait_for(lambda: _last(ck / "commits") == _last(ck / "offsets"), 30, "the last batch's commit")
     except AssertionError as exc:
         batches = _batch_seconds(ck, 0) if (ck / "commits").exists() else {}
-        raise AssertionError(f"{exc}; batch seconds {batches}; driver log: {log.read_text()[-3000:]}") from None
+        failed = query.exception() if query is not None else None
+        raise AssertionError(
+            f"{exc}; batch seconds {batches}; restarted query: {failed}; driver log: {log.read_text()[-3000:]}"
+        ) from None
     finally:
         kill_driver(proc)
+        if query is not None:
+            query.stop()
     rows = _rows(out, ("value", "__key", "__topic", "__messageId"))
     values = sorted(r["value"] for r in rows)
     assert values == sorted(f"m{i}".encode() for i in range(2400))  # nothing lost or duplicated

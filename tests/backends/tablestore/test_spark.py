@@ -12,7 +12,14 @@ import pytest
 
 from cdc.servers.tablestore import TablestoreProcess
 from tests.backends.tablestore.world import World
-from tests.streaming import kill_driver, run_available_now, run_driver_once, start_driver, wait_for
+from tests.streaming import (
+    kill_driver,
+    run_available_now,
+    run_driver_once,
+    start_driver,
+    start_query,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -30,19 +37,8 @@ def test_stream_survives_server_kill_and_query_restart(
     out, ck = tmp_path / "out", tmp_path / "ck"
 
     def start() -> Any:
-        reader = (
-            spark.readStream.format("cdc").option("backend", "tablestore").option("maxRecordsPerTrigger", 120)
-        )
-        for k, v in w.options(**{"retry.maxAttempts": "40"}).items():
-            reader = reader.option(k, v)
-        return (
-            reader.load()
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(ck))
-            .trigger(processingTime="500 milliseconds")
-            .start()
-        )
+        options = {"backend": "tablestore", "maxRecordsPerTrigger": 120, **w.options(**{"retry.maxAttempts": "40"})}
+        return start_query(spark, options, out, ck, processingTime="500 milliseconds")
 
     def count() -> int:
         try:

@@ -93,6 +93,14 @@ def run_child(args: list[str], wait_for: Path | None, then: Path | None = None, 
             proc.wait(timeout=60)
 
 
+def run_here(spark: Any, args: list[str], pipelined: bool = False, deadline_s: float = 300) -> None:
+    """The run after the kills, which nothing kills: the same query in the tests' own Spark session (it
+    recovers from the checkpoint as a new driver would, without the cost of a child's JVM)."""
+    from tests.drivers.delta_crash_child import run
+
+    run(spark, *args, pipelined=pipelined, timeout_s=deadline_s)
+
+
 def check_table(table: Path, source: dict[int, tuple[str, int]], calls: list[tuple[str, ...]]) -> None:
     """Each batch id committed exactly once, under one application id that survived the restarts, and the
     table equals the source table."""
@@ -114,7 +122,7 @@ def read_calls(markers: Path) -> list[tuple[str, ...]]:
 
 
 @pytest.mark.slow
-def test_kill_9_mid_batch_then_restart(tmp_path: Path) -> None:
+def test_kill_9_mid_batch_then_restart(spark: Any, tmp_path: Path) -> None:
     """Run 1 is killed after batch 2's Delta commits (before Spark's), run 2 before batch 3's Delta commits,
     run 3 between batch 4's main and state commits, run 4 finishes. Spark replays the three batches: the
     first replay must be skipped, the second applied, the third applied to the state table only."""
@@ -133,7 +141,7 @@ def test_kill_9_mid_batch_then_restart(tmp_path: Path) -> None:
     main_txn = DeltaTable(str(table)).transaction_version(txn_versions(table)[0][0])
     state_txn = DeltaTable(str(table / "_cdc_state")).transaction_version(txn_versions(table)[0][0])
     assert (main_txn, state_txn) == (4, 3), "killed between the two commits of batch 4"
-    run_child(args, None)
+    run_here(spark, args)
     calls = read_calls(markers)
     assert len({pid for pid, _ in calls}) == 4
     batches = [b for _, b in calls]
@@ -142,7 +150,7 @@ def test_kill_9_mid_batch_then_restart(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_kill_9_pipelined_after_spark_commit_then_restart(tmp_path: Path) -> None:
+def test_kill_9_pipelined_after_spark_commit_then_restart(spark: Any, tmp_path: Path) -> None:
     """Pipelined mode: killed once Spark has recorded batch 2 as done (its commit log entry) while the
     batch's MERGE waits in the background: only the staged copy can bring batch 2 to the table."""
     log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
@@ -152,7 +160,7 @@ def test_kill_9_pipelined_after_spark_commit_then_restart(tmp_path: Path) -> Non
     args = [str(tmp_path / "log"), str(table), str(ck), str(markers)]
     run_child([*args, "--hold-in-background-merge", "2"], markers / "holding", then=ck / "commits" / "2")
     assert any((table / "_cdc_staging").rglob("*.arrow"))
-    run_child(args, None, pipelined=True)
+    run_here(spark, args, pipelined=True)
     calls = read_calls(markers)
     assert len({pid for pid, _ in calls}) == 2
     assert [b for _, b in calls].count("2") == 1  # Spark does not replay a batch it recorded as done

@@ -13,6 +13,7 @@ on the 2-core machine under load)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
@@ -23,6 +24,7 @@ from tests.sinks.delta.test_crash import (
     check_table,
     read_calls,
     run_child,
+    run_here,
     txn_versions,
     write_history,
 )
@@ -31,7 +33,7 @@ DEADLINE_S = 600
 
 
 @pytest.mark.slow
-def test_kill_9_mid_batch_then_restart_on_delta_spark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kill_9_mid_batch_then_restart_on_delta_spark(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CRASH_CHILD_ENGINE", "delta-spark")
     monkeypatch.setenv("CRASH_CHILD_MAX_RECORDS", "45")
     log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
@@ -46,7 +48,7 @@ def test_kill_9_mid_batch_then_restart_on_delta_spark(tmp_path: Path, monkeypatc
     main_txn, state_txn = DeltaTable(str(table)).transaction_version(app), DeltaTable(
         str(table / "_cdc_state")).transaction_version(app)
     assert (main_txn, state_txn) == (3, 2), "killed between the two commits of batch 3"
-    run_child(args, None, deadline_s=DEADLINE_S)
+    run_here(spark, args, deadline_s=DEADLINE_S)  # the engine and batch size from the environment, as the children
     calls = read_calls(markers)
     assert len({pid for pid, _ in calls}) == 3
     batches = [b for _, b in calls]

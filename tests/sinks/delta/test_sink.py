@@ -206,11 +206,13 @@ def test_key_range_prunes_files(tmp_path: Path) -> None:
     for b in range(4):  # four files, each a disjoint key range
         s.write(changes([("insert", b * 100 + i + 1, b * 100 + i, "v", 0) for i in range(50)]), b)
     s.write(changes([("update", 1000, 210, "w", 1), ("update", 1001, 220, "w", 1)]), 4)
-    merge = DeltaTable(str(tmp_path / "t")).history(1)[0]
-    metrics = merge["operationMetrics"]
-    assert merge["operation"] == "MERGE"
-    assert metrics["num_target_files_skipped_during_scan"] >= 3, metrics
-    assert "id >= 210 AND id <= 220" in merge["operationParameters"]["predicate"].replace("`", "").replace("t.", "")
+    for table in (str(tmp_path / "t"), state_path(str(tmp_path / "t"))):
+        merge = DeltaTable(table).history(1)[0]
+        metrics = merge["operationMetrics"]
+        assert merge["operation"] == "MERGE"
+        assert metrics["num_target_files_skipped_during_scan"] >= 3, metrics
+        # delta-rs derives the range from the source: the statement carries no value of the data
+        assert "210" not in merge["operationParameters"]["mergePredicate"], merge["operationParameters"]
 
 
 def test_scd2_history_and_tracked_columns(tmp_path: Path) -> None:
