@@ -303,6 +303,7 @@ BACKENDS: dict[str, str] = {
     "tablestore": "cdc.backends.tablestore:TablestoreBackend",
     "postgres": "cdc.backends.postgres:PostgresBackend",
     "kafka": "cdc.backends.kafka:KafkaBackend",
+    "mysql": "cdc.backends.mysql:MySQLBackend",
 }
 
 
@@ -322,6 +323,7 @@ BACKEND_OPTIONS: dict[str, str] = {
     "tablestore": "cdc.backends.tablestore.options:TablestoreOptions",
     "postgres": "cdc.backends.postgres.options:PostgresOptions",
     "kafka": "cdc.backends.kafka.options:KafkaOptions",
+    "mysql": "cdc.backends.mysql.options:MySQLOptions",
 }
 
 

@@ -38,6 +38,7 @@ SERVER_GROUPS = {
     "connect_server": "spark-connect",
     "apache_kafka": "apache-kafka",  # Kafka Connect (kafka_connect) runs on the broker's fixture: same group
     "postgres_server": "postgres",
+    "mariadb_server": "mariadb",
 }
 
 
@@ -186,6 +187,26 @@ def postgres_dsn(postgres_server: Any, request: pytest.FixtureRequest) -> str:
 
     digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
     return str(postgres_server.create_database(f"t_{digest}"))
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[Any]:
+    """One real MariaDB (:class:`cdc.servers.mysql.MariaDBServer`, Debian's ``mariadb-server`` binaries) for the
+    session, on loopback with a row-based binary log; tests take a database of their own through ``mysql_dsn``.
+    A test may kill and restart it (same port and data). Missing binaries fail the test, naming the install."""
+    from cdc.servers.mysql import MariaDBServer
+
+    with MariaDBServer() as server:
+        yield server
+
+
+@pytest.fixture
+def mysql_dsn(mariadb_server: Any, request: pytest.FixtureRequest) -> str:
+    """The DSN of a fresh database for this test on the session's MariaDB."""
+    import hashlib
+
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
+    return str(mariadb_server.create_database(f"t_{digest}"))
 
 
 @pytest.fixture(scope="module")

@@ -104,6 +104,8 @@ FIRST_USE = {
                    "from cdc.servers.tablestore import LocalTablestore"],
     "delta": ["from sinks.delta import DeltaUpsertSink"],
     "monitor": ["import cdc.monitor"],
+    "mysql": ["from cdc.backend import backend_class; backend_class('mysql')",
+              "from cdc.servers.mysql.process import MariaDBServer; MariaDBServer.root(None)"],
 }
 
 

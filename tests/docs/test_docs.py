@@ -70,7 +70,7 @@ def test_cdc_options_prints_the_tables_the_site_shows() -> None:
     for _, rows in option_tables("postgres"):
         assert options_markdown(rows) in out.output
     assert options_markdown(describe_options(options_model("postgres"))) in macros.options_table("postgres")
-    assert "`backend` | one of `kafka`, `local`, `postgres`" in out.output
+    assert "`backend` | one of `kafka`, `local`, `mysql`, `postgres`" in out.output
 
 
 def test_defaults_are_written_one_way() -> None:
