@@ -134,6 +134,21 @@ class KafkaBackend(Backend):
         end = max(end, s)
         return PlannedRange(end, end - s)
 
+    def split_points(self, channel: str, start: Position, end: Position, parts: int) -> Sequence[Position]:
+        """Offsets that cut a partition's range into ``parts`` pieces of about equal width, as Spark's Kafka source
+        cuts for ``minPartitions``: found from the range's ends alone, so a replayed batch is cut the same way.
+        Each piece is read by offset like any range; one may hold fewer records than offsets (transaction
+        markers, aborted or compacted records), never other ones."""
+        s, e = to_offset(start, channel), to_offset(end, channel)
+        width = e - s
+        parts = min(parts, width)
+        if parts < 2:
+            return ()
+        return [s + width * i // parts for i in range(1, parts)]
+
+    def range_size(self, channel: str, start: Position, end: Position) -> int | None:
+        return max(0, to_offset(end, channel) - to_offset(start, channel))
+
     def reader(self) -> RangeReader:
         return self._reader
 
