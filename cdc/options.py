@@ -271,8 +271,9 @@ def _field_of(model: type[BaseModel], key: str) -> FieldInfo | None:
 
 
 def _describe(model: type[BaseModel], err: Mapping[str, Any]) -> str:
-    loc = err.get("loc") or ("?",)
-    key = str(loc[0])
+    if not err.get("loc"):  # a rule over several options (a model validator): its message names them
+        return str(err.get("msg", "invalid options")).removeprefix("Value error, ")
+    key = str(err["loc"][0])
     info = _field_of(model, key)
     alias = _alias(model, key)
     # An option that is not a field cannot be told apart from a mistyped secret: keep its value out too.
@@ -303,7 +304,7 @@ def parse(model: type[M], raw: Mapping[str, Any], *, what: str) -> M:
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]
-        option = _alias(model, str((first.get("loc") or ("?",))[0]))
+        option = _alias(model, str(first["loc"][0])) if first.get("loc") else None
         text = "; ".join(_describe(model, e) for e in errors)
         raise OptionError(f"invalid options for {what}: {text}", option) from None
 

@@ -87,7 +87,7 @@ def test_unknown_option_names_it_and_lists_accepted() -> None:
         ({"backend": "local", "path": "/x", "maxBytesPerTrigger": "0"}, "'maxBytesPerTrigger'"),
         ({"backend": "local", "path": "/x", "maxBytesPerTrigger": "1MB"}, "'maxBytesPerTrigger'"),
         ({"backend": "local", "path": "/x", "failOnDataLoss": "maybe"}, "accepted values: true, false"),
-        ({"backend": "kinesis"}, "accepted values: kafka, local, postgres, pulsar, tablestore"),
+        ({"backend": "kinesis"}, "accepted values: kafka, local, mysql, postgres, pulsar, tablestore"),
         ({"backend": "local"}, "option 'path' is required"),
     ],
 )
@@ -197,3 +197,15 @@ def test_max_bytes_per_trigger_needs_a_backend_that_estimates_record_sizes(tmp_p
     reader._backend = Unsized(config.backend_options)  # type: ignore[arg-type]
     with pytest.raises(OptionError, match=r"maxBytesPerTrigger.*cannot estimate record sizes.*maxRecordsPerTrigger"):
         reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+
+
+def test_a_rule_over_several_options_is_reported_in_its_own_words() -> None:
+    """A model-level rule (here: a table without a database needs one in the DSN) names its options itself;
+    the error does not invent an option called '?'."""
+    from cdc.backends.mysql.options import MySQLOptions
+    from cdc.options import parse
+
+    with pytest.raises(OptionError) as refused:
+        parse(MySQLOptions, {"dsn": "mysql://cdc@db", "tables": "orders"}, what="backend 'mysql'")
+    assert "need a database in the dsn" in str(refused.value)
+    assert "'?'" not in str(refused.value) and refused.value.option is None
