@@ -448,11 +448,13 @@ class Planner:
             for cid in sorted(channels)
             if cid not in begin.channels and (until is None or cid in until)
         }
-        # A channel that appears now waits for the heads of the channels it follows (ChannelInfo.follows).
+        # A channel that appears now waits for the heads of the channels it follows (ChannelInfo.follows). That
+        # holds from the query's initial offset too: it lists every channel that existed when the query began
+        # (and stays the start while nothing was read), so a channel missing from it appeared after.
         gates = {
             cid: {f: self.backend.latest(f) for f in channels[cid].follows if f in begin.channels}
             for cid in new
-            if channels[cid].follows and not begin.initial and respect_lineage
+            if channels[cid].follows and respect_lineage
         }
         order = eligible_channels(begin, new, channels, respect_lineage=respect_lineage, gates=gates)
         plans: dict[str, ChannelPlan] = {}
