@@ -122,20 +122,34 @@ def eligible_channels(
             out.append(cid)
         elif cid in channels and (
             not respect_lineage
-            or (not snapshot_pending and parents_done(channels[cid], start, channels) and followed(cid, start, gates))
+            or (
+                not snapshot_pending
+                and parents_done(channels[cid], start, channels)
+                and followed(cid, start, gates, new)
+            )
         ):
             out.append(cid)
     return out
 
 
-def followed(cid: str, start: Offset, gates: Mapping[str, Mapping[str, Position]] | None = None) -> bool:
+def followed(
+    cid: str,
+    start: Offset,
+    gates: Mapping[str, Mapping[str, Position]] | None = None,
+    new: Mapping[str, Position] | None = None,
+) -> bool:
     """The query's positions in ``start`` reached every position the channel waits for (its ``after``, or the
-    gate it is registered with now: ``gates``); see :attr:`cdc.backend.ChannelInfo.follows`."""
+    gate it is registered with now: ``gates``); see :attr:`cdc.backend.ChannelInfo.follows`. A followed channel
+    registered in the same batch (``new``) is at its first position: several channels that appeared between two
+    batches take part one after another, in the order they follow each other."""
     entry = start.channels.get(cid)
     after = (gates or {}).get(cid) or (entry.after if entry is not None else None) or {}
     for other, target in after.items():
         have = start.channels.get(other)
-        if have is not None and not have.done and not _reached(have.pos, target):
+        if have is not None:
+            if not have.done and not _reached(have.pos, target):
+                return False
+        elif new is not None and other in new and not _reached(new[other], target):
             return False
     return True
 
@@ -452,7 +466,7 @@ class Planner:
         # holds from the query's initial offset too: it lists every channel that existed when the query began
         # (and stays the start while nothing was read), so a channel missing from it appeared after.
         gates = {
-            cid: {f: self.backend.latest(f) for f in channels[cid].follows if f in begin.channels}
+            cid: {f: self.backend.latest(f) for f in channels[cid].follows if f in begin.channels or f in new}
             for cid in new
             if channels[cid].follows and respect_lineage
         }

@@ -83,10 +83,15 @@ class KafkaBackend(Backend):
         """Every partition of the query's topics; starts a planning round (offsets are asked again)."""
         self._partitions = self.cluster.partitions()
         self._marks_at = 0.0
-        by_topic: dict[str, list[str]] = {}
+        # Partitions are added with increasing numbers: a partition follows the topic's lower-numbered ones, so
+        # several partitions added between two batches take part one after another (never waiting on each other).
+        by_topic: dict[str, list[Partition]] = {}
         for p in self._partitions:
-            by_topic.setdefault(p.topic, []).append(p.id)
-        return [ChannelInfo(p.id, follows=tuple(c for c in by_topic[p.topic] if c != p.id)) for p in self._partitions]
+            by_topic.setdefault(p.topic, []).append(p)
+        return [
+            ChannelInfo(p.id, follows=tuple(o.id for o in by_topic[p.topic] if o.partition < p.partition))
+            for p in self._partitions
+        ]
 
     def _watermarks(self, part: Partition) -> tuple[int, int]:
         if part not in self._marks or time.monotonic() - self._marks_at > WATERMARKS_TTL_S:

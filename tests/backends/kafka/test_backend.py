@@ -183,6 +183,29 @@ def test_offsets_are_committed_to_the_consumer_group_after_a_batch(kafka: Apache
     assert heads[f"{topic}:0"].behind == 3 and heads[f"{topic}:1"].behind == 0
 
 
+def test_partitions_added_together_take_part_one_after_another(kafka: ApacheKafka, topic: str) -> None:
+    """Two partitions added between two batches: the higher-numbered one waits for the lower one's head (keys
+    move from partition to partition as the count grows), never the other way round (no deadlock)."""
+    planner = Planner(backend(kafka.bootstrap, topic))
+    offset = planner.initial("earliest")  # two empty partitions
+    kafka.add_partitions(topic, 4)
+    produce(kafka.bootstrap, topic, [b"a", b"b"], [b"x", b"y"], partition=2)
+    produce(kafka.bootstrap, topic, [b"c"], [b"z"], partition=3)
+    p2, p3 = f"{topic}:2", f"{topic}:3"
+    end = planner.next(offset, 1)
+    assert end["channels"][p3]["after"] == {f"{topic}:0": 0, f"{topic}:1": 0, p2: 2}
+    assert p3 not in end["channels"][p2].get("after", {})
+    current = end
+    for _ in range(10):
+        nxt = planner.next(current, 1)
+        if nxt == current:
+            break
+        if nxt["channels"][p3]["pos"] > current["channels"][p3]["pos"]:
+            assert current["channels"][p2]["pos"] >= 2, "partition 3 read before partition 2's records"
+        current = nxt
+    assert current["channels"][p2]["pos"] == 2 and current["channels"][p3]["pos"] == 1
+
+
 def test_a_read_the_broker_cannot_finish_names_the_partition(kafka: ApacheKafka, topic: str) -> None:
     produce(kafka.bootstrap, topic, [b"only"], partition=1)
     b = backend(kafka.bootstrap, topic, **{"kafkaConsumer.pollTimeoutMs": "1500"})

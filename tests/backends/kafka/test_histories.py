@@ -66,6 +66,10 @@ class KafkaHistory(RuleBasedStateMachine):
         self.pending: tuple[dict[str, Any], dict[str, Any], pa.Table | None] | None = None
         self.producer: Any = None
         self.backend = self._open()
+        # The query's first offset, taken when it starts (Spark keeps it in the offset log): partitions added
+        # later are new channels that follow the older ones. (A query that *starts* with a backlog spanning an
+        # earlier partition increase keeps per-key order only within each partition: a documented limit.)
+        self.initial = Planner(self.backend).initial("earliest")
 
     def _open(self) -> KafkaBackend:
         return KafkaBackend(parse(KafkaOptions, {"kafka.bootstrap.servers": self.kafka.bootstrap, "subscribe": self.topic,
@@ -111,12 +115,16 @@ class KafkaHistory(RuleBasedStateMachine):
     def add_partition(self) -> None:
         self.partitions += 1
         self.kafka.add_partitions(self.topic, self.partitions)
+        # Producers route a key by the partition count they know: one with stale metadata keeps writing a key
+        # to its old partition after newer records of it went to another, and Kafka orders only within a
+        # partition. The transactional producer starts again (same transactional.id), knowing the new count.
+        self.producer = None
 
     @precondition(lambda self: self.pending is None)
     @rule(limit=st.one_of(st.none(), st.integers(1, 25)))
     def plan(self, limit: int | None) -> None:
         planner = Planner(self.backend)
-        start = self.offset or planner.initial("earliest")
+        start = self.offset or self.initial
         end = planner.next(start, limit)
         if end != start:
             self.pending = (start, end, None)
@@ -164,7 +172,7 @@ class KafkaHistory(RuleBasedStateMachine):
             if self.pending is not None:
                 self.read_and_commit()
             planner = Planner(self.backend)
-            start = self.offset or planner.initial("earliest")
+            start = self.offset or self.initial
             for _ in range(1000):
                 end = planner.next(start)
                 if end == start:
@@ -186,11 +194,15 @@ class KafkaHistory(RuleBasedStateMachine):
             per_partition.setdefault(r["partition"], []).append(r["offset"])
         for p, offsets in per_partition.items():
             assert offsets == sorted(offsets), f"partition {p}: delivered out of offset order"
-        per_key: dict[str, list[int]] = {}
-        for v in values:
-            per_key.setdefault(self.key_of[v], []).append(int(v[1:]))
-        for key, order in per_key.items():
-            assert order == sorted(order), f"key {key}: delivered out of production order: {order}"
+        # Per-key order as Kafka keeps it: within a partition. A partition increase moves keys among all the
+        # partitions (hash modulo the count), so across it a key's order holds only where the query had read up
+        # to the increase (the backend's documented limit); the ordering of new partitions behind older ones is
+        # tested deterministically in test_backend.py.
+        per_key: dict[tuple[str, int], list[int]] = {}
+        for r, v in zip(rows, values, strict=True):
+            per_key.setdefault((self.key_of[v], r["partition"]), []).append(int(v[1:]))
+        for (key, partition), order in per_key.items():
+            assert order == sorted(order), f"key {key}, partition {partition}: out of production order: {order}"
 
     @invariant()
     def committed_never_repeats(self) -> None:
