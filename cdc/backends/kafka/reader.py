@@ -99,7 +99,7 @@ class _PartitionReader:
         expected = self.start  # the offset after the last message taken
         progress = time.monotonic()
         while True:
-            messages = self.consumer.consume(ROWS_PER_BATCH, POLL_S)
+            messages = self._messages()
             kept: list[Any] = []
             done = False
             for m in messages:
@@ -138,6 +138,15 @@ class _PartitionReader:
                     f"[{expected}, {end}) (option kafkaConsumer.pollTimeoutMs={options.poll_timeout_ms}); is "
                     f"{options.setting('bootstrap.servers')} up, and does the partition still hold them?"
                 )
+
+    def _messages(self) -> list[Any]:
+        """What the consumer has now, up to ``ROWS_PER_BATCH`` messages and events: waits up to ``POLL_S`` for the
+        first only. (``consume(n, timeout)`` waits for ``n`` messages or the whole timeout, so a range smaller
+        than ``n`` would cost the timeout every time.)"""
+        first = self.consumer.poll(POLL_S)
+        if first is None:
+            return []
+        return [first, *self.consumer.consume(ROWS_PER_BATCH - 1, 0)]
 
     def _check_start(self, first: int) -> None:
         """The first message is past the range's start: offsets without a message (compaction, transaction

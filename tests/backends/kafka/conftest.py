@@ -19,11 +19,14 @@ def kafka(apache_kafka: ApacheKafka) -> ApacheKafka:
 
 
 @pytest.fixture
-def topic(request: pytest.FixtureRequest, apache_kafka: ApacheKafka) -> str:
-    """A fresh topic with 2 partitions per test."""
+def topic(request: pytest.FixtureRequest, apache_kafka: ApacheKafka) -> Iterator[str]:
+    """A fresh topic with 2 partitions per test, deleted afterwards (the session's broker restarts in some tests:
+    the fewer partitions it holds, the sooner it is back)."""
     name = f"t{next(_names)}-{abs(hash(request.node.nodeid)) % 10**8}"
     apache_kafka.create_topic(name, 2)
-    return name
+    yield name
+    if apache_kafka.running:
+        apache_kafka.delete_topic(name)
 
 
 @pytest.fixture(autouse=True)

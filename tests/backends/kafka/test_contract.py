@@ -28,6 +28,7 @@ class KafkaHarness(Harness):
     order_columns = None  # raw messages carry no change-model sequence
 
     def __init__(self, kafka: ApacheKafka) -> None:
+        self.kafka = kafka
         self.topic = f"contract-{next(_topics)}"
         kafka.create_topic(self.topic, 2)
         self.options: dict[str, Any] = {"kafka.bootstrap.servers": kafka.bootstrap, "subscribe": self.topic}
@@ -50,6 +51,7 @@ class KafkaHarness(Harness):
         for b in self._backends:
             b.close()
         del self.producer  # confluent-kafka destroys its client with the last reference
+        self.kafka.delete_topic(self.topic)  # a lean broker restarts sooner (the histories kill it)
 
 
 @pytest.fixture
