@@ -285,12 +285,14 @@ def record_schema_of_avro(envelope: Any) -> str:
     logical types."""
     fields = envelope.get("fields") if isinstance(envelope, dict) else None
     images = {f.get("name"): f.get("type") for f in fields or [] if isinstance(f, dict)}
-    # Avro defines a named type once: "after" usually refers by name to the record "before" defines.
-    named = {_full_name(t): t for image in images.values() for t in (image if isinstance(image, list) else [image])
-             if isinstance(t, dict) and t.get("type") == "record"}
+    # Avro defines a named type once: "after" usually refers by name to the record "before" defines, by its
+    # short name when it shares the envelope's namespace (as Avro's Java library writes schemas out).
+    space = _namespace(envelope) if isinstance(envelope, dict) else None
+    named = {_full_name(t, space): t for image in images.values()
+             for t in (image if isinstance(image, list) else [image]) if isinstance(t, dict) and t.get("type") == "record"}
     row = images.get("after")
     for t in row if isinstance(row, list) else [row]:
-        row = named.get(t) if isinstance(t, str) else t
+        row = named.get(t if "." in t or not space else f"{space}.{t}") if isinstance(t, str) else t
         if isinstance(row, dict):
             break
     if not isinstance(row, dict) or not isinstance(row.get("fields"), list):
@@ -304,9 +306,16 @@ def record_schema_of_avro(envelope: Any) -> str:
     return json.dumps({"type": "record", "name": str(row.get("name") or "Row"), "fields": out}, sort_keys=True)
 
 
-def _full_name(record: dict[str, Any]) -> str:
+def _namespace(record: dict[str, Any]) -> str | None:
     name = str(record.get("name"))
-    return name if "." in name or not record.get("namespace") else f"{record['namespace']}.{name}"
+    return name.rpartition(".")[0] if "." in name else (record.get("namespace") or None)
+
+
+def _full_name(record: dict[str, Any], enclosing: str | None = None) -> str:
+    """A named type's full name; without a namespace of its own it takes the enclosing one (Avro's rule)."""
+    name = str(record.get("name"))
+    space = record.get("namespace") or enclosing
+    return name if "." in name or not space else f"{space}.{name}"
 
 
 def _avro_type(t: Any) -> Any:

@@ -138,7 +138,7 @@ def test_real_events_stream_into_delta_equal_to_the_table(captured: Captured, ap
     reader = (spark.readStream.format("cdc").option("backend", "kafka")
               .option("kafka.bootstrap.servers", apache_kafka.bootstrap).option("subscribe", captured.topic)
               .option("valueFormat", "debezium").option("changeKeys", "id").option("debezium.truncate", "apply")
-              .option("maxOffsetsPerTrigger", "4"))
+              .option("maxOffsetsPerTrigger", "6"))  # 3 batches: the key change 5 -> 50 ends one, starts the next
     q = await_with_retries(lambda: reader.load().writeStream.foreachBatch(
         DeltaUpsertSink(str(tmp_path / "items"), keys=["id"])).option("checkpointLocation", str(tmp_path / "ck"))
         .trigger(availableNow=True).start())
@@ -158,7 +158,7 @@ def test_spark_kafka_source_output_into_delta_equal_to_the_table(captured: Captu
     value_schema = record_schema_of(json.loads(first.value())["schema"])
     raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", apache_kafka.bootstrap)
            .option("subscribe", captured.topic).option("startingOffsets", "earliest")
-           .option("maxOffsetsPerTrigger", "5").load())
+           .option("maxOffsetsPerTrigger", "7").load())  # 3 batches
     changes = spark_kafka_changes(raw, change_keys="id", value_schema=value_schema, truncate="apply")
     q = await_with_retries(lambda: changes.writeStream.foreachBatch(
         DeltaUpsertSink(str(tmp_path / "items"), keys=["id"])).option("checkpointLocation", str(tmp_path / "ck"))
