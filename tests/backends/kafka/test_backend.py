@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 
 from cdc.backends.kafka import FetchTimeoutError, KafkaOptions
 from cdc.backends.kafka.reader import KafkaRangeReader
-from cdc.errors import DataLossError, OptionError
+from cdc.errors import DataLossError, MalformedRecordError, OptionError
 from cdc.options import parse, split_and_parse
 from cdc.planner import Planner
 from cdc.servers.kafka import ApacheKafka
@@ -251,3 +251,42 @@ def test_options_name_what_is_wrong() -> None:
     with pytest.raises(OptionError, match=r"'kafka.no.such.setting'") as err:
         consumer(opts(**{"kafka.no.such.setting": "v4lue"}))
     assert "v4lue" not in str(err.value)
+
+
+def test_starting_timestamp_starts_each_partition_at_its_first_record_at_or_after_it(kafka: ApacheKafka,
+                                                                                    topic: str) -> None:
+    from datetime import UTC, datetime
+
+    base = int(time.time() * 1000) - 60_000  # record timestamps the producer sets (CreateTime), a minute ago
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    failed: list[Any] = []
+    for i, (partition, ms) in enumerate([(0, base), (0, base + 10), (0, base + 20), (1, base + 5)]):
+        p.produce(topic, value=f"v{i}".encode(), partition=partition, timestamp=ms,
+                  on_delivery=lambda err, _: failed.append(err) if err else None)
+    assert p.flush(30) == 0 and not failed, failed
+    planner = Planner(backend(kafka.bootstrap, topic))
+    start = planner.initial("earliest", at=datetime.fromtimestamp((base + 10) / 1000, UTC))
+    # partition 0 from its record at base+10; partition 1 holds none at or after it: its head
+    assert {c: e["pos"] for c, e in start["channels"].items()} == {f"{topic}:0": 1, f"{topic}:1": 1}
+
+
+def test_a_malformed_event_fails_naming_its_offset_or_is_quarantined_whole(kafka: ApacheKafka, topic: str) -> None:
+    row = json.dumps({"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]})
+    good = json.dumps({"op": "c", "after": {"id": 1}}).encode()
+    produce(kafka.bootstrap, topic, [good, b'{"op": "c", "after": {"id": "not a number"', good], [b"a", b"bad", b"c"],
+            partition=0)
+    debezium = {"valueFormat": "debezium", "changeKeys": "id", "valueSchema": row}
+    with pytest.raises(MalformedRecordError, match=rf"channel '{topic}:0' offset 1 \(key b'bad'\)"):
+        drain(backend(kafka.bootstrap, topic, **debezium))
+    quarantine = f"{topic}-quarantine"
+    kafka.create_topic(quarantine, 1)
+    table, _ = drain(backend(kafka.bootstrap, topic, onMalformed="quarantine", quarantineTopic=quarantine, **debezium))
+    assert table.column("_position").to_pylist() == [0, 2]  # nothing else lost
+    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"q-{topic}", "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(quarantine, 0, 0)])
+    m = c.poll(30)
+    c.close()
+    assert m is not None and m.error() is None and m.key() == b"bad" and m.value().startswith(b'{"op": "c"')
+    headers = dict(m.headers() or [])
+    assert (headers["cdc.topic"], headers["cdc.partition"], headers["cdc.offset"]) == (topic.encode(), b"0", b"1")
+    kafka.delete_topic(quarantine)
