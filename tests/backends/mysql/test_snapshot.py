@@ -327,3 +327,20 @@ def test_driver_killed_mid_snapshot_and_a_server_restart(mysql_dsn: str, mariadb
     assert sum(t.filter(pc.equal(t.column("_op"), "snapshot")).num_rows for t in tables) > 300
     assert fold_typed(tables, ("id",)) == h.table()
     h.close()
+
+
+def test_a_snapshot_without_snapshot_path_or_with_a_key_it_cannot_range_over_is_refused_by_name(
+    mysql_dsn: str, tmp_path: Path
+) -> None:
+    from cdc.errors import OptionError
+
+    h = MySQLHarness(mysql_dsn)
+    try:
+        with pytest.raises(OptionError, match="option 'snapshot.path' is required with startingOffsets=snapshot"):
+            Planner(h.backend()).initial("snapshot")
+        h.execute("CREATE TABLE flags (f ENUM('x','y') PRIMARY KEY, v INT)")
+        backend = h.backend_with(dsn=mysql_dsn, tables="flags", **{"snapshot.path": str(tmp_path)})
+        with pytest.raises(OptionError, match=r"table '.*\.flags' has primary key column 'f' of type enum"):
+            Planner(backend).initial("snapshot")
+    finally:
+        h.close()
