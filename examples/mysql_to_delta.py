@@ -107,7 +107,7 @@ def main() -> None:
             return (spark.readStream.format("cdc").option("backend", "mysql").option("dsn", dsn)
                     .option("tables", ",".join(tables)).option("startingOffsets", "snapshot")
                     .option("snapshot.path", str(work / "snapshots")).option("snapshot.chunkRows", max(1, args.orders // 8))
-                    .option("snapshot.chunksPerBatch", 2).load()
+                    .option("snapshot.chunksPerBatch", 4).load()
                     .writeStream.foreachBatch(sink).option("checkpointLocation", str(work / "checkpoint"))
                     .trigger(**trigger).start())
 
