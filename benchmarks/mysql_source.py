@@ -19,8 +19,14 @@ line, ``ratio <median>`` (target >= 0.8). Debezium (``--debezium``, default on):
 changes), in Kafka Connect's record form (no serialisation); its rate is from its first change event to its
 last, so its start-up is excluded.
 
-    python benchmarks/mysql_source.py            # 200k changes, 3 rounds
-    python benchmarks/mysql_source.py --quick    # 40k changes, 3 rounds, no Debezium
+The snapshot (``--snapshot-rows``, default 1M; 0 skips it): a table ``snap`` of the same columns, read by a
+streaming query with ``startingOffsets=snapshot`` (default chunk options) under ``Trigger.AvailableNow`` into
+``noop`` (query start included, Spark's session start excluded), against the ``mariadb`` client's ``--quick
+--batch`` ``SELECT *`` of the same table to ``/dev/null``; ``snapshot/client <median ratio>`` (target >= 0.5),
+recorded as ``mysql_snapshot``. The changes' ``ratio`` stays the last line.
+
+    python benchmarks/mysql_source.py            # 200k changes, 1M snapshot rows, 3 rounds
+    python benchmarks/mysql_source.py --quick    # 40k changes, 200k snapshot rows, 3 rounds, no Debezium
 """
 
 from __future__ import annotations
@@ -120,6 +126,46 @@ def replication_alone(server: Any, start: int) -> tuple[float, int]:
     return time.perf_counter() - began, table.num_rows
 
 
+def write_table(server: Any, rows: int) -> str:
+    """Create ``snap`` with ``rows`` rows in a database of its own; returns its DSN."""
+    import pymysql
+
+    dsn = server.create_database("snapshot")
+    conn = pymysql.connect(**server.connect_args("snapshot"))
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE snap (id BIGINT PRIMARY KEY, name VARCHAR(64), amount DECIMAL(12,2), "
+                    "at DATETIME(6), n INT)")
+        for lo in range(1, rows + 1, 100_000):
+            hi = min(rows, lo + 99_999)
+            cur.execute(f"INSERT INTO snap SELECT seq, CONCAT('customer-', seq), seq * 1.25, NOW(6), seq % 1000 "
+                        f"FROM seq_{lo}_to_{hi}")
+    conn.close()
+    return str(dsn)
+
+
+def client_select(server: Any) -> float:
+    """The ``mariadb`` client's ``--quick --batch`` ``SELECT *`` of ``snap`` to /dev/null: seconds."""
+    client = shutil.which("mariadb") or shutil.which("mysql")
+    assert client, "the mariadb client is not on PATH (apt-get install mariadb-client)"
+    began = time.perf_counter()
+    subprocess.run([client, "--quick", "--batch", "--protocol=TCP", "-h", server.host, "-P", str(server.port), "-u",
+                    "cdc", "snapshot", "-e", "SELECT * FROM snap"], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - began
+
+
+def cdc_snapshot_noop(spark: Any, dsn: str, work: Path) -> tuple[float, int]:
+    """A chunked snapshot of ``snap`` into ``noop`` with Trigger.AvailableNow: (seconds, rows)."""
+    shutil.rmtree(work, ignore_errors=True)
+    began = time.perf_counter()
+    query = (spark.readStream.format("cdc").option("backend", "mysql").option("dsn", dsn).option("tables", "snap")
+             .option("startingOffsets", "snapshot").option("snapshot.path", str(work / "snapshot")).load()
+             .writeStream.format("noop").option("checkpointLocation", str(work / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    seconds = time.perf_counter() - began
+    return seconds, sum(int(p["numInputRows"]) for p in query.recentProgress)
+
+
 def cdc_noop(spark: Any, options: dict[str, str]) -> tuple[float, int]:
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
@@ -172,14 +218,15 @@ def debezium_rate(server: Any, changes: int) -> float | None:
 @click.option("--txn", default=100, show_default=True, help="rows per transaction")
 @click.option("--rounds", default=3, show_default=True, help="paired rounds (the ratio is the median of theirs)")
 @click.option("--debezium/--no-debezium", default=True, show_default=True, help="also run Debezium's connector")
-@click.option("--quick", is_flag=True, help="40k changes, no Debezium.")
-def main(changes: int, txn: int, rounds: int, debezium: bool, quick: bool) -> None:
+@click.option("--snapshot-rows", default=1_000_000, show_default=True, help="rows of the snapshot's table (0: skip)")
+@click.option("--quick", is_flag=True, help="40k changes, 200k snapshot rows, no Debezium.")
+def main(changes: int, txn: int, rounds: int, debezium: bool, snapshot_rows: int, quick: bool) -> None:
     import cdc
     from cdc.servers.mysql import MariaDBServer
     from tests.conftest import spark_builder
 
     if quick:
-        changes, debezium = 40_000, False
+        changes, debezium, snapshot_rows = 40_000, False, min(snapshot_rows, 200_000)
     with MariaDBServer() as server:
         began = time.perf_counter()
         dsn, start, end = write_changes(server, changes, txn)
@@ -189,7 +236,7 @@ def main(changes: int, txn: int, rounds: int, debezium: bool, quick: bool) -> No
         cdc.register(spark)
         options = {"dsn": dsn, "tables": "bench", "startingOffsets": json.dumps({"changes": start}),
                    "endingOffsets": json.dumps({"changes": end})}
-        warm_end = json.dumps({"changes": start + 1})  # nothing: starts the Python workers
+        warm_end = json.dumps({"changes": start})  # nothing: starts the Python workers
         cdc_noop(spark, {**options, "endingOffsets": warm_end})
         ratios, ours, refs = [], [], []
         for r in range(rounds):
@@ -204,6 +251,25 @@ def main(changes: int, txn: int, rounds: int, debezium: bool, quick: bool) -> No
             refs.append(ref)
             print(f"round {r + 1}: mysql-replication {ref:,.0f} rows/s, cdc -> noop {rate:,.0f} rows/s, "
                   f"ratio {rate / ref:.3f} (load {os.getloadavg()[0]:.1f})")
+        if snapshot_rows:
+            snap_dsn = write_table(server, snapshot_rows)
+            snap_ratios, snap_ours, snap_refs = [], [], []
+            with tempfile.TemporaryDirectory() as tmp:
+                for r in range(rounds):
+                    ref_seconds = client_select(server)
+                    seconds, n = cdc_snapshot_noop(spark, snap_dsn, Path(tmp) / f"round-{r}")
+                    assert n == snapshot_rows, (n, snapshot_rows)
+                    snap_ratios.append(ref_seconds / seconds)
+                    snap_ours.append(n / seconds)
+                    snap_refs.append(n / ref_seconds)
+                    print(f"snapshot round {r + 1}: mariadb client {n / ref_seconds:,.0f} rows/s, cdc snapshot -> "
+                          f"noop {n / seconds:,.0f} rows/s, ratio {ref_seconds / seconds:.3f} "
+                          f"(load {os.getloadavg()[0]:.1f})")
+            snap_ratio = statistics.median(snap_ratios)
+            append_record("mysql_snapshot", {"cdc snapshot -> noop": (statistics.median(snap_ours), "rows/s"),
+                                             "mariadb --quick --batch": (statistics.median(snap_refs), "rows/s")},
+                          ratio=snap_ratio, target=">= 0.5", params={"rows": snapshot_rows, "rounds": rounds})
+            print(f"snapshot/client {snap_ratio:.3f}")
         spark.stop()
         figures: dict[str, Any] = {"cdc -> noop": (statistics.median(ours), "rows/s"),
                                    "mysql-replication": (statistics.median(refs), "rows/s")}

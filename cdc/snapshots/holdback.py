@@ -35,12 +35,32 @@ import pyarrow.compute as pc
 from cdc.model import OLD_KEY, OP, SEQ, UNCHANGED, Op
 from cdc.snapshots.state import Cut, Key, Late
 
+JSON_TABLE, JSON_KEY = "_table", "_key"
+"""The JSON layout's columns naming a record's table and key."""
+
 KeyValues = tuple[Any, ...]
 """A key as the records carry it (typed values), before the database turns it into a :data:`Key`."""
 
 Classify = Callable[[str, Sequence[KeyValues], Sequence[tuple[Key | None, Key]]], tuple[list[Key], list[list[bool]]]]
 """``classify(table, keys, ranges)``: each key's text form (:data:`Key`, as the database prints it) and, per
 range ``(after, upto]``, whether the key lies in it, in the database's order."""
+
+
+class _Table(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def keys(self) -> tuple[str, ...]: ...
+
+
+class Layout(Protocol):
+    """A backend's record layout: typed (one table, its key columns are the record's) or JSON (``_table`` and
+    ``_key``, the key's values as a JSON object in key order)."""
+
+    @property
+    def typed(self) -> bool: ...
+    @property
+    def tables(self) -> Sequence[_Table]: ...
 
 
 class RecordKeys(Protocol):
@@ -51,6 +71,29 @@ class RecordKeys(Protocol):
 
     def old_keys(self, batch: pa.RecordBatch) -> list[tuple[str, KeyValues] | None]:
         """Every record's ``_old_key`` as a table and key (None where it is null or absent)."""
+
+
+class LayoutKeys:
+    """Each record's table and key in a backend's layout (:class:`RecordKeys`)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+
+    def keys(self, batch: pa.RecordBatch) -> list[tuple[str, KeyValues]]:
+        if self.layout.typed:
+            t = self.layout.tables[0]
+            columns = [batch.column(k).to_pylist() for k in t.keys]
+            return [(t.name, key) for key in zip(*columns, strict=True)]
+        return [(table, tuple(json.loads(key).values()))
+                for table, key in zip(batch.column(JSON_TABLE).to_pylist(), batch.column(JSON_KEY).to_pylist(),
+                                      strict=True)]
+
+    def old_keys(self, batch: pa.RecordBatch) -> list[tuple[str, KeyValues] | None]:
+        values = batch.column(OLD_KEY).to_pylist()
+        if self.layout.typed:
+            t = self.layout.tables[0]
+            return [None if v is None else (t.name, tuple(v[k] for k in t.keys)) for v in values]
+        return [None if v is None else (v[JSON_TABLE], tuple(json.loads(v[JSON_KEY]).values())) for v in values]
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc.snapshots.holdback import late_keys, rekeyed_from_json
+from cdc.snapshots.planning import SnapshotStart
+from cdc.snapshots.state import Cut, Late, SnapshotState
+
 log = logging.getLogger(__name__)
 
 
@@ -97,3 +101,50 @@ class ChunkStore:
         for entry in self.root.iterdir():
             if entry.is_dir() and entry.name.isdigit() and int(entry.name) < below:
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def recorded(store: ChunkStore, state: SnapshotState, rekeyed: str | None) -> dict[str, list[Late]]:
+    """After the batch whose end offset holds ``state`` ran: the late entries its reads recorded in ``store`` (a
+    chunk, or the re-keyed rows under the entry ``rekeyed``, read at another cut than ``state.cut``)."""
+    if state.cut is None:
+        return {}
+    pos = int(state.cut.pos)
+    out: dict[str, list[Late]] = {}
+    for table, chunk in state.chunks():
+        meta = store.meta(pos, entry_name(table, chunk.after, chunk.upto))
+        if meta is None:
+            log.warning("chunk (%s, %s] of %s was never read completely (the batch's sink did not read every "
+                        "partition?)", chunk.after, chunk.upto, table)
+            continue
+        cut = Cut.from_json(json.loads(meta["cut"]), "chunk file")
+        if cut != state.cut:
+            out.setdefault(table, []).append(Late(cut, chunk.after, chunk.upto))
+    meta = store.meta(pos, rekeyed) if rekeyed is not None else None
+    if meta is not None:
+        cut = Cut.from_json(json.loads(meta["cut"]), "re-keyed rows file")
+        if cut != state.cut:
+            for table, entries in late_keys(cut, rekeyed_from_json(meta[rekeyed])).items():  # type: ignore[index]
+                out.setdefault(table, []).extend(entries)
+    return out
+
+
+def save_start(path: Path, begun: SnapshotStart) -> None:
+    """Keep a snapshot's start (atomically): a restarted driver, asked for the initial offset again, reads it."""
+    body = json.dumps({"position": begun.position,
+                       "last": {t: None if k is None else list(k) for t, k in begun.last.items()}})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".start-")
+    with os.fdopen(fd, "w") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_start(path: Path) -> SnapshotStart | None:
+    """The start :func:`save_start` kept (None: none)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return SnapshotStart(data["position"], {t: None if k is None else tuple(k) for t, k in data["last"].items()})

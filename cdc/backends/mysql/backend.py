@@ -60,6 +60,7 @@ from cdc.backends.mysql.positions import (
 )
 from cdc.backends.mysql.reader import CHANGES, MySQLRangeReader, table_keys
 from cdc.backends.mysql.records import Layout, MappedTable, Rows, decode_rows
+from cdc.backends.mysql.snapshot import MySQLChunkedSnapshot
 from cdc.errors import PositionError
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class MySQLBackend(Backend):
         self.layout = Layout(tuple(describe_table(conn, t) for t in options.table_list))
         self._keys = table_keys(self.layout)
         self._gtid_at: dict[int, str] = {}
+        self._chunked: MySQLChunkedSnapshot | None = None
 
     @property
     def conn(self) -> Any:
@@ -252,10 +254,22 @@ class MySQLBackend(Backend):
             self._gtid_at[position] = state
         return distance(connection.gtid_binlog_pos(self.conn, True), state)
 
+    def chunked_snapshot(self) -> MySQLChunkedSnapshot:
+        if self._chunked is None:
+            self._chunked = MySQLChunkedSnapshot(self)
+        return self._chunked
+
     def reader(self) -> RangeReader:
-        return MySQLRangeReader(self.endpoint, self.layout, self.server)
+        chunked = None if self._chunked is None else self._chunked.reads()
+        return MySQLRangeReader(self.endpoint, self.layout, self.server, chunked=chunked)
+
+    def acknowledge(self, positions: Mapping[str, Position]) -> None:
+        if CHANGES in positions and self._chunked is not None:  # chunk reads of batches before it are not read again
+            self._chunked.store.cleanup(int(positions[CHANGES]))
 
     def close(self) -> None:
+        if self._chunked is not None:
+            self._chunked.close_cut()
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -54,10 +54,16 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
         return self._contexts[key]
 
 
-def connect(endpoint: Endpoint) -> Any:
-    """A PyMySQL connection (autocommit, utf8mb4); an unreachable server is :class:`BackendUnavailableError`."""
+_ENCODERS_ONLY = {k: v for k, v in pymysql.converters.conversions.items() if not isinstance(k, int)}
+"""PyMySQL's converters without its decoders: parameters are escaped as usual, values come back as the server
+sends them (text columns as ``str``, every other column as ``bytes``)."""
+
+
+def connect(endpoint: Endpoint, raw: bool = False) -> Any:
+    """A PyMySQL connection (autocommit, utf8mb4); ``raw``: values unconverted. An unreachable server is
+    :class:`BackendUnavailableError`."""
     try:
-        return _Connection(**endpoint.connect_args())
+        return _Connection(**endpoint.connect_args(), **({"conv": _ENCODERS_ONLY} if raw else {}))
     except pymysql.err.OperationalError as exc:
         code = exc.args[0] if exc.args else 0
         if code in _ACCESS_DENIED:
@@ -71,7 +77,7 @@ def connect(endpoint: Endpoint) -> Any:
 
 def query(conn: Any, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with conn.cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(sql, params or None)  # without parameters the text is sent as it is ('%' in LIKE patterns)
         return list(cur.fetchall())
 
 

@@ -96,6 +96,23 @@ class MySQLOptions(BackendOptions):
         "(a managed service's bundle, e.g. RDS's global-bundle.pem); present on the driver and every executor.",
     )
 
+    snapshot_path: str | None = Field(
+        None,
+        alias="snapshot.path",
+        description="Directory the driver and every executor can write and read; required with "
+        "`startingOffsets=snapshot`. It keeps the snapshot's start and the rows of the chunks in flight (a few "
+        "batches' worth, removed as batches commit), so that a replayed batch yields the same rows.",
+    )
+    snapshot_chunk_rows: int = Field(
+        100_000, ge=1, le=10_000_000, alias="snapshot.chunkRows",
+        description="Rows per snapshot chunk, 1 to 10,000,000 (one Spark partition each).",
+    )
+    snapshot_chunks_per_batch: int = Field(
+        8, ge=1, le=10_000, alias="snapshot.chunksPerBatch",
+        description="Chunks one batch reads at most (fewer under `maxRecordsPerTrigger`); the batch's cut (a "
+        "consistent-snapshot transaction) is held while they are read.",
+    )
+
     @field_validator("ssl_mode")
     @classmethod
     def _ssl_mode(cls, value: str) -> str:

@@ -11,6 +11,7 @@ shorter batch.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -21,7 +22,9 @@ from cdc.backends.mysql.connection import ServerInfo
 from cdc.backends.mysql.options import Endpoint
 from cdc.backends.mysql.positions import describe, offset_of
 from cdc.backends.mysql.records import BatchBuilder, Layout, MappedTable, decode_rows
-from cdc.errors import DataLossError
+from cdc.backends.mysql.snapshot import ChunkedReads
+from cdc.errors import DataLossError, PositionError
+from cdc.snapshots.planning import CHUNK_PREFIX
 
 CHANGES = "changes"
 BATCH_ROWS = 8192
@@ -33,11 +36,24 @@ def table_keys(layout: Layout) -> dict[tuple[bytes, bytes], tuple[str, ...]]:
 
 
 class MySQLRangeReader(RangeReader):
-    def __init__(self, endpoint: Endpoint, layout: Layout, server: ServerInfo, batch_rows: int = BATCH_ROWS) -> None:
+    def __init__(self, endpoint: Endpoint, layout: Layout, server: ServerInfo, batch_rows: int = BATCH_ROWS,
+                 chunked: ChunkedReads | None = None) -> None:
         self.endpoint = endpoint
         self.layout = layout
         self.server = server
         self.batch_rows = batch_rows
+        self.chunked = chunked
+
+    def read_window(self, channel: str, start: Position, end: Position, window: Any) -> Iterator[pa.RecordBatch]:
+        """A chunked snapshot's chunk ``(start, end]`` of keys, or a change range that holds keys back
+        (:mod:`.snapshot`)."""
+        if self.chunked is None:
+            raise PositionError(f"range {channel!r} belongs to a chunked snapshot, which this reader was not given")
+        if channel.startswith(CHUNK_PREFIX):
+            after = None if start is None else tuple(start)
+            yield from self.chunked.read_chunk(channel[len(CHUNK_PREFIX):], after, tuple(end), window).to_batches()
+            return
+        yield from self.chunked.hold(window, self.read(channel, start, end))
 
     def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
         begin, stop = int(start), int(end)

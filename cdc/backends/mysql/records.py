@@ -309,6 +309,24 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
+def json_texts(names: Sequence[str], values: Sequence[Sequence[Any]], key_names: Sequence[str],
+               ops: Sequence[str]) -> tuple[list[str], list[str | None]]:
+    """The JSON layout's ``_key`` and ``_row`` texts of rows given as column value lists (``_row``: null for a
+    delete)."""
+    key_index = [list(names).index(k) for k in key_names]
+    keys: list[str] = []
+    out: list[str | None] = []
+    for i, op in enumerate(ops):
+        keys.append(json.dumps({k: values[j][i] for k, j in zip(key_names, key_index, strict=True)},
+                               default=_json_default, separators=(",", ":"), ensure_ascii=False))
+        if op == DELETE:
+            out.append(None)
+        else:
+            out.append(json.dumps({n: values[j][i] for j, n in enumerate(names)}, default=_json_default,
+                                  separators=(",", ":"), ensure_ascii=False))
+    return keys, out
+
+
 @dataclass
 class Layout:
     """A query's record layout: typed (``tables`` holds one table) or JSON (several)."""
@@ -430,18 +448,7 @@ class BatchBuilder:
         table = rows.table
         names = [s.name for s in table.columns]
         values = [convert(s, rows.columns[j], s.type.arrow()).to_pylist() for j, s in enumerate(table.columns)]
-        key_names = self.layout.keys(table.name)
-        key_index = [names.index(k) for k in key_names]
-        keys: list[str] = []
-        out: list[str | None] = []
-        for i, op in enumerate(rows.ops):
-            keys.append(json.dumps({k: values[j][i] for k, j in zip(key_names, key_index, strict=True)},
-                                   default=_json_default, separators=(",", ":"), ensure_ascii=False))
-            if op == DELETE:
-                out.append(None)
-            else:
-                out.append(json.dumps({n: values[j][i] for j, n in enumerate(names)}, default=_json_default,
-                                      separators=(",", ":"), ensure_ascii=False))
+        keys, out = json_texts(names, values, self.layout.keys(table.name), rows.ops)
         cols[JSON_TABLE] = pa.repeat(pa.scalar(table.name, pa.string()), len(rows))
         cols[JSON_KEY] = pa.array(keys, pa.string())
         cols[JSON_ROW] = pa.array(out, pa.string())

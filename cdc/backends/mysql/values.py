@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -268,3 +268,45 @@ def convert(spec: ColumnSpec, raw: Sequence[Any], target: pa.DataType) -> pa.Arr
     if kind == JSON:
         return pa.array([None if v is None else mysql_json(v) for v in raw], pa.string())
     return pa.array(raw, target)  # integers, floats
+
+
+# ------------------------------------------------------------------------------------------ the text protocol
+def _strings(raw: Sequence[Any]) -> pa.Array:
+    """Values as a query without converters returns them (``bytes`` or ``str``) as an Arrow string array."""
+    return pa.array([v.decode() if isinstance(v, (bytes, bytearray)) else v for v in raw], pa.string())
+
+
+def _temporal(raw: Sequence[Any], parse: Any) -> list[Any]:
+    out: list[Any] = []
+    for v in raw:
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            out.append(parse(v.decode() if isinstance(v, (bytes, bytearray)) else v))
+        except ValueError:  # zero and impossible dates ('0000-00-00', '2024-00-10'): null, as in the binary log
+            out.append(None)
+    return out
+
+
+def from_text(column: Any, raw: Sequence[Any], target: pa.DataType) -> pa.Array:
+    """A column of values as the server's text protocol sends them (a snapshot's ``SELECT``, times in UTC) as an
+    Arrow array of ``target``, equal to what :func:`convert` makes of the same values in the binary log.
+    ``column`` is the column's :class:`~.catalog.ColumnType`."""
+    kind = column.kind
+    if kind in (TEXT, ENUM, SET, JSON, TIME):
+        return _strings(raw)
+    if kind == BINARY:
+        return pa.array([None if v is None else v.encode() if isinstance(v, str) else bytes(v) for v in raw],
+                        pa.binary())
+    if kind == BIT:
+        if pa.types.is_boolean(target):
+            return pa.array([None if v is None else any(v) for v in raw], pa.bool_())
+        return pa.array(raw, pa.binary())
+    if kind == DATE:
+        return pa.array(_temporal(raw, date.fromisoformat), pa.date32())
+    if kind in (DATETIME, TIMESTAMP):
+        return pa.array(_temporal(raw, lambda s: datetime.fromisoformat(s).replace(tzinfo=UTC)), target)
+    if pa.types.is_decimal(target) and column.kind != DECIMAL:  # BIGINT UNSIGNED
+        return pa.array([None if v is None else Decimal(v.decode() if isinstance(v, bytes) else v) for v in raw], target)
+    return _strings(raw).cast(target)  # integers, YEAR, DECIMAL, floats

@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
 import psycopg
 import pyarrow as pa
 from psycopg import sql
@@ -25,7 +24,8 @@ from cdc.backends.postgres import connection
 from cdc.backends.postgres.catalog import BYTEA, TIMESTAMP, TableInfo, arrow_type
 from cdc.backends.postgres.pgoutput import Column, Relation
 from cdc.backends.postgres.records import Layout, Record
-from cdc.model import RESERVED_COLUMNS, Op
+from cdc.model import Op
+from cdc.snapshots.rows import meta_column as _column
 
 
 def relation(table: TableInfo) -> Relation:
@@ -93,29 +93,6 @@ def copy_csv(conn: Any, table: TableInfo, where: sql.Composable, schema: pa.Sche
             return pa.table({n: pa.array([], type=schema.field(n).type) for n in names})
         parsed = parsed_future.result()
     return pa.table({n: parsed.column(n).cast(schema.field(n).type) for n in names})
-
-
-def with_meta(schema: pa.Schema, data: pa.Table, channel: str, seq: int, when: datetime) -> pa.Table:
-    n = data.num_rows
-    # Constant columns built by Arrow, not from n Python objects each.
-    meta = {
-        "_op": pa.repeat(pa.scalar(Op.SNAPSHOT.value, pa.string()), n),
-        "_seq": pa.repeat(pa.scalar(seq, pa.int64()), n),
-        "_commit_ts": pa.repeat(pa.scalar(when, pa.timestamp("us", tz="UTC")), n),
-        "_channel": pa.repeat(pa.scalar(channel, pa.string()), n),
-        "_position": pa.array(np.arange(n, dtype=np.int64)),
-    }
-    columns = [_column(f, meta, n) for f in schema]
-    return pa.table([data.column(f.name) if c is None else c for f, c in zip(schema, columns, strict=True)],
-                    schema=schema)
-
-
-def _column(f: pa.Field, meta: dict[str, pa.Array], n: int) -> pa.Array | None:
-    """A metadata column of snapshot rows: given in ``meta``, else null (``_unchanged``: a snapshot row is whole;
-    ``_old_key``: it moved no key); None for a table column."""
-    if f.name in meta:
-        return meta[f.name]
-    return pa.nulls(n, f.type) if f.name in RESERVED_COLUMNS else None
 
 
 def typed_batch(

@@ -38,10 +38,11 @@ from psycopg import sql
 
 from cdc.backends.postgres import connection
 from cdc.backends.postgres.catalog import TableInfo
-from cdc.backends.postgres.chunks import copies, copy_csv, relation, select_column, typed_batch, with_meta
+from cdc.backends.postgres.chunks import copies, copy_csv, relation, select_column, typed_batch
 from cdc.backends.postgres.positions import pack
 from cdc.backends.postgres.records import Layout, Record
 from cdc.model import Op
+from cdc.snapshots.rows import with_meta
 
 log = logging.getLogger(__name__)
 

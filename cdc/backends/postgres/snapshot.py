@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,19 +46,19 @@ from cdc.backend import PlannedRange
 from cdc.backends.postgres import connection, keys
 from cdc.backends.postgres.catalog import TableInfo
 from cdc.backends.postgres.changes import decode_changes
-from cdc.backends.postgres.chunks import at_snapshot, copies, copy_csv, fetch_rows, now, with_meta
+from cdc.backends.postgres.chunks import at_snapshot, copies, copy_csv, fetch_rows, now
 from cdc.backends.postgres.errors import CutLostError
 from cdc.backends.postgres.keys import KeyColumn
 from cdc.backends.postgres.positions import CHANGES, boundary_after, lsn_of, pack
-from cdc.backends.postgres.records import JSON_KEY, JSON_TABLE, Layout
+from cdc.backends.postgres.records import Layout
 from cdc.channels import ChannelRange, Position
 from cdc.errors import OptionError
-from cdc.model import OLD_KEY
 from cdc.options import SecretStr
-from cdc.snapshots.holdback import HoldBack, KeyValues, late_keys, rekeyed_from_json, rekeyed_to_json
+from cdc.snapshots.holdback import HoldBack, LayoutKeys, rekeyed_to_json
 from cdc.snapshots.planning import CHUNK_PREFIX, SnapshotStart
+from cdc.snapshots.rows import with_meta
 from cdc.snapshots.state import Cut, Key, Late, SnapshotState
-from cdc.snapshots.store import ChunkStore, entry_name
+from cdc.snapshots.store import ChunkStore, entry_name, load_start, recorded, save_start
 
 if TYPE_CHECKING:
     from cdc.backends.postgres.backend import PostgresBackend
@@ -135,7 +134,7 @@ class ChunkedReads:
         cut ends with the rows of the keys re-keyed into, as of the cut."""
         dsn = self.dsn.get_secret_value()
         with connection.connect(dsn) as conn:
-            hold = HoldBack(window.get("hold", {}), _LayoutKeys(self.layout),
+            hold = HoldBack(window.get("hold", {}), LayoutKeys(self.layout),
                             lambda t, ks, rs: keys.classify(conn, self.key_columns[t], ks, rs))
             if lsn_of(end) > lsn_of(start):
                 connection.check_held(conn, slot, start)
@@ -179,29 +178,6 @@ class ChunkedReads:
         return pa.concat_tables(parts)
 
 
-class _LayoutKeys:
-    """Each record's table and key in the query's layout (:class:`cdc.snapshots.holdback.RecordKeys`)."""
-
-    def __init__(self, layout: Layout) -> None:
-        self.layout = layout
-
-    def keys(self, batch: pa.RecordBatch) -> list[tuple[str, KeyValues]]:
-        if self.layout.typed:
-            t = self.layout.tables[0]
-            columns = [batch.column(k).to_pylist() for k in t.keys]
-            return [(t.name, key) for key in zip(*columns, strict=True)]
-        return [(table, tuple(json.loads(key).values()))
-                for table, key in zip(batch.column(JSON_TABLE).to_pylist(), batch.column(JSON_KEY).to_pylist(),
-                                      strict=True)]
-
-    def old_keys(self, batch: pa.RecordBatch) -> list[tuple[str, KeyValues] | None]:
-        values = batch.column(OLD_KEY).to_pylist()
-        if self.layout.typed:
-            t = self.layout.tables[0]
-            return [None if v is None else (t.name, tuple(v[k] for k in t.keys)) for v in values]
-        return [None if v is None else (v[JSON_TABLE], tuple(json.loads(v[JSON_KEY]).values())) for v in values]
-
-
 class PostgresChunkedSnapshot:
     """The driver side (:class:`cdc.snapshots.planning.ChunkedSnapshot`); one per backend instance."""
 
@@ -232,10 +208,10 @@ class PostgresChunkedSnapshot:
     def start(self) -> SnapshotStart:
         conn = self.backend.conn
         path = self.root / START_FILE
-        if path.exists() and connection.state(conn, self.slot) is not None:
-            data = json.loads(path.read_text())
-            log.info("chunked snapshot of slot %s: resuming the start at %s", self.slot, data["position"])
-            return SnapshotStart(data["position"], {t: None if k is None else tuple(k) for t, k in data["last"].items()})
+        kept = load_start(path)
+        if kept is not None and connection.state(conn, self.slot) is not None:
+            log.info("chunked snapshot of slot %s: resuming the start at %s", self.slot, kept.position)
+            return kept
         if connection.state(conn, self.slot) is not None:
             log.warning("replication slot %s exists without a recorded snapshot start: dropping it", self.slot)
             connection.drop_slot(conn, self.slot)
@@ -249,14 +225,7 @@ class PostgresChunkedSnapshot:
         finally:
             held.close()
         begun = SnapshotStart(pack(held.lsn), last)
-        self.root.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"position": begun.position, "last": {t: None if k is None else list(k) for t, k in last.items()}})
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".start-")
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        save_start(path, begun)
         return begun
 
     # ------------------------------------------------------------------ cuts
@@ -322,26 +291,7 @@ class PostgresChunkedSnapshot:
             return keys.next_bounds(conn, info, self.key_columns[table], after, last, self.chunk_rows, count)
 
     def recorded(self, state: SnapshotState) -> Mapping[str, Sequence[Late]]:
-        if state.cut is None:
-            return {}
-        pos = int(state.cut.pos)
-        out: dict[str, list[Late]] = {}
-        for table, chunk in state.chunks():
-            meta = self.store.meta(pos, entry_name(table, chunk.after, chunk.upto))
-            if meta is None:
-                log.warning("chunk (%s, %s] of %s was never read completely (the batch's sink did not read every "
-                            "partition?)", chunk.after, chunk.upto, table)
-                continue
-            cut = Cut.from_json(json.loads(meta["cut"]), "chunk file")
-            if cut != state.cut:
-                out.setdefault(table, []).append(Late(cut, chunk.after, chunk.upto))
-        meta = self.store.meta(pos, REKEYED)
-        if meta is not None:
-            cut = Cut.from_json(json.loads(meta["cut"]), "re-keyed rows file")
-            if cut != state.cut:
-                for table, entries in late_keys(cut, rekeyed_from_json(meta[REKEYED])).items():
-                    out.setdefault(table, []).extend(entries)
-        return out
+        return recorded(self.store, state, REKEYED)
 
     def plan_uncut(
         self, start: Position, max_records: int | None, until: Position | None, state: SnapshotState

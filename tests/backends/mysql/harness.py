@@ -62,6 +62,12 @@ class MySQLHarness(Harness):
         self.backends.append(b)
         return b
 
+    def backend_with(self, **options: str) -> Backend:
+        """A backend of other options (closed with the harness)."""
+        b = open_backend("mysql", options)
+        self.backends.append(b)
+        return b
+
     def execute(self, query: str, params: Any = None) -> None:
         with self.conn.cursor() as cur:
             cur.execute(query, params)
@@ -80,6 +86,26 @@ class MySQLHarness(Harness):
                                 [(self.next_id + i, f"v{self.next_id + i}", i) for i in range(lo, min(n, lo + self.txn_size))])
             self.conn.commit()
         self.next_id += n
+
+    def start_chunked(self, rows: int, chunk_rows: int) -> Backend:
+        table = self.tables[0]
+        with self.conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO `{table}` VALUES (%s, %s, 0)", [(i, f"v{i}") for i in range(rows)])
+        self.next_id = max(self.next_id, rows)
+        self.options.update({"snapshot.chunkRows": str(chunk_rows), "snapshot.chunksPerBatch": "1"})
+        assert "snapshot.path" in self.options, "a chunked harness is made with snapshot.path"
+        return self.backend()
+
+    def update(self, n: int) -> None:
+        table = self.tables[0]
+        self.conn.begin()
+        with self.conn.cursor() as cur:
+            for i in range(n):
+                cur.execute(f"UPDATE `{table}` SET n = n + 1, v = %s WHERE id = %s", (f"u{i}", (i * 7) % max(1, self.next_id)))
+        self.conn.commit()
+
+    def table(self) -> dict[Any, dict[str, Any]]:
+        return {(r[0],): {"id": r[0], "v": r[1], "n": r[2]} for r in self.rows(f"SELECT id, v, n FROM `{self.tables[0]}`")}
 
     def random_transaction(self, rng: random.Random, size: int) -> None:
         """A transaction of ``size`` random inserts, updates (some of the key) and deletes over every table."""

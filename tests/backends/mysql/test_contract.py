@@ -4,10 +4,11 @@ replica reads it, rows written by PyMySQL. Channels do not split or merge (one b
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from cdc.testing import BackendContract, Harness
+from cdc.testing import BackendContract, ChunkedSnapshotContract, Harness
 from tests.backends.mysql.harness import MySQLHarness
 
 
@@ -20,3 +21,11 @@ def harness(mysql_dsn: str) -> Iterator[Harness]:
 
 class TestMySQLContract(BackendContract):
     pass
+
+
+class TestMySQLChunkedSnapshotContract(ChunkedSnapshotContract):
+    @pytest.fixture
+    def harness(self, mysql_dsn: str, tmp_path: Path) -> Iterator[Harness]:
+        h = MySQLHarness(mysql_dsn, **{"snapshot.path": str(tmp_path / "snapshot")})
+        yield h
+        h.close()
