@@ -160,11 +160,13 @@ test test-fast: node-sdk
 # The official Java Tablestore SDK's TunnelWorker (pinned in tests/sdks/java/pom.xml), compiled into
 # tests/sdks/java/target for tests/sdks/test_java_sdk.py (a slow test, so `make test` only); jars resolved
 # into the Pulsar target's Maven repository. The stamp's name is keyed on the pom and the sources, so an
-# up-to-date build skips Maven, and an edited pom or source builds again.
+# up-to-date build skips Maven, and an edited pom or source builds again; a build is kept in the cache under
+# that key, so a fresh clone copies it instead of running Maven.
 JAVA_SDK := tests/sdks/java
 JAVA_SDK_SOURCES := $(JAVA_SDK)/pom.xml $(sort $(shell find $(JAVA_SDK)/src -name '*.java' 2>/dev/null))
 JAVA_SDK_KEY := $(shell cat $(JAVA_SDK_SOURCES) | (sha256sum 2>/dev/null || shasum -a 256) | cut -c1-16)
 JAVA_SDK_STAMP := $(JAVA_SDK)/target/built-$(JAVA_SDK_KEY)
+JAVA_SDK_CACHE := $(HOME)/.cache/cdc-tunnel/java-sdk-$(JAVA_SDK_KEY)
 
 .PHONY: java-sdk
 java-sdk: check-java $(JAVA_SDK_STAMP)
@@ -179,7 +181,10 @@ $(JAVA_SDK_STAMP):
 	  echo "       Debian/Ubuntu: sudo apt-get install -y openjdk-17-jdk-headless; macOS: brew install openjdk@17."; \
 	  exit 1; }
 	rm -rf '$(JAVA_SDK)/target'
-	mvn -B --no-transfer-progress -q -f '$(JAVA_SDK)/pom.xml' -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package
+	if [ -d '$(JAVA_SDK_CACHE)' ]; then cp -R '$(JAVA_SDK_CACHE)' '$(JAVA_SDK)/target'; else \
+	  mvn -B --no-transfer-progress -q -f '$(JAVA_SDK)/pom.xml' -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package && \
+	  mkdir -p '$(dir $(JAVA_SDK_CACHE))' && rm -rf '$(JAVA_SDK_CACHE).tmp' && \
+	  cp -R '$(JAVA_SDK)/target' '$(JAVA_SDK_CACHE).tmp' && mv '$(JAVA_SDK_CACHE).tmp' '$(JAVA_SDK_CACHE)'; fi
 	@touch '$@'
 
 test: java-sdk
@@ -202,11 +207,13 @@ test test-fast demo bench: native
 
 # Debezium's embedded engine with its PostgreSQL connector, for tests/debezium (real Debezium events): built
 # in tests/debezium/engine/target, jars resolved into the Pulsar target's Maven repository. The stamp's name
-# is keyed on the pom and the sources, so an up-to-date build skips Maven, and an edited one builds again.
+# is keyed on the pom and the sources, so an up-to-date build skips Maven, and an edited one builds again
+# (kept in the cache under that key, as the Java SDK's build is).
 DEBEZIUM_ENGINE := tests/debezium/engine
 DEBEZIUM_ENGINE_SOURCES := $(DEBEZIUM_ENGINE)/pom.xml $(sort $(shell find $(DEBEZIUM_ENGINE)/src -name '*.java' 2>/dev/null))
 DEBEZIUM_ENGINE_KEY := $(shell cat $(DEBEZIUM_ENGINE_SOURCES) | (sha256sum 2>/dev/null || shasum -a 256) | cut -c1-16)
 DEBEZIUM_ENGINE_STAMP := $(DEBEZIUM_ENGINE)/target/built-$(DEBEZIUM_ENGINE_KEY)
+DEBEZIUM_ENGINE_CACHE := $(HOME)/.cache/cdc-tunnel/debezium-engine-$(DEBEZIUM_ENGINE_KEY)
 
 .PHONY: debezium-engine
 debezium-engine: check-java $(DEBEZIUM_ENGINE_STAMP)
@@ -221,7 +228,11 @@ $(DEBEZIUM_ENGINE_STAMP):
 	  echo "       Debian/Ubuntu: sudo apt-get install -y openjdk-17-jdk-headless; macOS: brew install openjdk@17."; \
 	  exit 1; }
 	rm -rf '$(DEBEZIUM_ENGINE)/target'
-	mvn -B --no-transfer-progress -q -f '$(DEBEZIUM_ENGINE)/pom.xml' -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package
+	if [ -d '$(DEBEZIUM_ENGINE_CACHE)' ]; then cp -R '$(DEBEZIUM_ENGINE_CACHE)' '$(DEBEZIUM_ENGINE)/target'; else \
+	  mvn -B --no-transfer-progress -q -f '$(DEBEZIUM_ENGINE)/pom.xml' -Dmaven.repo.local='$(CDC_MAVEN_REPO)' package && \
+	  mkdir -p '$(dir $(DEBEZIUM_ENGINE_CACHE))' && rm -rf '$(DEBEZIUM_ENGINE_CACHE).tmp' && \
+	  cp -R '$(DEBEZIUM_ENGINE)/target' '$(DEBEZIUM_ENGINE_CACHE).tmp' && \
+	  mv '$(DEBEZIUM_ENGINE_CACHE).tmp' '$(DEBEZIUM_ENGINE_CACHE)'; fi
 	@touch '$@'
 
 test: debezium-engine

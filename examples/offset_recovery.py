@@ -5,9 +5,10 @@ old one stopped.
    change into a Parquet table (Spark's file sink) in batches of 4,000.
 2. After a few batches the query's process is killed with SIGKILL, in the middle of its work. Meanwhile the
    log keeps growing and one channel is split into two children.
-3. The query is restarted with the same checkpoint: Spark replays the batch it had planned from the offsets in
-   its own offset log (``cdc offsets`` shows them), then reads the rest. Every change is in the table exactly
-   once: no loss, no duplicate, no side table.
+3. The query is restarted with the same checkpoint, here in this process (only the kill needs a process of
+   its own; a driver restarted elsewhere does the same): Spark replays the batch it had planned from the
+   offsets in its own offset log (``cdc offsets`` shows them), then reads the rest. Every change is in the
+   table exactly once: no loss, no duplicate, no side table.
 4. A *new* query (new checkpoint, new table) starts where the old one stopped, with the ``startingOffsets``
    that ``cdc offsets --starting-offsets`` derives from the old checkpoint. It reads only the changes
    appended after that point.
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pyarrow as pa  # noqa: E402
 from orders_demo import demo_session  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
 
 from cdc.backends.local import LocalLog  # noqa: E402
 from cdc.checkpoint import CheckpointError, last_committed, read_batch, starting_offsets  # noqa: E402
@@ -45,9 +47,8 @@ def append_orders(log: LocalLog, first: int, n: int) -> None:
     log.append([{"order_id": i, "amount": float(i % 500), "_op": "insert"} for i in range(first, first + n)])
 
 
-def run_query(log_path: str, out: str, checkpoint: str, starting: str, drain: bool) -> None:
-    """The streaming job (run in its own process): copy every change into a Parquet table."""
-    spark = demo_session("cdc-offset-recovery")
+def run_query(spark: SparkSession, log_path: str, out: str, checkpoint: str, starting: str, drain: bool) -> None:
+    """The streaming job: copy every change into a Parquet table; ``drain`` stops once caught up."""
     changes = (spark.readStream.format("cdc").option("backend", "local").option("path", log_path)
                .option("startingOffsets", starting).option("maxRecordsPerTrigger", BATCH).load())
     writer = changes.writeStream.format("parquet").option("path", out).option("checkpointLocation", checkpoint)
@@ -57,7 +58,6 @@ def run_query(log_path: str, out: str, checkpoint: str, starting: str, drain: bo
         query = writer.trigger(processingTime="200 milliseconds").start()
     query.awaitTermination()
     query.stop()
-    spark.stop()
 
 
 def start_child(*args: str, log_file: Path | None = None) -> subprocess.Popen[bytes]:
@@ -84,7 +84,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         log_path, out, ck, starting, drain = args.child
-        run_query(log_path, out, ck, starting, drain == "drain")
+        run_query(demo_session("cdc-offset-recovery"), log_path, out, ck, starting, drain == "drain")
         return
 
     root = Path(args.dir)
@@ -100,10 +100,11 @@ def main() -> None:
     # look like a failure here, so they go to a file.
     killed_log = root / "killed-query.log"
     child = start_child(str(log.path), str(table), str(ck), "earliest", "run", log_file=killed_log)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 600
     while committed_batches(ck) < 2:
         if child.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the query stopped early (exit {child.returncode})")
+            child.kill()  # never left running: it would stream on, holding this program's output open
+            raise SystemExit(f"the query stopped early or took too long (exit {child.poll()})")
         time.sleep(0.05)
     child.send_signal(signal.SIGKILL)
     child.wait()
@@ -118,17 +119,15 @@ def main() -> None:
           f" `cdc offsets {ck}` shows each channel's position")
 
     print("3. restarting the query with the same checkpoint (drain everything available)")
-    if start_child(str(log.path), str(table), str(ck), "earliest", "drain").wait() != 0:
-        raise SystemExit("the restarted query failed")
+    spark = demo_session("cdc-offset-recovery")
+    run_query(spark, str(log.path), str(table), str(ck), "earliest", drain=True)
 
     resume = starting_offsets(last_committed(ck).source())
     append_orders(log, 25_000, 3_000)
     print(f"4. appended 3000 changes; a new query starts from the old checkpoint's offsets: {json.dumps(resume)}")
     table2, ck2 = root / "table-new", root / "checkpoint-new"
-    if start_child(str(log.path), str(table2), str(ck2), json.dumps(resume), "drain").wait() != 0:
-        raise SystemExit("the new query failed")
+    run_query(spark, str(log.path), str(table2), str(ck2), json.dumps(resume), drain=True)
 
-    spark = demo_session("cdc-offset-recovery")
     from pyspark.sql import functions as F
 
     def summary(path: Path) -> tuple[int, int, int, int]:

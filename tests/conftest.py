@@ -4,6 +4,7 @@ local Tablestore server and the Apache Pulsar standalone broker that backend and
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -63,6 +64,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = groups.get(item.nodeid.split("::")[0])
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its collection is the run's order
+        longest_first(items)
+
+
+DURATIONS = Path(__file__).with_name("durations.json")
+"""Each test's seconds in a whole run (``tests/folder_times.py --save-durations``); a test not listed counts
+as :data:`UNLISTED` seconds."""
+UNLISTED = 0.5
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """Order the run's units of work (an xdist group, or a test outside any group) longest first, by their
+    recorded seconds. pytest-xdist's ``loadgroup`` hands the units out in this order (``pytest_configure``
+    turns off its reordering by test count), so neither worker starts a long unit when the other is nearly
+    done: the run ends when the work does, not one long test later."""
+    try:
+        seconds: dict[str, float] = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    cost: dict[str, float] = {}
+    for item in items:
+        unit = _unit(item)
+        cost[unit] = cost.get(unit, 0.0) + seconds.get(item.nodeid, UNLISTED)
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(_unit(item), i)
+    items.sort(key=lambda item: (-cost[_unit(item)], first[_unit(item)]))
+
+
+def _unit(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    return f"@{marker.kwargs.get('name', marker.args[0] if marker.args else '')}" if marker else item.nodeid
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Keep the order longest_first gave (xdist would otherwise put the groups with the most tests first).
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False
 
 
 def spark_builder(app: str = "cdc-tunnel-tests") -> Any:

@@ -116,9 +116,12 @@ def test_orders_pipeline_on_the_cluster_through_worker_and_driver_kills(spark_cl
 
 
 def test_orders_pipeline_on_the_cluster_with_delta_spark(spark_cluster: Any, tmp_path: Path) -> None:
-    """The MERGE runs in the cluster (delta-spark); the table equals the source across two runs. One batch per
-    run (a delta-spark MERGE on 1-core workers costs tens of seconds; several batches per run are the delta-rs
-    tests' part): the first creates the table from the snapshot, the second merges changes into it."""
+    """The MERGE runs in the cluster (delta-spark); the table equals the source across two runs on one
+    checkpoint, one batch each: the first creates the table from the snapshot, the second merges the changes
+    written after it. Both runs are queries of one driver (a driver start on the cluster costs a driver JVM,
+    two executor JVMs and their Python workers); a restarted driver on the cluster is the delta-rs test's part,
+    a restart on delta-spark tests/sinks/delta's, several batches per run the delta-rs tests' (a delta-spark
+    MERGE on 1-core workers costs tens of seconds)."""
     conf = {
         # The jars `make delta-spark` resolved (make test runs it first); delta_jars() names the command if not.
         "spark.jars": ",".join(str(j) for j in delta_jars()),
@@ -131,11 +134,24 @@ def test_orders_pipeline_on_the_cluster_with_delta_spark(spark_cluster: Any, tmp
     log = LocalLog.create(tmp_path / "orders-log", SCHEMA, keys=["order_id"], channels=2)
     source = OrderSource(log, seed=29)
     table, ck, driver_log = tmp_path / "lake" / "orders", tmp_path / "ck", tmp_path / "driver.log"
-    for _ in range(2):
-        for _ in range(3):
-            source.burst(400)
-        run = _driver(spark_cluster, conf, log, table, ck, "once", driver_log, engine="delta-spark", max_records=5000)
-        assert run.wait(300) == 0, driver_log.read_text()[-3000:]
+    for _ in range(3):
+        source.burst(400)  # history: the first run's snapshot
+    driver = _driver(spark_cluster, conf, log, table, ck, "twice", driver_log, engine="delta-spark",
+                     max_records=5000)
+    try:
+        # Ends early if the driver failed (its log is then the assertion's message).
+        wait_for(lambda: driver.poll() is not None or committed_batches(ck) >= 1, 420, "the first run's batch")
+        assert driver.poll() is None, driver_log.read_text()[-3000:]
         assert _live(table) == source.rows
+        for _ in range(3):
+            source.burst(400)  # changes: the second run merges them
+        Path(f"{ck}.next").touch()  # the driver's second run
+        assert driver.wait(420) == 0, driver_log.read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(30)
+    assert _live(table) == source.rows
+    assert committed_batches(ck) == 2
     txns = _txns(table)
     assert txns and len(txns) == len(set(txns))

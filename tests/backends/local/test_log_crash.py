@@ -103,20 +103,58 @@ def test_a_writer_killed_at_a_named_point_leaves_a_whole_log(tmp_path: Path, poi
     assert check(log.path, {0, 2}) == ({0, 1, 2} if visible else {0, 2})
 
 
+ZYGOTE = """
+import os
+import signal
+import sys
+import pandas  # imported once here: each writer forked from this process starts with it (and the log code)
+from cdc.backends.local import LocalLog
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps dead writers: no zombie looks alive
+for line in sys.stdin:
+    path, first, count, rows, fifo = line.split()
+    pid = os.fork()
+    if pid == 0:  # the writer: as WRITER, its output into the named pipe
+        with open(fifo, "w") as out:
+            log = LocalLog(path)
+            print("ready", file=out, flush=True)
+            for batch in range(int(first), int(first) + int(count)):
+                log.append([{"k": batch * 1_000 + i, "v": batch} for i in range(int(rows))])
+                print(batch, file=out, flush=True)
+        os._exit(0)
+    print(pid, flush=True)
+"""
+"""Forks writers on request, each a process of its own as WRITER's are, without a Python start and the imports
+per writer (a second or more each on 2 busy cores, most of a random-kill test's time otherwise)."""
+
+
 def kill_writers_at_random(path: Path, kills: int, seed: int) -> None:
     rng = random.Random(seed)
     acked: set[int] = set()
     present: set[int] = set()
-    for _ in range(kills):
-        first = max(acked | present, default=-1) + 1
-        proc = spawn(WRITER, path, first, 10_000, ROWS)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0, 0.3))
-        proc.kill()
-        out, _ = proc.communicate(timeout=60)
-        acked |= acknowledged(out)
-        present = check(path, acked)
+    env = {k: v for k, v in os.environ.items() if k != FAULT}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    zygote = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env)
+    assert zygote.stdin is not None and zygote.stdout is not None
+    try:
+        for n in range(kills):
+            first = max(acked | present, default=-1) + 1
+            fifo = path.parent / f"writer-{n}.out"
+            os.mkfifo(fifo)
+            zygote.stdin.write(f"{path} {first} 10000 {ROWS} {fifo}\n")
+            zygote.stdin.flush()
+            pid = int(zygote.stdout.readline())
+            with open(fifo) as out:
+                assert out.readline().strip() == "ready"
+                time.sleep(rng.uniform(0, 0.3))
+                os.kill(pid, signal.SIGKILL)
+                rest = out.read()  # to the end: the writer is gone, nothing more of it reaches the log
+            fifo.unlink()
+            acked |= acknowledged(rest)
+            present = check(path, acked)
+    finally:
+        zygote.kill()
+        zygote.wait(30)
     append_batch(LocalLog(path), max(acked | present, default=-1) + 1)
     check(path, acked)
 
@@ -129,7 +167,7 @@ def test_writers_killed_at_random_times_lose_and_repeat_nothing(tmp_path: Path) 
 @pytest.mark.slow
 def test_60_random_writer_kills_lose_and_repeat_nothing(tmp_path: Path) -> None:
     log = new_log(tmp_path)
-    # 60 kills (~100 s): before the fix, every seed failed within 8-25 kills.
+    # 60 kills: before the fix, every seed failed within 8-25 kills.
     kill_writers_at_random(log.path, kills=60, seed=2026)
 
 
