@@ -60,6 +60,8 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 from cdc.source import CdcDataSource, CdcStreamReader  # noqa: E402 (after the path is set)
 
+ATTEMPTS = 8
+"""Runs of a snapshot query before giving up on a source process that starts too slowly (a loaded machine)."""
 TIMING_ENV = "CDC_BENCH_TIMING"
 """The file the timed reader appends its calls to (inherited by the source's Python process through the JVM)."""
 
@@ -212,7 +214,7 @@ def cdc_snapshot(spark: Any, dsn: str, table: str, tmp: Path, tag: str, timing: 
     is_snapshot = F.col("_op") == "snapshot"
     df = df.observe("rows", F.sum(F.when(is_snapshot, 1).otherwise(0)).alias("snapshot"),
                     F.sum(F.when(is_snapshot, 0).otherwise(1)).alias("changes"))
-    for attempt in range(3):
+    for attempt in range(ATTEMPTS):
         since = time.time()
         with DriverMemory(spark.sparkContext._gateway.proc.pid) as memory:
             began = time.perf_counter()
@@ -223,7 +225,7 @@ def cdc_snapshot(spark: Any, dsn: str, table: str, tmp: Path, tag: str, timing: 
             except Exception as exc:
                 # On a loaded machine the source's Python process may start slower than Spark waits for it
                 # (10 s): run again from scratch, saying so.
-                if "failed to connect back" not in str(exc) or attempt == 2:
+                if "failed to connect back" not in str(exc) or attempt == ATTEMPTS - 1:
                     raise
                 print(f"  ({tag}: the source's Python process did not start within Spark's 10 s: again)")
                 _drop_slot(dsn, slot)
