@@ -57,6 +57,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'  # dev = every extra ([all]), the docs and the test tools
 	$(PY) -m pip install --quiet --no-deps '$(TABLESTORE_SDK)'
+	$(PY) tests/precompiled_pyspark.py  # every Python process Spark starts imports PySpark without compiling it
 	@touch $(STAMP)
 
 $(DELTA_PY_STAMP): $(STAMP) $(DELTA_POM)

@@ -8,7 +8,7 @@ executors read PostgreSQL directly. This script measures that design's upper bou
 the real source must add: no exported snapshot, no replication slot, no chunk file kept for replays, no
 change-model columns, no planning round trips: a minimal Python data source whose tasks each run
 ``COPY (SELECT ... WHERE ctid in their page range) TO STDOUT (FORMAT csv)`` and yield the rows parsed by
-Arrow's CSV reader, through the snapshot's own chunk read (``snapshot._copy_csv``: the parse overlapping the
+Arrow's CSV reader, through the snapshot's own chunk read (``chunks.copy_csv``: the parse overlapping the
 COPY), into Spark's ``noop`` sink, with 2 and 4
 tasks, twice each. ``COPY`` is measured before and after (the mean is the reference).
 
@@ -51,7 +51,7 @@ class DirectReader(DataSourceReader):
         import psycopg
         from psycopg import sql
 
-        from cdc.backends.postgres.snapshot import _copy_csv
+        from cdc.backends.postgres.chunks import copy_csv
 
         lo, hi = partition.value  # type: ignore[attr-defined]
         where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({lo},0)"))
@@ -59,7 +59,7 @@ class DirectReader(DataSourceReader):
             where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({hi},0)"))
         # The snapshot's own chunk read: COPY ... (FORMAT csv) parsed by Arrow while PostgreSQL still sends.
         with psycopg.connect(self.options["dsn"]) as conn:
-            data = _copy_csv(conn, self.table, where, self.table.arrow_schema())
+            data = copy_csv(conn, self.table, where, self.table.arrow_schema())
         yield from data.to_batches(65_536)
 
 

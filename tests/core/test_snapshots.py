@@ -52,6 +52,33 @@ def test_the_hold_window_covers_from_the_first_chunk_of_the_batch_to_the_last_ke
     assert hold_window(SnapshotState({"b": TableCursor(k(3), after=k(3), done=True)})) is None
 
 
+def test_the_offset_holds_a_cursor_per_table_whatever_the_table_size() -> None:
+    # A table of 12 chunks and one of 1,200, read 4 chunks a batch: every batch's state (what the offset
+    # holds) is the cursor and the chunks in flight, so its JSON is as long at the end of the large table as
+    # at the end of the small one (keys of equal width), never one entry per chunk read.
+    import json
+
+    def sizes(chunks: int) -> list[int]:
+        last = k(10**9 + chunks)
+        state = SnapshotState({"t": TableCursor(last)})
+        out = []
+        for batch in range(10**6):
+            def bounds(table: str, cursor: TableCursor, n: int) -> list[Key]:
+                start = 0 if cursor.after is None else int(cursor.after[0]) - 10**9
+                return [k(10**9 + i) for i in range(start + 1, min(start + n, chunks) + 1)]
+
+            state = advance(state, Cut(10**7 + batch, 10**7 - 1 + batch), bounds, 4)
+            out.append(len(json.dumps(state.to_json())))
+            if not state.pending:
+                return out
+            state = state.settled()
+        raise AssertionError("never done")
+
+    small, large = sizes(12), sizes(1_200)
+    assert len(small) == 3 and len(large) == 300
+    assert max(large) == max(small), (max(small), max(large))
+
+
 # ---------------------------------------------------------------------- the hold-back rule
 class IntKeys:
     """Records of one table ``t`` whose key is column ``id``."""

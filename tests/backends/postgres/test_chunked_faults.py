@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from cdc.backend import open_backend
 from cdc.backends.postgres import connection
@@ -245,3 +246,50 @@ def test_a_key_change_out_of_a_chunk_read_late_is_completed_at_a_cut(postgres_ds
     finally:
         replay.close()
         conn.close()
+
+
+def test_chunks_are_bounded_on_skewed_keys_and_found_by_index_scans(postgres_dsn: str) -> None:
+    # Keys crowded at both ends of a wide domain (what splitting a key range by its min and max gets wrong):
+    # every chunk holds exactly snapshot.chunkRows rows but the last (never over twice the size), its bounds
+    # are found by index scans (no sequential scan of the table, whatever its size), nothing past the largest
+    # key taken at the start is chunked (rows inserted at the tail meanwhile arrive as changes).
+    from cdc.backends.postgres import keys
+    from cdc.backends.postgres.catalog import describe
+
+    for kind in ("bigint", "text", "uuid", "composite"):
+        columns, values = {
+            "bigint": ("k bigint PRIMARY KEY", "CASE WHEN g % 10 = 0 THEN 1000000000000 + g ELSE g END"),
+            "text": ("k text PRIMARY KEY",
+                     "CASE WHEN g % 10 = 0 THEN 'zz' || repeat('q''\\', 20) || g ELSE 'a' || lpad(g::text, 6, '0') END"),
+            "uuid": ("k uuid PRIMARY KEY",
+                     "CASE WHEN g % 10 = 0 THEN ('ffffffff-ffff-ffff-ffff-' || lpad(to_hex(g), 12, '0'))::uuid "
+                     "ELSE ('00000000-0000-0000-0000-' || lpad(to_hex(g), 12, '0'))::uuid END"),
+            "composite": ("a int, b text, PRIMARY KEY (a, b)", "CASE WHEN g % 10 = 0 THEN 2 ELSE 1 END, g::text"),
+        }[kind]
+        table = f"skewed_{kind}"
+        chunk_rows, total = 1000, 20_000
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {table} ({columns}, v int)".encode())
+            conn.execute(f"INSERT INTO {table} SELECT {values}, g FROM generate_series(1, {total}) g".encode())
+            conn.execute(f"ANALYZE {table}".encode())
+            info = describe(conn, f"public.{table}")
+            cols = keys.key_columns(conn, info)
+            counters = "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relname = %s"
+            with conn.transaction():  # the counters of this backend's transaction, and what it has not reported yet
+                before = conn.execute(counters, (table,)).fetchone()
+                last = keys.last_key(conn, info, cols)
+                assert last is not None and before is not None
+                bounds = keys.next_bounds(conn, info, cols, None, last, chunk_rows, 10_000)
+                after_scans = conn.execute(counters, (table,)).fetchone()
+            assert after_scans is not None and after_scans[0] == before[0], (before, after_scans)
+            assert after_scans[1] - before[1] >= len(bounds), (before, after_scans)
+            if kind == "bigint":  # rows at the tail after the start: beyond the planned maximum key
+                conn.execute(f"INSERT INTO {table} SELECT 2000000000000 + g, 0 FROM generate_series(1, 5000) g".encode())
+            sizes, after = [], None
+            for upto in bounds:
+                cond, params = keys.range_condition(cols, after, upto)
+                query = sql.SQL("SELECT count(*) FROM {} WHERE {}").format(sql.Identifier(table), cond)
+                sizes.append(conn.execute(query, params).fetchone()[0])  # type: ignore[index]
+                after = upto
+        assert bounds[-1] == last and sum(sizes) == total, (sizes, bounds[-1], last)
+        assert all(s == chunk_rows for s in sizes[:-1]) and 0 < sizes[-1] <= chunk_rows, sizes
