@@ -108,3 +108,27 @@ def default_engine(spark: Any, *, pipelined: bool = False) -> str:
         return "delta-spark" if delta_jars_available(spark) else "delta-rs"
     except Exception:
         return "delta-rs"
+
+
+def is_connect(spark: Any) -> bool:
+    """True for a Spark Connect session (no ``sparkContext``, no ``_jvm``); checked by class, so that a
+    classic session never imports the Connect client (grpc)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def ordered_source(batch_df: Any, sequence_by: str) -> bool:
+    """True when ``batch_df`` is the output of one ``format("cdc")`` source whose backend orders every key's
+    changes: its ``sequence_by`` column carries the source's mark (:data:`cdc.model.KEY_ORDER_MARK`) and the
+    batch's plan reads exactly one relation. A union or a join reads two (even of one source with itself),
+    and two ordered streams together are not ordered. Under Spark Connect the plan cannot be inspected:
+    False (safe mode)."""
+    from cdc.model import KEY_ORDER_MARK
+
+    if sequence_by not in batch_df.columns or is_connect(batch_df.sparkSession):
+        return False
+    field = batch_df.schema[sequence_by]
+    if not (field.metadata or {}).get(KEY_ORDER_MARK):
+        return False
+    leaves = batch_df._jdf.queryExecution().analyzed().collectLeaves()
+    return bool(leaves.size() == 1)
+
