@@ -84,8 +84,9 @@ def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytes
 
     schema = [("id", pa.int64()), ("a", pa.string())]
     log = LocalLog.create(tmp_path / "log", schema, ["id"])
-    log.append([{"_op": "insert", "id": i, "a": f"v{i}"} for i in range(50 if shape == "one-source" else 25)])
-    log.append([{"_op": "delete", "id": i} for i in range(0, 25, 5)] + [{"_op": "update", "id": 1, "a": "w"}])
+    mine = 50 if shape == "one-source" else 25  # keys of the first log; the union's second log has the rest
+    log.append([{"_op": "insert", "id": i, "a": f"v{i}"} for i in range(mine)])
+    log.append([{"_op": "delete", "id": i} for i in range(0, mine, 5)] + [{"_op": "update", "id": 1, "a": "w"}])
     if shape == "union":
         other = LocalLog.create(tmp_path / "log2", schema, ["id"])
         other.append([{"_op": "insert", "id": i, "a": f"v{i}"} for i in range(25, 50)])
