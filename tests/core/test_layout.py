@@ -93,7 +93,8 @@ def test_every_backend_names_its_roles_the_same_way(backend: Path) -> None:
     # The optional roles, both ways.
     writes = cls.accepts_writes()
     assert ("writer.py" in present) == writes, "writer.py exists exactly when the backend accepts writes"
-    snapshots = cls.snapshot is not Backend.snapshot
+    # a full-then-incremental start of either kind: an exported snapshot or a chunked one (cdc.snapshots)
+    snapshots = cls.snapshot is not Backend.snapshot or cls.chunked_snapshot is not Backend.chunked_snapshot
     assert ("snapshot.py" in present) == snapshots, "snapshot.py exists exactly when the backend offers snapshots"
     if snapshots:
         assert _imported_by_others(backend, "snapshot.py")
