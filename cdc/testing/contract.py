@@ -243,7 +243,8 @@ def fold(tables: list[pa.Table], keys: list[str]) -> dict[Any, dict[str, Any]]:
     return state
 
 
-def _drain(backend: Backend, start: dict[str, Any]) -> list[pa.Table]:
+def drain_snapshot(backend: Backend, start: dict[str, Any]) -> list[pa.Table]:
+    """Every batch from ``start`` until the chunked snapshot is done and nothing moves."""
     planner = Planner(backend)
     out: list[pa.Table] = []
     for _ in range(1000):
@@ -302,7 +303,7 @@ class ChunkedSnapshotContract:
         harness.update(20)
         replay = harness.backend()
         first = read_batch(replay, start, end)
-        delivered = [first, *_drain(replay, end)]
+        delivered = [first, *drain_snapshot(replay, end)]
         keys = _keys(replay.schema())
         assert fold(delivered, keys) == harness.table()
         last: dict[Any, int] = {}  # every key's records in increasing _seq: none older than one before it

@@ -32,32 +32,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc.backend import Backend
 from cdc.backends.mysql import snapshot
 from cdc.backends.mysql.positions import file_number, pack
 from cdc.offsets import Offset
 from cdc.planner import Planner
 from cdc.testing import drain, read_batch
+from cdc.testing.contract import drain_snapshot
 from tests.backends.mysql.harness import MySQLHarness, connect
 from tests.backends.mysql.test_backend import KINDS, MAX_ROW, _insert
 from tests.backends.postgres.fold import fold_json, fold_typed
-
-
-def _finish(backend: Backend, start: dict[str, Any]) -> list[pa.Table]:
-    """Every batch from ``start`` until the snapshot is done and nothing moves."""
-    planner = Planner(backend)
-    out: list[pa.Table] = []
-    for _ in range(1000):
-        end = planner.next(start)
-        if end == start:
-            state = Offset.from_json(end).snapshot
-            if state is None or not state.pending:
-                return out
-            continue
-        out.append(read_batch(backend, start, end))
-        backend.acknowledge(Offset.from_json(end).positions())
-        start = end
-    raise AssertionError("the snapshot never finished")
 
 
 def test_the_cut_is_the_read_views_position_not_show_master_status(
@@ -83,7 +66,7 @@ def test_the_cut_is_the_read_views_position_not_show_master_status(
         first = read_batch(backend, start, end)
         rows = {r["id"]: r for r in first.to_pylist()}
         assert rows[5]["v"] == "v5" and rows[5]["_seq"] == cut.seq  # ... the read view does not
-        later = _finish(backend, end)
+        later = drain_snapshot(backend, end)
         update = [r for t in later for r in t.to_pylist() if r["id"] == 5]
         assert [(r["_op"], r["v"]) for r in update] == [("update", "between")] and update[0]["_seq"] > cut.seq
         # Had the cut been SHOW MASTER STATUS, the update would lie before it, in no batch after the chunk: lost.
@@ -249,7 +232,7 @@ def test_random_histories_with_a_writer_during_the_snapshot(
                 planned = end
         if planned is not None:
             start = planned
-        delivered += _finish(h.backend(), start)
+        delivered += drain_snapshot(h.backend(), start)
         last: dict[Any, int] = {}
         for t in delivered:
             for row in t.select(["_table", "_key", "_seq"]).to_pylist():
