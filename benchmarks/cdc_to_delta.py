@@ -26,14 +26,23 @@ With ``--cluster`` the driver runs on a Spark standalone cluster started by the 
 one-core workers on loopback, as the cluster tests start it), with both engines (it implies ``--engine
 delta-spark``): the figures behind the default engine on a cluster.
 
-Prints changes/s for each, the ratios, peak memory, and last ``ratio <our pipeline/standalone>`` (the
-pipeline of ``--engine``).
+Paired rounds (``--rounds``, default 3): each round streams the same batches through every variant, one
+after another in an order that rotates from round to round, each into a fresh copy of its starting table,
+and delta-rs alone merges them too; each ratio is the median over the rounds of that round's ratio (the
+machine's load drifts between rounds, much less within one). The modes of the sink
+(:class:`sinks.delta.DeltaUpsertSink`'s ``ordered``):
+
+* **ordered delta-spark**: ``engine="delta-spark"`` with the cdc source's mark (one MERGE per batch);
+* **safe delta-spark**: ``engine="delta-spark", ordered=False`` (the state table's MERGE too);
+* **ordered delta-rs**: ``engine="delta-rs"`` (pipelined unless ``--sync``) with the source's mark.
+
+Prints changes/s for each variant, the labelled ratios, last among them ``ordered delta-spark/hand-written
+<r>``, ``safe delta-spark/hand-written <r>`` and ``ordered delta-rs/delta-rs-alone <r>``, then ``ratio <r>``
+(ordered delta-spark / hand-written; with ``--engine delta-rs``: ordered delta-rs / delta-rs alone).
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
 import shutil
 import sys
@@ -144,9 +153,10 @@ def spark_session(cluster: Any = None) -> object:
     return spark
 
 
-def initial_table(path: str, initial: pa.Table, sink_layout: bool) -> None:
-    """The 1M-row starting table: through the sink's core (sequence, tombstone columns) or as a plain table."""
-    if not sink_layout:
+def initial_table(path: str, initial: pa.Table, mode: str) -> None:
+    """The 1M-row starting table: through the sink's core in ``mode`` (``ordered``, ``safe``: with its state
+    table) or, ``plain``, as a plain table."""
+    if mode == "plain":
         from deltalake import write_deltalake
 
         write_deltalake(path, initial)
@@ -155,20 +165,7 @@ def initial_table(path: str, initial: pa.Table, sink_layout: bool) -> None:
 
     init = initial.append_column("_seq", pa.array(np.zeros(initial.num_rows, dtype=np.int64)))
     init = init.append_column("_op", pa.array(["snapshot"] * initial.num_rows, pa.string()))
-    DeltaUpsertSink(path, keys=["id"], compact_every=None).write(init, 0, app_id="initial-load")
-
-
-def commit_groups(path: str) -> list[int]:
-    """How many micro-batches each of the query's commits to the table applied, after the warm-up batch
-    (pipelined mode merges the batches that waited for a merge together; a commit records the group's last
-    batch id as its application transaction). Read from the local table's log."""
-    versions = []
-    for commit in sorted(Path(path, "_delta_log").glob("*.json")):
-        for line in commit.read_text().splitlines():
-            txn = json.loads(line).get("txn")
-            if txn and txn["appId"].startswith("cdc-tunnel-"):
-                versions.append(int(txn["version"]))
-    return [b - a for a, b in itertools.pairwise(versions)]
+    DeltaUpsertSink(path, keys=["id"], compact_every=None, ordered=mode == "ordered").write(init, 0, app_id="initial-load")
 
 
 def hand_written(path: str) -> Callable[[object, int], None]:
@@ -237,104 +234,103 @@ def stream(
 
 
 @click.command()
-@click.option("--engine", type=click.Choice(["delta-rs", "delta-spark"]), default="delta-rs", show_default=True,
-              help="delta-spark: also our pipeline on delta-spark and a hand-written delta-spark foreachBatch MERGE.")
-@click.option("--quick", is_flag=True, help="2 batches instead of 10 (runs in under a minute).")
+@click.option("--engine", type=click.Choice(["delta-rs", "delta-spark"]), default="delta-spark", show_default=True,
+              help="delta-rs: only the delta-rs variants (no io.delta jars needed).")
+@click.option("--quick", is_flag=True, help="2 batches instead of 10, one round.")
 @click.option("--verbose", is_flag=True, help="Print each micro-batch's timing.")
 @click.option("--sync", is_flag=True, help="delta-rs: merge inside foreachBatch (the sink's default) instead of pipelined=True.")
-@click.option("--batches", type=int, default=None, help="Number of 100k-change batches (default 10).")
+@click.option("--batches", type=int, default=None, help="Number of change batches per round (default 10).")
+@click.option("--rounds", type=int, default=None, help="Paired rounds (default 3; 1 with --quick).")
 @click.option("--table-rows", type=int, default=1_000_000, show_default=True)
 @click.option("--batch", type=int, default=100_000, show_default=True)
 @click.option("--cluster", is_flag=True,
               help="Run the driver on a Spark standalone cluster started here (master and 2 one-core workers on "
-                   "loopback, as tests/cluster) instead of local[2]; implies --engine delta-spark.")
-def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | None, table_rows: int, batch: int,
-         cluster: bool) -> None:
+                   "loopback, as tests/cluster) instead of local[2].")
+def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | None, rounds: int | None,
+         table_rows: int, batch: int, cluster: bool) -> None:
     from sinks.delta import DeltaUpsertSink
 
     n = batches or (2 if quick else 10)
+    r_count = rounds or (1 if quick else 3)
     rng = np.random.default_rng(7)
     initial = pa.table(rows(np.arange(table_rows, dtype=np.int64), rng))
     warmup, *changes = make_batches(table_rows, batch, n + 1, seed=11)
     total = n * batch
     work = Path(tempfile.mkdtemp(prefix="cdc-to-delta-"))
-    timings: dict[str, tuple[float, float, list[int]]] = {}
+    variants = ["ordered-rs"] + (["ordered-spark", "safe-spark", "hand"] if engine == "delta-spark" else [])
+    times: dict[str, list[float]] = {v: [] for v in [*variants, "alone"]}
     spark_cluster: Any = None
+    load = os.getloadavg()
     try:
-        # Standalone before and after the pipelines (the mean is the reference): the machine's load drifts.
-        reset_peak_rss()
-        t_before = standalone(str(work / "standalone-1"), initial, warmup, changes)
-        alone_peak = peak_rss_mb()
-        reset_peak_rss()
+        templates = {"ordered": work / "template-ordered", "safe": work / "template-safe", "plain": work / "template-plain"}
+        for mode, path in templates.items():
+            initial_table(str(path), initial, mode)
         if cluster:
             from cdc.servers.spark.cluster import SparkCluster
 
-            engine = "delta-spark"
             spark_cluster = SparkCluster(workers=2, cores=1, memory="1g").start()
         spark = spark_session(spark_cluster)
         jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[attr-defined]
-        rs_table = str(work / "pipeline-rs")
-        initial_table(rs_table, initial, sink_layout=True)
-        rs_sink = DeltaUpsertSink(rs_table, keys=["id"], compact_every=None, pipelined=not sync)
-        timings["rs"] = stream(spark, work, "rs", rs_sink, warmup, changes, batch, verbose, rs_sink.flush)
-        groups = commit_groups(rs_table)
-        from sinks.delta.sink import _collect
-
-        timings["collect"] = stream(spark, work, "collect", lambda df, _: _collect(df), warmup, changes, batch, verbose)
-        if engine == "delta-spark":
-            ds_table = str(work / "pipeline-spark")
-            initial_table(ds_table, initial, sink_layout=True)
-            ds_sink = DeltaUpsertSink(ds_table, keys=["id"], compact_every=None, engine="delta-spark")
-            timings["spark"] = stream(spark, work, "spark", ds_sink, warmup, changes, batch, verbose)
-            hand_table = str(work / "hand-written")
-            initial_table(hand_table, initial, sink_layout=False)
-            timings["hand"] = stream(spark, work, "hand", hand_written(hand_table), warmup, changes, batch, verbose)
+        for r in range(r_count):
+            order = variants[r % len(variants):] + variants[:r % len(variants)]
+            for v in order:
+                table = str(work / f"{v}-{r}")
+                shutil.copytree(templates["plain" if v == "hand" else "safe" if v == "safe-spark" else "ordered"], table)
+                if v == "hand":
+                    apply: Callable[[object, int], None] = hand_written(table)
+                    flush: Callable[[], None] = lambda: None  # noqa: E731
+                elif v == "ordered-rs":
+                    rs_sink = DeltaUpsertSink(table, keys=["id"], compact_every=None, engine="delta-rs", pipelined=not sync)
+                    apply, flush = rs_sink, rs_sink.flush
+                else:
+                    apply = DeltaUpsertSink(table, keys=["id"], compact_every=None, engine="delta-spark",
+                                            ordered=False if v == "safe-spark" else None)
+                    flush = lambda: None  # noqa: E731
+                t, _, sizes = stream(spark, work, f"{v}-{r}", apply, warmup, changes, batch, verbose, flush)
+                times[v].append(t)
+                if verbose:
+                    print(f"round {r} {v}: {t:.2f} s (micro-batches {sizes})")
+            times["alone"].append(standalone(str(work / f"alone-{r}"), initial, warmup, changes))
         jvm_peak = peak_rss_mb(jvm_pid)
         spark.stop()  # type: ignore[attr-defined]
-        if spark_cluster is not None:
-            spark_cluster.stop()
-            spark_cluster = None
-        driver_peak = peak_rss_mb()
-        t_after = standalone(str(work / "standalone-2"), initial, warmup, changes)
-        t_alone = (t_before + t_after) / 2
-        # The same changes merged by delta-rs alone in the pipeline's groups: what grouping alone buys.
-        grouped, at = [], 0
-        for size in groups:
-            group = pa.concat_tables(changes[at:at + size])
-            ids = group.column("id").to_numpy()[::-1]
-            last = len(ids) - 1 - np.unique(ids, return_index=True)[1]  # a MERGE source holds a key once
-            grouped.append(group.take(pa.array(np.sort(last))))
-            at += size
-        t_grouped = standalone(str(work / "standalone-grouped"), initial, warmup, grouped)
     finally:
         if spark_cluster is not None:
             spark_cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
-    alone_rate = total / t_alone
+    driver_peak = peak_rss_mb()
+
+    def ratio(reference: str, ours: str) -> float:
+        return float(np.median([a / b for a, b in zip(times[reference], times[ours], strict=True)]))
+
     where = "a standalone cluster (master + 2 one-core workers on loopback)" if cluster else "local[2]"
-    print(f"table {table_rows} rows, {n} batches x {batch} changes (50% update, 40% insert, 10% delete); Spark: {where}")
-    print(f"delta-rs alone (standalone merge): {t_alone:.2f} s (runs before/after the pipelines: {t_before:.2f} s, "
-          f"{t_after:.2f} s), {alone_rate:,.0f} changes/s, peak RSS {alone_peak:.0f} MB")
+    print(f"table {table_rows} rows, {n} batches x {batch} changes (50% update, 40% insert, 10% delete), "
+          f"{r_count} paired round(s); Spark: {where}; load average at start {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
+          f"at end {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     labels = {
-        "rs": f"our pipeline on delta-rs: cdc source -> DeltaUpsertSink(pipelined={not sync})",
-        "spark": "our pipeline on delta-spark: cdc source -> DeltaUpsertSink(engine='delta-spark')",
+        "alone": "delta-rs alone (plain upsert MERGE, Arrow in memory, no Spark)",
+        "ordered-rs": f"ordered delta-rs: cdc source -> DeltaUpsertSink(engine='delta-rs', pipelined={not sync})",
+        "ordered-spark": "ordered delta-spark: cdc source -> DeltaUpsertSink(engine='delta-spark')",
+        "safe-spark": "safe delta-spark: cdc source -> DeltaUpsertSink(engine='delta-spark', ordered=False)",
         "hand": "hand-written delta-spark foreachBatch MERGE (Delta docs' upsert pattern)",
-        "collect": "hand-over alone: cdc source -> foreachBatch collecting to Arrow, no merge",
     }
-    for key, (t, startup, sizes) in timings.items():
-        print(f"{labels[key]}: {t:.2f} s, {total / t:,.0f} changes/s, ratio to delta-rs alone {t_alone / t:.3f} "
-              f"(micro-batches {sizes}; query start + warm-up batch: {startup:.1f} s, not included)")
-    print(f"our pipeline on delta-rs: the {n} micro-batches were applied in {len(groups)} MERGE commits of "
-          f"{groups} micro-batches (delta-rs alone: one MERGE per micro-batch)")
-    print(f"delta-rs alone merging the same groups: {t_grouped:.2f} s, {total / t_grouped:,.0f} changes/s; our "
-          f"pipeline to it: {t_grouped / timings['rs'][0]:.3f}")
-    if "spark" in timings:
-        print(f"our delta-spark pipeline / hand-written delta-spark MERGE: {timings['hand'][0] / timings['spark'][0]:.3f}")
+    figures: dict[str, tuple[float, str]] = {}
+    for key, ts in times.items():
+        rate = total / float(np.median(ts))
+        figures[labels[key]] = (rate, "changes/s")
+        print(f"{labels[key]}: median {np.median(ts):.2f} s ({', '.join(f'{t:.2f}' for t in ts)}), {rate:,.0f} changes/s")
     print(f"peak RSS: driver (Python, incl. delta-rs) {driver_peak:.0f} MB, JVM {jvm_peak:.0f} MB")
     print(f"at {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    ours = timings["spark" if engine == "delta-spark" else "rs"][0]
-    append_record("cdc_to_delta", {labels[key]: (total / t, "changes/s") for key, (t, _, _) in timings.items()}, ratio=t_alone / ours, params={"engine": engine, "changes": total})
-    print(f"ratio {t_alone / ours:.3f}")
+    ratios = {"ordered delta-rs/delta-rs-alone": ratio("alone", "ordered-rs")}
+    if engine == "delta-spark":
+        ratios = {"ordered delta-spark/hand-written": ratio("hand", "ordered-spark"),
+                  "safe delta-spark/hand-written": ratio("hand", "safe-spark"), **ratios}
+    for name, value in ratios.items():
+        print(f"{name} {value:.3f}")
+    last = ratios.get("ordered delta-spark/hand-written", ratios["ordered delta-rs/delta-rs-alone"])
+    figures.update({name: (value, "ratio") for name, value in ratios.items()})
+    append_record("cdc_to_delta", figures, ratio=last,
+                  params={"engine": engine, "changes": total, "rounds": r_count, "cluster": cluster, "sync": sync})
+    print(f"ratio {last:.3f}")
 
 
 if __name__ == "__main__":

@@ -150,6 +150,10 @@ class Backend(ABC):
 
     name: ClassVar[str]
     options_model: ClassVar[type[BackendOptions]]
+    #: True when every key's changes reach a query in sequence order, across channels and batches (one
+    #: ordered log per table, or per-key channels that never move). The source then marks its ``_seq`` field
+    #: (:data:`cdc.model.KEY_ORDER_MARK`), which a sink may take as leave to skip out-of-order protection.
+    orders_keys: ClassVar[bool] = False
 
     def __init__(self, options: BackendOptions) -> None:
         self.options = options

@@ -88,6 +88,10 @@ CHANNEL = "_channel"
 POSITION = "_position"
 UNCHANGED = "_unchanged"
 OLD_KEY = "_old_key"
+#: Spark field metadata on ``_seq`` that ``format("cdc")`` sets when its backend delivers every key's changes in
+#: sequence order (:attr:`cdc.backend.Backend.orders_keys`); the value identifies one source instance, so a
+#: consumer can tell one source's output from a union of several (see ``sinks.delta``'s ordered mode).
+KEY_ORDER_MARK = "cdc.key_order"
 
 METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(OP, pa.string(), nullable=False),

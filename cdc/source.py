@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,12 +33,13 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
 from cdc.backend import Backend, RangeReader, backend_class
 from cdc.channels import ChannelRange, Position
 from cdc.errors import CdcError, OptionError
 from cdc.lag import measure, to_report
+from cdc.model import KEY_ORDER_MARK, SEQ
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
 from cdc.options import BackendOptions, SourceOptions, split_and_parse
 from cdc.partitions import check_splittable, split_ranges
@@ -275,7 +277,7 @@ class CdcDataSource(DataSource):
         if self._schema is None:
             backend = self._config.open()
             try:
-                self._schema = from_arrow_schema(backend.schema())
+                self._schema = _marked(from_arrow_schema(backend.schema()), type(backend).orders_keys)
             finally:
                 backend.close()
         return self._schema
@@ -292,6 +294,20 @@ class CdcDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return named_backend(self.options, "write").stream_writer(self.options, schema, overwrite)
+
+
+def _marked(schema: StructType, orders_keys: bool) -> StructType:
+    """``schema`` with ``_seq`` carrying :data:`cdc.model.KEY_ORDER_MARK` when the backend orders every key's
+    changes: the value is this source instance's own id, so that a union of two sources (two ids, or one id
+    over two scans) is told apart from one source's output."""
+    if not orders_keys or SEQ not in schema.names:
+        return schema
+    fields = [
+        StructField(f.name, f.dataType, f.nullable, {**(f.metadata or {}), KEY_ORDER_MARK: uuid.uuid4().hex})
+        if f.name == SEQ else f
+        for f in schema.fields
+    ]
+    return StructType(fields)
 
 
 _FORMER_DEFAULTS = {"read": "local", "write": "pulsar"}

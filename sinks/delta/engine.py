@@ -28,8 +28,11 @@ class Engine(Protocol):
     def committed_version(self, app_id: str) -> int | None:
         """The last version committed by the application transaction ``app_id`` (None: none or unknown)."""
 
-    def create(self, schema: pa.Schema) -> None:
-        """Create an empty table (no-op if a table already exists)."""
+    def create(self, schema: pa.Schema, properties: dict[str, str] | None = None) -> None:
+        """Create an empty table with table ``properties`` (no-op if a table already exists)."""
+
+    def properties(self) -> dict[str, str]:
+        """The table's properties (its metadata's configuration); empty when no table exists."""
 
     def add_columns(self, fields: list[pa.Field]) -> None:
         """Add nullable columns to the table."""

@@ -52,7 +52,10 @@ from sinks.delta.layout import (
     FROM,
     IS_CURRENT,
     IS_DELETE,
+    MODE_PROPERTY,
     NOW,
+    ORDERED,
+    SAFE,
     SET_PREFIX,
     TIMESTAMP,
     TO,
@@ -204,7 +207,15 @@ def _keys(spec: SinkSpec) -> list[Any]:
     return [F.col(quote(k)) for k in spec.keys]
 
 
-def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any) -> Any:
+def _no_heads(spec: SinkSpec, df: Any) -> Any:
+    """An empty frame of key heads (ordered mode), typed as the state table's rows would be."""
+    from pyspark.sql import functions as F
+
+    heads = df.select(*_keys(spec), F.col(quote(spec.sequence_by))).where(F.lit(False))
+    return heads.withColumn(DELETED_AT, F.lit(None).cast("timestamp"))
+
+
+def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any | None) -> Any:
     """SCD type 1: the latest change per key (exact duplicates tie on everything: any one), deletes with null
     values, kept only where newer than the key's head. The result's columns are those
     :func:`scd1.stage_scd1` gives after :func:`batch.prepare`."""
@@ -225,7 +236,7 @@ def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any) -> Any:
         for c in columns
     ]
     latest = latest.select(*staged, F.lit(now).cast("timestamp").alias(NOW))
-    return _fresh(spec, latest, heads)
+    return latest if heads is None else _fresh(spec, latest, heads)
 
 
 def _fresh(spec: SinkSpec, changes: Any, heads: Any) -> Any:
@@ -281,7 +292,10 @@ def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: An
         if changes.num_rows == 0:
             return arrow_schema.empty_table()
         prepared = prepare(spec, changes.drop_columns([BUCKET]), now)
-        head_rows = head_rows.drop_columns([BUCKET])
+        if head_rows.num_rows == 0 and spec.scd_type == 1:  # (a side without rows may come without columns)
+            head_rows = prepared.select([*spec.keys, spec.sequence_by]).slice(0, 0)
+        else:
+            head_rows = head_rows.drop_columns([BUCKET])
         if spec.scd_type == 1:
             return conform(stage_scd1(spec, prepared, head_rows))
         return conform(main_source(stage_scd2(spec, prepared, head_rows)))
@@ -347,6 +361,7 @@ class Target:
     state: DeltaSparkEngine
     main_done: bool
     state_done: bool
+    mode: str = SAFE  # ordered: one MERGE into the main table, no state table (see DeltaUpsertSink's ``ordered``)
 
 
 def write_frame(spec: SinkSpec, target: Target, df: Any, batch_id: int, app_id: str, now: datetime) -> bool:
@@ -375,10 +390,11 @@ def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: i
         log.debug("batch %d has no changes", batch_id)
         return False
     main, state = target.main, target.state
+    ordered = target.mode == ORDERED
     prepared = prepared_schema(checked)
     schema = main.schema()
     if schema is None:
-        main.create(table_schema(spec, prepared))
+        main.create(table_schema(spec, prepared), {MODE_PROPERTY: target.mode})
         schema = main.schema()
         assert schema is not None
     elif DELETED_AT in schema.names:
@@ -387,17 +403,22 @@ def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: i
             f"{DELETED_AT}); nothing was written. Run sink.migrate() once with this sink's options, then restart"
         )
     added = new_columns(spec, schema, prepared)  # a type change fails here, before anything is written
-    if state.schema() is None:
-        state.create(state_schema(spec, prepared))
-    heads = _heads(spec, state, schema, main, checked)
-    staged = _stage_latest(spec, checked.df, now, heads) if spec.scd_type == 1 and not checked.partial else None
+    if ordered:  # no state table: the MERGE itself compares sequences
+        heads = _no_heads(spec, checked.df)
+    else:
+        if state.schema() is None:
+            state.create(state_schema(spec, prepared))
+        heads = _heads(spec, state, schema, main, checked)
+    latest = spec.scd_type == 1 and not checked.partial
+    staged = _stage_latest(spec, checked.df, now, None if ordered else heads) if latest else None
     if not target.main_done:
         if added:
             log.info("adding columns %s to %s", [f.name for f in added], main.path)
             main.add_columns(added)
             schema = pa.schema([*schema, *added])
         source = staged if staged is not None else _stage_in_buckets(spec, checked, now, heads)
-        main.merge_frame(source, merge_plan(spec, source.columns, schema, checked.key_range), app_id, batch_id)
+        plan = merge_plan(spec, source.columns, schema, checked.key_range, ordered=ordered)
+        main.merge_frame(source, plan, app_id, batch_id)
         log.info("batch %d: merged %d change records into %s in Spark", batch_id, checked.rows, main.path)
     if not target.state_done:
         source = _state_source(spec, checked, staged, heads, now)

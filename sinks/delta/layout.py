@@ -88,6 +88,17 @@ STATE_DIR = "_cdc_state"
 BOOKKEEPING = ("sequence", "commit_ts", "is_current")
 
 
+#: The main table's property recording the sink's mode, set when the sink creates the table: ``ordered`` (one
+#: MERGE per batch, no state table) or ``safe`` (tombstones and sequences in the state table). A table
+#: without it was written by a release that had only the safe mode.
+MODE_PROPERTY = "cdc-tunnel.mode"
+ORDERED, SAFE = "ordered", "safe"
+
+
+class ModeMismatchError(TerminalError):
+    """The query asks for one mode and the table was created in the other; nothing was written."""
+
+
 def state_path(path: str) -> str:
     """The state table of the main table at ``path`` (a local path or an object-store URI)."""
     return path.rstrip("/") + "/" + STATE_DIR

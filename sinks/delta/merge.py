@@ -69,13 +69,19 @@ def _key_match(spec: SinkSpec) -> str:
     return " AND ".join(f"{col(TARGET_ALIAS, k)} = {col(SOURCE_ALIAS, k)}" for k in spec.keys)
 
 
-def merge_plan(spec: SinkSpec, source: Sequence[str], table: pa.Schema, key_range: KeyRange) -> MergePlan:
+def merge_plan(
+    spec: SinkSpec, source: Sequence[str], table: pa.Schema, key_range: KeyRange, *, ordered: bool = False
+) -> MergePlan:
     """The MERGE that applies a staged batch (:func:`sinks.delta.scd1.stage_scd1` or
     :func:`sinks.delta.scd2.main_source`), whose columns are ``source`` and whose key range is
     ``key_range``, to the main table, whose schema is ``table``.
 
     The source holds only changes newer than their key's head in the state table (the sequence guard ran in
     Arrow), so no clause compares sequences, and the main table needs no bookkeeping column to be correct.
+
+    ``ordered`` (SCD type 1, ordered mode): the source was not guarded against a state table (there is none);
+    where the table keeps ``sequence_by``, a matched row is changed only by a newer change (``s.seq > t.seq``),
+    so a stale update is still never applied.
     """
     s, t = SOURCE_ALIAS, TARGET_ALIAS
     present = set(source)
@@ -103,9 +109,10 @@ def merge_plan(spec: SinkSpec, source: Sequence[str], table: pa.Schema, key_rang
     clauses: tuple[Clause, ...]
     if spec.scd_type == 1:
         is_delete = col(s, IS_DELETE)
+        newer = f"{col(s, spec.sequence_by)} > {col(t, spec.sequence_by)}" if ordered and spec.sequence_by in table.names else None
         clauses = (
-            Clause("delete", is_delete, {}),
-            Clause("update", None, row({}, keys=False, over_target=True)),
+            Clause("delete", is_delete if newer is None else f"{is_delete} AND {newer}", {}),
+            Clause("update", newer, row({}, keys=False, over_target=True)),
             Clause("insert", f"NOT {is_delete}", row({})),
         )
     else:

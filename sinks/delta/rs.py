@@ -51,9 +51,18 @@ class DeltaRsEngine:
         dt = self._dt()
         return None if dt is None else dt.transaction_version(app_id)
 
-    def create(self, schema: pa.Schema) -> None:
+    def create(self, schema: pa.Schema, properties: dict[str, str] | None = None) -> None:
         DeltaTable.create(self.path, schema, mode="ignore", storage_options=self.storage_options)
         self._table = None
+        if properties:
+            # delta-rs refuses keys outside its own table properties at creation; setting them is allowed.
+            dt = self._dt()
+            assert dt is not None
+            dt.alter.set_table_properties(dict(properties), raise_if_not_exists=False)
+
+    def properties(self) -> dict[str, str]:
+        dt = self._dt()
+        return {} if dt is None else {k: str(v) for k, v in dt.metadata().configuration.items() if v is not None}
 
     def add_columns(self, fields: list[pa.Field]) -> None:
         dt = self._dt()

@@ -108,3 +108,46 @@ def default_engine(spark: Any, *, pipelined: bool = False) -> str:
         return "delta-spark" if delta_jars_available(spark) else "delta-rs"
     except Exception:
         return "delta-rs"
+
+
+def is_connect(spark: Any) -> bool:
+    """True for a Spark Connect session (no ``sparkContext``, no ``_jvm``); checked by class, so that a
+    classic session never imports the Connect client (grpc)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def ordered_source(batch_df: Any, sequence_by: str) -> bool:
+    """True when ``batch_df`` is the output of one ``format("cdc")`` source whose backend orders every key's
+    changes: its ``sequence_by`` column carries the source's mark (:data:`cdc.model.KEY_ORDER_MARK`) and the
+    streaming query's plan (outside a query: the batch's) reads exactly one relation. A union or a join reads two (even of one source with itself),
+    and two ordered streams together are not ordered. Under Spark Connect the plan cannot be inspected:
+    False (safe mode)."""
+    from cdc.model import KEY_ORDER_MARK
+
+    if sequence_by not in batch_df.columns or is_connect(batch_df.sparkSession):
+        return False
+    field = batch_df.schema[sequence_by]
+    if not (field.metadata or {}).get(KEY_ORDER_MARK):
+        return False
+    spark = batch_df.sparkSession
+    # foreachBatch hands over the batch as one already-planned relation (a LogicalRDD), whatever the query
+    # read: the query's own plan, with its sources as leaves, tells what it reads.
+    query_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+    if query_id:
+        # The batch's session is the query's clone of the session that started it, whose query manager
+        # knows the query: look in the batch's, then in the sessions this process created.
+        from pyspark.sql import SparkSession
+
+        query = None
+        for session in (spark, SparkSession.getActiveSession(), SparkSession._instantiatedSession):
+            if session is not None and not is_connect(session):
+                query = session._jsparkSession.streams().get(query_id)
+                if query is not None:
+                    break
+        if query is None:
+            return False
+        plan = query.streamingQuery().logicalPlan()
+    else:
+        plan = batch_df._jdf.queryExecution().analyzed()
+    return bool(plan.collectLeaves().size() == 1)
+

@@ -18,12 +18,23 @@ from cdc.model import CHANNEL, POSITION
 from sinks.delta.batch import after_last_truncate, check_ops, complete_key_changes, prepare
 from sinks.delta.engine import Engine
 from sinks.delta.keyrange import KeyRange
-from sinks.delta.layout import DEFAULT_DELETE_CONDITION, DELETED_AT, IS_DELETE, LegacyLayoutError, state_path
+from sinks.delta.layout import (
+    DEFAULT_DELETE_CONDITION,
+    DELETED_AT,
+    IS_DELETE,
+    MODE_PROPERTY,
+    ORDERED,
+    SAFE,
+    LegacyLayoutError,
+    ModeMismatchError,
+    state_path,
+)
 from sinks.delta.merge import merge_plan, state_plan
 from sinks.delta.migration import migrate_layout
 from sinks.delta.scd1 import purge_predicate, stage_scd1
 from sinks.delta.scd2 import current_rows, key_heads, main_source, stage_scd2
 from sinks.delta.schema import new_columns, state_schema, table_schema
+from sinks.delta.session import is_connect
 from sinks.delta.spec import SinkSpec
 from sinks.delta.staging import StagingLog
 from sinks.delta.state import conform, guard, heads_rows, key_change_source, state_source
@@ -73,6 +84,16 @@ class DeltaUpsertSink:
         and one commit (at most ``MAX_COALESCED`` batches). The table lags the query by at most one merge in
         flight plus the batches staged meanwhile until :meth:`flush` (or process exit).
     staging_dir : where pipelined mode stages batches (default ``<path>/_cdc_staging``; hidden from Delta).
+    ordered : the mode (recorded in the table's properties when the sink creates the table; a query claiming
+        the other mode fails naming both). True: **ordered mode**, for changes that reach the query in each
+        key's sequence order: a batch is one MERGE into the table, no state table; where the table keeps
+        ``sequence_by``, a stale change is still never applied to a live row, but a change older than a delete
+        arriving after it would bring the key back. False: **safe mode**, for any source: the state table keeps
+        every key's last sequence and its tombstones, so no late change is applied, at the price of a second
+        MERGE per batch. None (default): ordered when the batch comes straight from one ``format("cdc")``
+        source whose backend orders every key's changes (its ``_seq`` carries that mark and the batch's plan
+        reads one source: a union or a join of two streams does not qualify), else safe. SCD type 2 is
+        always safe (its key heads live in the state table).
     clock : returns the current UTC time (tombstone ages); for tests.
     """
 
@@ -95,6 +116,7 @@ class DeltaUpsertSink:
         storage_options: dict[str, str] | None = None,
         pipelined: bool = False,
         staging_dir: str | None = None,
+        ordered: bool | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.path = str(path)
@@ -113,7 +135,13 @@ class DeltaUpsertSink:
             raise OptionError("option 'compact_every' must be a positive number of batches, or None", "compact_every")
         if engine not in ENGINES:
             raise OptionError(f"option 'engine': {engine!r} is not accepted; accepted: {', '.join(ENGINES)}", "engine")
+        if ordered and scd_type == 2:
+            raise OptionError("option 'ordered': SCD type 2 keeps its key heads in the state table; accepted with "
+                              "scd_type=2: ordered=False or None", "ordered")
         self.compact_every = compact_every
+        self.ordered = ordered
+        self._mode: str | None = None  # the table's recorded mode, once the table exists
+        self._claimed: str | None = None
         self.app_id = app_id
         self.engine_name = engine
         self.storage_options = storage_options
@@ -184,8 +212,45 @@ class DeltaUpsertSink:
 
     def _committed(self, app_id: str) -> int | None:
         """The last batch committed to both tables under ``app_id`` (None: none, or unknown)."""
-        main, state = self.engine().committed_version(app_id), self.state_engine().committed_version(app_id)
+        main = self.engine().committed_version(app_id)
+        if self.table_mode() == ORDERED:
+            return main
+        state = self.state_engine().committed_version(app_id)
         return None if main is None or state is None else min(main, state)
+
+    # ------------------------------------------------------------------ modes
+    def table_mode(self) -> str | None:
+        """The mode recorded in the table's properties (``safe`` for a table written before modes existed);
+        None while no table exists."""
+        if self._mode is None and self.engine().schema() is not None:
+            self._mode = self.engine().properties().get(MODE_PROPERTY, SAFE)
+        return self._mode
+
+    def claim(self, batch_df: Any = None) -> str | None:
+        """The mode this sink asks for: ``ordered`` option, else the source's mark on ``batch_df`` (see
+        :func:`sinks.delta.session.ordered_source`); None: no claim (a table's own mode applies)."""
+        if self.ordered is not None:
+            return ORDERED if self.ordered else SAFE
+        if batch_df is None:
+            return None
+        if self.spec.scd_type == 2:
+            return SAFE
+        from sinks.delta.session import ordered_source
+
+        return ORDERED if ordered_source(batch_df, self.spec.sequence_by) else SAFE
+
+    def _resolve(self, claim: str | None) -> str:
+        """The mode a batch runs in: the table's, which must be the claimed one; a new table's is the claim."""
+        mode = self.table_mode()
+        if mode is None:
+            return claim or SAFE
+        if claim is not None and claim != mode:
+            raise ModeMismatchError(
+                f"{self.path} was created in {mode} mode (table property {MODE_PROPERTY}={mode}) and this query "
+                f"asks for {claim} mode; nothing was written. Set ordered={mode == ORDERED} on the sink to keep the "
+                f"table's mode, or write to a new table (switching modes silently would let a stale change through)"
+            )
+        return mode
 
     # ------------------------------------------------------------------ foreachBatch
     def __call__(self, batch_df: Any, batch_id: int) -> None:
@@ -213,9 +278,12 @@ class DeltaUpsertSink:
         unused = [c for c in batch_df.columns if c in (CHANNEL, POSITION) or c in self.spec.except_columns]
         if unused:
             batch_df = batch_df.drop(*unused)
+        claim = self.claim(batch_df)
         if self.engine_name == "delta-spark":
-            self.write_frame(batch_df, batch_id, app_id)
+            self.write_frame(batch_df, batch_id, app_id, claim=claim)
             return
+        self._resolve(claim)  # a mismatch fails before the batch is collected or staged
+        self._claimed = claim  # (the background merge's claim, pipelined)
         started = time.perf_counter()
         changes = _collect(batch_df)
         collected = time.perf_counter()
@@ -226,7 +294,7 @@ class DeltaUpsertSink:
                 batch_id, changes.num_rows, collected - started, time.perf_counter() - collected,
             )
             return
-        self.write(changes, batch_id, app_id)
+        self._apply(changes, batch_id, batch_id, app_id, claim)
         log.info(
             "batch %d: %d change records collected in %.3f s, applied in %.3f s",
             batch_id, changes.num_rows, collected - started, time.perf_counter() - collected,
@@ -286,7 +354,7 @@ class DeltaUpsertSink:
                     if len(run) > 1:
                         log.info("batches %d-%d merged together (%d change records): the merges fell behind",
                                  run[0][0], run[-1][0], changes.num_rows)
-                    self._apply(changes, run[0][0], run[-1][0], app_id)
+                    self._apply(changes, run[0][0], run[-1][0], app_id, self._claimed)
                     for batch_id, _ in run:
                         staging.remove(batch_id)
         except BaseException:
@@ -333,13 +401,16 @@ class DeltaUpsertSink:
             raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
         if batch_id < 0:
             raise ValueError(f"batch id must be >= 0, got {batch_id}")
-        return self._apply(changes, batch_id, batch_id, app)
+        return self._apply(changes, batch_id, batch_id, app, self.claim())
 
-    def _apply(self, changes: pa.Table, first: int, batch_id: int, app: str) -> bool:
+    def _apply(self, changes: pa.Table, first: int, batch_id: int, app: str, claim: str | None = None) -> bool:
         """:meth:`write` of the batches ``first`` to ``batch_id`` together (their change records concatenated):
         one commit per table, recorded as batch ``batch_id``, which marks the earlier ones done too."""
         main, state = self.engine(), self.state_engine()
-        main_done, state_done = main.committed_version(app), state.committed_version(app)
+        mode = self._resolve(claim)
+        ordered = mode == ORDERED
+        main_done = main.committed_version(app)
+        state_done = batch_id if ordered else state.committed_version(app)  # ordered: no state table
         if main_done is not None and main_done >= batch_id and state_done is not None and state_done >= batch_id:
             log.info("batch %d already committed to %s by %s; skipping the replay", batch_id, self.path, app)
             return False
@@ -360,7 +431,8 @@ class DeltaUpsertSink:
             return truncated is not None
         schema = main.schema()
         if schema is None:
-            main.create(table_schema(spec, prepared.schema))
+            main.create(table_schema(spec, prepared.schema), {MODE_PROPERTY: mode})
+            self._mode = mode
             schema = main.schema()
             assert schema is not None
         elif DELETED_AT in schema.names:
@@ -371,9 +443,12 @@ class DeltaUpsertSink:
                 "commit each), then restart the query"
             )
         added = new_columns(spec, schema, prepared.schema)  # a type change fails here, before any read or write
-        if state.schema() is None:
-            state.create(state_schema(spec, prepared.schema))
-        heads = conform(state.read(heads_rows(spec, prepared)), prepared.schema)
+        if ordered:
+            heads = prepared.select([*spec.keys, spec.sequence_by]).slice(0, 0)  # no heads: the MERGE compares
+        else:
+            if state.schema() is None:
+                state.create(state_schema(spec, prepared.schema))
+            heads = conform(state.read(heads_rows(spec, prepared)), prepared.schema)
         fresh: pa.Table | None = None  # the guarded changes, computed once (stage_scd1 is the guard itself)
         if main_done is None or main_done < batch_id:
             # The main table first, computed from the state before the batch: a crash before the state's
@@ -387,7 +462,7 @@ class DeltaUpsertSink:
             else:
                 current = conform(main.read(current_rows(spec, prepared)), prepared.schema)
                 source = main_source(stage_scd2(spec, prepared, key_heads(spec, heads, current)))
-            plan = merge_plan(spec, source.column_names, schema, KeyRange.of(spec.keys, source))
+            plan = merge_plan(spec, source.column_names, schema, KeyRange.of(spec.keys, source), ordered=ordered)
             metrics = main.merge(source, plan, app, batch_id)
             log.info("batch %d: merged %d changes into %s: %s", batch_id, source.num_rows, self.path, metrics)
         if state_done is None or state_done < batch_id:
@@ -413,7 +488,7 @@ class DeltaUpsertSink:
         :func:`sinks.delta.migration.migrate_layout`. Returns False when there was nothing to migrate."""
         return migrate_layout(self.path, self.spec, self.storage_options)
 
-    def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None) -> bool:
+    def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None, *, claim: str | None = None) -> bool:
         """:meth:`write` for a DataFrame with ``engine='delta-spark'``: prepared, staged and merged inside Spark
         (:mod:`sinks.delta.frame`), never collected to the driver."""
         from sinks.delta.frame import Target, write_frame
@@ -424,15 +499,18 @@ class DeltaUpsertSink:
             raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
         main, state = self.engine(batch_df.sparkSession), self.state_engine(batch_df.sparkSession)
         assert isinstance(main, DeltaSparkEngine) and isinstance(state, DeltaSparkEngine)
-        main_done, state_done = main.committed_version(app), state.committed_version(app)
+        mode = self._resolve(claim if claim is not None else self.claim(batch_df))
+        main_done = main.committed_version(app)
+        state_done = batch_id if mode == ORDERED else state.committed_version(app)
         target = Target(main, state, main_done is not None and main_done >= batch_id,
-                        state_done is not None and state_done >= batch_id)
+                        state_done is not None and state_done >= batch_id, mode)
         if target.main_done and target.state_done:
             log.info("batch %d already committed to %s by %s; skipping the replay", batch_id, self.path, app)
             return False
         now = self.clock()
         if not write_frame(self.spec, target, batch_df, batch_id, app, now):
             return False
+        self._mode = mode
         if self.compact_every and (batch_id + 1) % self.compact_every == 0:
             self.maintain(now)
         return True
@@ -447,12 +525,6 @@ class DeltaUpsertSink:
             state.compact()
         if main.schema() is not None:
             main.compact()
-
-
-def is_connect(spark: Any) -> bool:
-    """True for a Spark Connect session (no ``sparkContext``, no ``_jvm``); checked by class, so that a
-    classic session never imports the Connect client (grpc)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def _connect_query_id(spark: Any) -> str | None:

@@ -55,7 +55,7 @@ class DeltaSparkEngine:
     enforces_transactions = True
 
     def __init__(self, spark: Any, path: str) -> None:
-        from sinks.delta.sink import is_connect
+        from sinks.delta.session import is_connect
 
         # Under Spark Connect the server's classpath cannot be asked (no ``_jvm``): delta-spark's Python
         # DeltaTable sends its calls through Delta's Connect plugin, which the server must load.
@@ -96,11 +96,24 @@ class DeltaSparkEngine:
         """The table as a DataFrame (Delta's reader)."""
         return self._forpath().toDF()
 
-    def create(self, schema: pa.Schema) -> None:
+    def create(self, schema: pa.Schema, properties: dict[str, str] | None = None) -> None:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         builder = self._DeltaTable.createIfNotExists(self.spark).location(self.path)
+        for key, value in (properties or {}).items():
+            builder = builder.property(key, value)
         builder.addColumns(from_arrow_schema(schema)).execute()
+
+    def properties(self) -> dict[str, str]:
+        # Read from the log by delta-rs on the driver, as committed_version: no Spark job.
+        from deltalake import DeltaTable as LogReader
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            configuration = LogReader(self.path).metadata().configuration
+        except TableNotFoundError:
+            return {}
+        return {k: str(v) for k, v in configuration.items() if v is not None}
 
     def add_columns(self, fields: list[pa.Field]) -> None:
         from pyspark.sql.pandas.types import from_arrow_type

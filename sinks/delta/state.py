@@ -41,11 +41,22 @@ def key_change_source(spec: SinkSpec, main: Engine, state: Engine, keys: pa.Tabl
     """What the two tables hold of ``keys`` (old and new keys of a batch's key changes), shaped by
     :func:`sinks.delta.batch.key_change_rows` for :func:`sinks.delta.batch.complete_key_changes`."""
     seq = spec.sequence_by
-    if main.schema() is None or state.schema() is None:  # a new table holds nothing
+    if main.schema() is None:  # a new table holds nothing
         none = keys.select(list(spec.keys)).slice(0, 0)
         return none.append_column(seq, pa.array([], pa.int64())).append_column(IS_DELETE, pa.array([], pa.bool_()))
     wanted = Rows(KeyRange.of(spec.keys, keys))
-    return key_change_rows(spec, _of_keys(state, wanted, keys), _of_keys(main, wanted, keys))
+    rows = _of_keys(main, wanted, keys)
+    if state.schema() is None:  # ordered mode: the table's live rows are the heads (a deleted key has none)
+        heads = rows.select(list(spec.keys))
+        at = rows.column(seq) if seq in rows.column_names else pa.repeat(pa.scalar(_EARLIEST), rows.num_rows)
+        heads = heads.append_column(seq, at).append_column(pa.field(DELETED_AT, TIMESTAMP), pa.nulls(rows.num_rows, TIMESTAMP))
+        return key_change_rows(spec, heads, rows)
+    return key_change_rows(spec, _of_keys(state, wanted, keys), rows)
+
+
+#: Ordered mode with the sequence column hidden: the sequence a live row's head is taken at (any change of
+#: an ordered batch is newer than what the table holds).
+_EARLIEST = -(1 << 63)
 
 
 def _of_keys(engine: Engine, wanted: Rows, keys: pa.Table) -> pa.Table:

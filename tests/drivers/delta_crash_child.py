@@ -76,7 +76,10 @@ def run(spark: Any, log_path: str, table: str, checkpoint: str, markers: str, ho
 
     pipelined = pipelined or hold == "--hold-in-background-merge" or os.environ.get("CRASH_CHILD_PIPELINED") == "1"
     engine = os.environ.get("CRASH_CHILD_ENGINE", "delta-rs")
-    sink = SlowMergeSink(table, keys=["id"], compact_every=3, pipelined=pipelined, engine=engine)
+    # Safe mode (the default would take ordered mode from the local source's mark): its two commits per batch are
+    # what the crash points sit between.
+    ordered = os.environ.get("CRASH_CHILD_ORDERED") == "1"
+    sink = SlowMergeSink(table, keys=["id"], compact_every=3, pipelined=pipelined, engine=engine, ordered=ordered)
 
     def batch(df: object, batch_id: int) -> None:
         with calls.open("a") as f:

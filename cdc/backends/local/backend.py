@@ -20,6 +20,7 @@ from cdc.partitions import pick_near
 
 class LocalBackend(Backend):
     name = "local"
+    orders_keys = True  # every key's changes reach the query in sequence order (see Backend.orders_keys)
     options_model = LocalOptions
     options: LocalOptions
 

@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 class PostgresBackend(Backend):
     name = "postgres"
+    orders_keys = True  # every key's changes reach the query in sequence order (see Backend.orders_keys)
     options_model = PostgresOptions
     options: PostgresOptions
 

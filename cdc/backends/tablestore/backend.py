@@ -161,6 +161,7 @@ class TablestoreBackend(Backend):
     """Reads one tunnel of one Tablestore table. See the module docstring for positions and lineage."""
 
     name = "tablestore"
+    orders_keys = True  # every key's changes reach the query in sequence order (see Backend.orders_keys)
     options_model = TablestoreOptions
     options: TablestoreOptions
 

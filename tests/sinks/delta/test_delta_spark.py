@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 
 from cdc.backends.local import LocalLog
 from sinks.delta import DeltaUpsertSink, read
-from sinks.delta.layout import DELETED_AT, STATE_DIR
+from sinks.delta.layout import DELETED_AT, MODE_PROPERTY, STATE_DIR
 
 pytestmark = pytest.mark.spark
 TS = pa.timestamp("us", tz="UTC")
@@ -74,14 +74,23 @@ def test_frame_path_equals_delta_rs(spark: Any, tmp_path: Path, scd_type: int, p
 
 
 @pytest.mark.slow
-def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("shape", ["one-source", "union"])
+def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
     """From foreachBatch, engine='delta-spark' merges without bringing the batch to the driver: every way
-    to collect a DataFrame fails, except single-row results (the batch's checks and key range)."""
+    to collect a DataFrame fails, except single-row results (the batch's checks and key range). Both modes:
+    one cdc source over an ordered log runs ordered mode (the source's mark; one MERGE, no state table);
+    a union of two such sources is not ordered and runs safe mode (the state table's MERGE too)."""
     import sinks.delta.sink as sink_module
 
-    log = LocalLog.create(tmp_path / "log", [("id", pa.int64()), ("a", pa.string())], ["id"])
-    log.append([{"_op": "insert", "id": i, "a": f"v{i}"} for i in range(50)])
-    log.append([{"_op": "delete", "id": i} for i in range(0, 50, 5)] + [{"_op": "update", "id": 1, "a": "w"}])
+    schema = [("id", pa.int64()), ("a", pa.string())]
+    log = LocalLog.create(tmp_path / "log", schema, ["id"])
+    mine = 50 if shape == "one-source" else 25  # keys of the first log; the union's second log has the rest
+    log.append([{"_op": "insert", "id": i, "a": f"v{i}"} for i in range(mine)])
+    log.append([{"_op": "delete", "id": i} for i in range(0, mine, 5)] + [{"_op": "update", "id": 1, "a": "w"}])
+    if shape == "union":
+        other = LocalLog.create(tmp_path / "log2", schema, ["id"])
+        other.append([{"_op": "insert", "id": i, "a": f"v{i}"} for i in range(25, 50)])
+        other.append([{"_op": "delete", "id": i} for i in range(25, 50, 5)])
     DataFrame = type(spark.range(1))  # the classic DataFrame (pyspark.sql.DataFrame is its abstract parent)
     real_collect = DataFrame.collect
     big: list[int] = []
@@ -101,9 +110,13 @@ def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytes
             monkeypatch.setattr(DataFrame, name, refuse)
     monkeypatch.setattr(sink_module, "_collect", refuse)
     target = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], engine="delta-spark")
+
+    def stream(name: str) -> Any:
+        return spark.readStream.format("cdc").option("backend", "local").option("path", str(tmp_path / name)).load()
+
+    changes = stream("log") if shape == "one-source" else stream("log").unionByName(stream("log2"))
     q = (
-        spark.readStream.format("cdc").option("backend", "local").option("path", str(tmp_path / "log")).load()
-        .writeStream.foreachBatch(target).option("checkpointLocation", str(tmp_path / "ck"))
+        changes.writeStream.foreachBatch(target).option("checkpointLocation", str(tmp_path / "ck"))
         .trigger(availableNow=True).start()
     )
     q.awaitTermination()
@@ -112,6 +125,9 @@ def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytes
     monkeypatch.undo()
     got = {r["id"]: r["a"] for r in read(spark, str(tmp_path / "t")).collect()}
     assert got == {i: ("w" if i == 1 else f"v{i}") for i in range(50) if i % 5}
+    mode = "ordered" if shape == "one-source" else "safe"
+    assert DeltaTable(str(tmp_path / "t")).metadata().configuration[MODE_PROPERTY] == mode
+    assert (tmp_path / "t" / STATE_DIR).exists() == (mode == "safe")
 
 
 def test_read_uses_delta_reader(spark: Any, tmp_path: Path) -> None:
