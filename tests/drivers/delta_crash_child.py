@@ -46,22 +46,22 @@ def run(spark: Any, log_path: str, table: str, checkpoint: str, markers: str, ho
         """Pipelined mode: the background merge of the held batch waits (and is killed there), so Spark
         records the batch as done while its Delta commit does not exist yet."""
 
-        def _apply(self, changes: Any, first: int, batch_id: int, app: str) -> bool:
-            # The background merge applies a group of staged batches (first..batch_id) through _apply.
+        def _apply(self, changes: Any, first: int, batch_id: int, app: str, claim: str | None = None) -> bool:
+            # Every Arrow batch goes through _apply; the background merge applies a group of staged batches
+            # (first..batch_id) there.
             if hold == "--hold-in-background-merge" and first <= hold_batch <= batch_id:
                 (Path(markers) / "holding").write_text(str(hold_batch))
                 time.sleep(600)
-            return super()._apply(changes, first, batch_id, app)
+            if hold == "--hold-between-commits" and first <= hold_batch <= batch_id:
+                self._hold_state_commit(hold_batch)
+            return super()._apply(changes, first, batch_id, app, claim)
 
-        def write(self, changes: Any, batch_id: int, app_id: str | None = None) -> bool:
+        def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None, *,
+                        claim: str | None = None) -> bool:
+            # delta-spark: a batch is merged inside Spark, not through _apply
             if hold == "--hold-between-commits" and batch_id == hold_batch:
                 self._hold_state_commit(batch_id)
-            return super().write(changes, batch_id, app_id)
-
-        def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None) -> bool:
-            if hold == "--hold-between-commits" and batch_id == hold_batch:
-                self._hold_state_commit(batch_id)
-            return super().write_frame(batch_df, batch_id, app_id)
+            return super().write_frame(batch_df, batch_id, app_id, claim=claim)
 
         def _hold_state_commit(self, batch_id: int) -> None:
             def held(*args: Any, **kwargs: Any) -> Any:
