@@ -5,7 +5,8 @@ test kills with SIGKILL (see test_crash.py); the run after the kills, which noth
 Usage: python delta_crash_child.py LOG TABLE CHECKPOINT MARKERS [--hold-after-commit N | --hold-before-commit N |
        --hold-between-commits N | --hold-in-background-merge N]
 Environment: CRASH_CHILD_ENGINE (the sink's engine, default delta-rs), CRASH_CHILD_PIPELINED (1: pipelined),
-CRASH_CHILD_MAX_RECORDS (maxRecordsPerTrigger, default 40: fewer, larger batches make fewer delta-spark MERGEs).
+CRASH_CHILD_MAX_RECORDS (maxRecordsPerTrigger, default 40: fewer, larger batches make fewer delta-spark MERGEs),
+CRASH_CHILD_ORDERED (1: the sink in ordered mode; otherwise safe mode).
 """
 
 from __future__ import annotations

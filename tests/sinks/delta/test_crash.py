@@ -5,7 +5,7 @@ The child process (tests/drivers/delta_crash_child.py) runs ``readStream.format(
 (so Spark replays the batch on restart and the sink must skip it), or before the sink commits (so the
 replay must apply it), or between the main table's commit and the state table's (so the replay must commit
 the state alone), or, in pipelined mode, after Spark recorded the batch as done but before its
-background MERGE committed (so the staged copy must be merged on restart). Either way the table must equal the source table and every batch id must be
+background MERGE committed (so the staged copy must be merged on restart; in both of the sink's modes). Either way the table must equal the source table and every batch id must be
 committed exactly once on each of the two tables (their Delta logs' application-transaction actions).
 """
 
@@ -101,10 +101,13 @@ def run_here(spark: Any, args: list[str], pipelined: bool = False, deadline_s: f
     run(spark, *args, pipelined=pipelined, timeout_s=deadline_s)
 
 
-def check_table(table: Path, source: dict[int, tuple[str, int]], calls: list[tuple[str, ...]]) -> None:
+def check_table(table: Path, source: dict[int, tuple[str, int]], calls: list[tuple[str, ...]],
+                ordered: bool = False) -> None:
     """Each batch id committed exactly once, under one application id that survived the restarts, and the
-    table equals the source table."""
-    for log_of in (table, table / "_cdc_state"):
+    table equals the source table. Ordered mode: the table alone (it has no state table)."""
+    if ordered:
+        assert not (table / "_cdc_state").exists()
+    for log_of in (table,) if ordered else (table, table / "_cdc_state"):
         txns = txn_versions(log_of)
         apps = {a for a, _ in txns}
         assert len(apps) == 1 and next(iter(apps)).startswith("cdc-tunnel-")
@@ -150,9 +153,13 @@ def test_kill_9_mid_batch_then_restart(spark: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_kill_9_pipelined_after_spark_commit_then_restart(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["safe", "ordered"])
+def test_kill_9_pipelined_after_spark_commit_then_restart(spark: Any, tmp_path: Path, mode: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Pipelined mode: killed once Spark has recorded batch 2 as done (its commit log entry) while the
-    batch's MERGE waits in the background: only the staged copy can bring batch 2 to the table."""
+    batch's MERGE waits in the background: only the staged copy can bring batch 2 to the table. In both of the
+    sink's modes (ordered: one commit per batch, no state table)."""
+    monkeypatch.setenv("CRASH_CHILD_ORDERED", "1" if mode == "ordered" else "0")  # the child and the run here
     log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
     source = write_history(log)
     table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
@@ -165,4 +172,4 @@ def test_kill_9_pipelined_after_spark_commit_then_restart(spark: Any, tmp_path: 
     assert len({pid for pid, _ in calls}) == 2
     assert [b for _, b in calls].count("2") == 1  # Spark does not replay a batch it recorded as done
     assert not any((table / "_cdc_staging").rglob("*.arrow"))
-    check_table(table, source, calls)
+    check_table(table, source, calls, ordered=mode == "ordered")
