@@ -5,8 +5,10 @@ crash test kills. Not a test module.
 Usage: python chunked_snapshot_child.py DSN LAKE CHECKPOINT SNAPSHOTS MARKERS [--hold before|after N] [--once]
 ``--hold before N``: batch N waits (in foreachBatch, before the sink reads it: its offsets are logged, its chunks
 not read) until ``MARKERS/release`` exists; ``after``: after the sinks committed it. ``--once``: run with
-Trigger.AvailableNow and exit; else a 0.5 s processing-time trigger until killed. Spark runs ``local[2,3]``: a
-task may fail twice and be retried.
+Trigger.AvailableNow and exit; else a 0.5 s processing-time trigger until killed. ``--restart``: when the query
+fails, write its error to ``MARKERS/failed``, wait for ``MARKERS/resume``, then restart it on its checkpoint in
+this driver (new sinks, Trigger.AvailableNow) and exit. Spark runs ``local[2,3]``: a task may fail twice and be
+retried.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ def main() -> None:
     spark = spark_builder("chunked-snapshot-child").master("local[2,3]").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     cdc.register(spark)
-    sinks = [DeltaUpsertSink(f"{lake}/default", keys=["k"], engine="delta-rs"),
-             DeltaUpsertSink(f"{lake}/pipelined", keys=["k"], engine="delta-rs", pipelined=True)]
+    def new_sinks() -> list[DeltaUpsertSink]:
+        return [DeltaUpsertSink(f"{lake}/default", keys=["k"], engine="delta-rs"),
+                DeltaUpsertSink(f"{lake}/pipelined", keys=["k"], engine="delta-rs", pipelined=True)]
+
+    sinks = new_sinks()
     marks = Path(markers)
 
     def wait(batch_id: int, when: str) -> None:
@@ -58,7 +63,18 @@ def main() -> None:
                .option("snapshot.chunksPerBatch", "2").option("snapshot.cutTimeout", "2").load())
     writer = changes.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint)
     query = (writer.trigger(availableNow=True) if "--once" in rest else writer.trigger(processingTime="500 milliseconds")).start()
-    query.awaitTermination()
+    try:
+        query.awaitTermination()
+    except Exception as exc:
+        if "--restart" not in rest:
+            raise
+        for sink in sinks:  # the failed query's last background merge (pipelined) ends before the restart
+            sink.flush()
+        (marks / "failed").write_text(str(exc))
+        while not (marks / "resume").exists():
+            time.sleep(0.1)
+        sinks[:] = new_sinks()
+        writer.trigger(availableNow=True).start().awaitTermination()
     for sink in sinks:
         sink.flush()  # pipelined: the last batches' background merge
     spark.stop()

@@ -2,10 +2,10 @@
 task killed inside its chunk (retried: ``local[2,3]``), the driver killed (``kill -9`` of its process group)
 after a batch's offsets were logged and before its chunks were read (the replay reads at a new cut, which the
 next batch holds back), PostgreSQL killed and restarted while a batch waits to read its chunks (their cut is
-gone with the server: the query fails, its restart replays the batch). At the end both Delta tables (the
-sink's default mode and its pipelined mode) equal ``SELECT *``. (A replay of a batch the sinks committed
-yields the rows its first complete reads kept: the contract suite's ChunkedSnapshotContract shows it without
-a driver process.)"""
+gone with the server: the query fails naming the lost cut, and its restart in the same driver replays the
+batch). At the end both Delta tables (the sink's default mode and its pipelined mode) equal ``SELECT *``. (A
+replay of a batch the sinks committed yields the rows its first complete reads kept: the contract suite's
+ChunkedSnapshotContract shows it without a driver process.)"""
 
 from __future__ import annotations
 
@@ -87,16 +87,17 @@ def _start(dsn: str, tmp: Path, *args: str, kill_task: bool = False) -> subproce
                             start_new_session=True, stdout=log, stderr=log)
 
 
-def _wait_holding(proc: subprocess.Popen[bytes], tmp: Path, timeout: float = 240) -> str:
+def _wait_mark(proc: subprocess.Popen[bytes], tmp: Path, name: str, timeout: float = 240) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (tmp / "marks" / "holding").exists():
-            return (tmp / "marks" / "holding").read_text()
+        if (tmp / "marks" / name).exists():
+            time.sleep(0.2)  # written whole
+            return (tmp / "marks" / name).read_text()
         if proc.poll() is not None:
-            pytest.fail(f"the child exited ({proc.returncode}) before holding: {(tmp / 'child.log').read_text()[-3000:]}")
+            pytest.fail(f"the child exited ({proc.returncode}) before {name}: {(tmp / 'child.log').read_text()[-3000:]}")
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail(f"the child never held: {(tmp / 'child.log').read_text()[-3000:]}")
+    pytest.fail(f"no {name} from the child: {(tmp / 'child.log').read_text()[-3000:]}")
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -128,22 +129,25 @@ def test_chunked_snapshot_into_delta_survives_every_crash(postgres_server: Any, 
         # A task dies inside its chunk (retried), then the driver dies before batch 2 reads its chunks.
         (tmp_path / "kill-a-task").write_text("")
         child = _start(postgres_dsn, tmp_path, "--hold", "before", "2", kill_task=True)
-        assert _wait_holding(child, tmp_path) == "before 2"
+        assert _wait_mark(child, tmp_path, "holding") == "before 2"
         _kill(child)
         assert not (tmp_path / "kill-a-task").exists(), "no task was killed inside its chunk"
         # PostgreSQL dies while batch 4 waits to read its chunks: their cut goes with it, the query fails.
-        child = _start(postgres_dsn, tmp_path, "--hold", "before", "4")
-        assert _wait_holding(child, tmp_path) == "before 4"
+        child = _start(postgres_dsn, tmp_path, "--hold", "before", "4", "--restart")
+        assert _wait_mark(child, tmp_path, "holding") == "before 4"
         postgres_server.kill()
         postgres_server.start()
         (tmp_path / "marks" / "release").write_text("")
-        assert child.wait(240) != 0, "the query went on without its cut"
+        failed = _wait_mark(child, tmp_path, "failed")
+        assert "CutLostError" in failed, f"the query went on without its cut, or failed otherwise: {failed[-3000:]}"
         time.sleep(1)
     finally:
         writer.stop.set()
         writer.join(30)
     assert writer.done > 100
-    child = _start(postgres_dsn, tmp_path, "--once")  # the restart replays batch 4 at a new cut, then finishes
+    # The query restarted in the same driver (a new driver's restart is the first kill's) replays batch 4 at a
+    # new cut, then finishes.
+    (tmp_path / "marks" / "resume").write_text("")
     assert child.wait(600) == 0, (tmp_path / "child.log").read_text()[-3000:]
     batches = [int(line.split()[1]) for line in (tmp_path / "marks" / "batches.txt").read_text().splitlines()]
     assert max(batches) > 4 and batches.count(2) >= 2 and batches.count(4) >= 2
