@@ -5,10 +5,10 @@ crash test kills (the test also runs :func:`stream` in its own session). Not a t
 Usage: python chunked_snapshot_child.py DSN LAKE CHECKPOINT SNAPSHOTS MARKERS [--hold before|after N] [--once]
 ``--hold before N``: batch N waits (in foreachBatch, before the sink reads it: its offsets are logged, its chunks
 not read) until ``MARKERS/release`` exists; ``after``: after the sinks committed it. ``--once``: run with
-Trigger.AvailableNow and exit; else a 0.5 s processing-time trigger until killed. ``--restart``: when the query
-fails, write its error to ``MARKERS/failed``, wait for ``MARKERS/resume``, then restart it on its checkpoint in
-this driver (new sinks, Trigger.AvailableNow) and exit. Spark runs ``local[2,3]``: a task may fail twice and be
-retried.
+Trigger.AvailableNow and exit; else a 0.5 s processing-time trigger until killed. Spark runs ``local[2,3]``: a
+task may fail twice and be retried. :func:`stream` with ``restart``: when the query fails, write its error to
+``MARKERS/failed``, wait for ``MARKERS/resume``, then restart it on its checkpoint in the same driver (new
+sinks, Trigger.AvailableNow).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main() -> None:
     spark = spark_builder("chunked-snapshot-child").master("local[2,3]").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     cdc.register(spark)
-    stream(spark, dsn, lake, checkpoint, snapshots, markers, hold, hold_batch, "--once" in rest, "--restart" in rest)
+    stream(spark, dsn, lake, checkpoint, snapshots, markers, hold, hold_batch, once="--once" in rest)
     spark.stop()
 
 
