@@ -1,8 +1,8 @@
 """The cdc source over Kafka in a real Spark driver process while things break: the broker killed with SIGKILL
-and restarted mid-stream, then the driver killed with SIGKILL and restarted on its checkpoint, with a
-transactional producer and a partition added to the topic along the way. Nothing is lost or duplicated (an
-aborted transaction's records never arrive), each partition's records come in offset order, and each key's in
-the order they were produced."""
+and restarted mid-stream, then the driver killed with SIGKILL and restarted on its checkpoint (in the test's
+own Spark session: only the kill needs a process of its own), with a transactional producer and a partition
+added to the topic along the way. Nothing is lost or duplicated (an aborted transaction's records never
+arrive), each partition's records come in offset order, and each key's in the order they were produced."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 
 from cdc.servers.kafka import ApacheKafka
 from tests.backends.kafka.helpers import produce
-from tests.streaming import driver_args, kill_driver, wait_for
+from tests.streaming import driver_args, kill_driver, start_query, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def _send(kafka: ApacheKafka, topic: str, lo: int, hi: int) -> None:
     produce(kafka.bootstrap, topic, [f"m{i}".encode() for i in range(lo, hi)], [f"k{i % 7}" for i in range(lo, hi)])
 
 
-def test_broker_and_driver_kill_9_mid_stream(apache_kafka: ApacheKafka, tmp_path: Path) -> None:
+def test_broker_and_driver_kill_9_mid_stream(spark: Any, apache_kafka: ApacheKafka, tmp_path: Path) -> None:
     topic = f"restarts-{uuid.uuid4().hex[:8]}"
     apache_kafka.create_topic(topic, 2)
     out, ck, log = tmp_path / "out", tmp_path / "ck", tmp_path / "driver.log"
@@ -60,6 +60,7 @@ def test_broker_and_driver_kill_9_mid_stream(apache_kafka: ApacheKafka, tmp_path
                "maxOffsetsPerTrigger": "300", "kafkaConsumer.pollTimeoutMs": "120000"}
     _send(apache_kafka, topic, 0, 500)
     proc = _start(options, out, ck, log)
+    query = None
     try:
         wait_for(lambda: len(_rows(out)) >= 200, 300, "the first records")
         apache_kafka.kill()  # mid-stream: the query has a backlog left
@@ -77,12 +78,16 @@ def test_broker_and_driver_kill_9_mid_stream(apache_kafka: ApacheKafka, tmp_path
         kill_driver(proc)
         apache_kafka.add_partitions(topic, 3)  # keys move: their later records go to the new partition too
         _send(apache_kafka, topic, 1200, 1600)
-        proc = _start(options, out, ck, log)
+        # The restarted driver is this process's Spark session: only the kill needs a process of its own.
+        query = start_query(spark, options, out, ck)
         wait_for(lambda: len(_rows(out)) >= 1500, 300, "the records produced after the driver restart")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; driver log: {log.read_text()[-3000:]}") from None
+        failed = query.exception() if query is not None else None
+        raise AssertionError(f"{exc}; restarted query: {failed}; driver log: {log.read_text()[-3000:]}") from None
     finally:
         kill_driver(proc)
+        if query is not None:
+            query.stop()
     rows = _rows(out)
     values = [r["value"].decode() for r in rows]
     expected = [f"m{i}" for i in (*range(1000), *range(1100, 1600))]

@@ -2,10 +2,11 @@
 task killed inside its chunk (retried: ``local[2,3]``), the driver killed (``kill -9`` of its process group)
 after a batch's offsets were logged and before its chunks were read (the replay reads at a new cut, which the
 next batch holds back), PostgreSQL killed and restarted while a batch waits to read its chunks (their cut is
-gone with the server: the query fails, its restart replays the batch). At the end both Delta tables (the
-sink's default mode and its pipelined mode) equal ``SELECT *``. (A replay of a batch the sinks committed
-yields the rows its first complete reads kept: the contract suite's ChunkedSnapshotContract shows it without
-a driver process.)"""
+gone with the server: the query fails naming the lost cut, and its restart in the same driver replays the
+batch; that driver, the one restarted after the kill, is the test's own Spark session). At the end both Delta
+tables (the sink's default mode and its pipelined mode) equal ``SELECT *``. (A replay of a batch the sinks
+committed yields the rows its first complete reads kept: the contract suite's ChunkedSnapshotContract shows it
+without a driver process.)"""
 
 from __future__ import annotations
 
@@ -87,16 +88,42 @@ def _start(dsn: str, tmp: Path, *args: str, kill_task: bool = False) -> subproce
                             start_new_session=True, stdout=log, stderr=log)
 
 
-def _wait_holding(proc: subprocess.Popen[bytes], tmp: Path, timeout: float = 240) -> str:
+def _wait_mark(tmp: Path, name: str, proc: subprocess.Popen[bytes] | None = None,
+               query: Query | None = None, timeout: float = 240) -> str:
+    """The text of ``marks/name`` once the driver (a child process, or a query in this process) wrote it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (tmp / "marks" / "holding").exists():
-            return (tmp / "marks" / "holding").read_text()
-        if proc.poll() is not None:
-            pytest.fail(f"the child exited ({proc.returncode}) before holding: {(tmp / 'child.log').read_text()[-3000:]}")
+        if (tmp / "marks" / name).exists():
+            time.sleep(0.2)  # written whole
+            return (tmp / "marks" / name).read_text()
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the child exited ({proc.returncode}) before {name}: {(tmp / 'child.log').read_text()[-3000:]}")
+        if query is not None and not query.is_alive():
+            pytest.fail(f"the query ended before {name}: {query.error!r}")
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail(f"the child never held: {(tmp / 'child.log').read_text()[-3000:]}")
+    if proc is not None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"no {name} from the driver: {(tmp / 'child.log').read_text()[-3000:]}")
+
+
+class Query(threading.Thread):
+    """:func:`chunked_snapshot_child.stream` in this process's Spark session: the driver restarted after the
+    kill -9 (only the kill needs a process of its own)."""
+
+    def __init__(self, spark: Any, dsn: str, tmp: Path, *args: Any) -> None:
+        super().__init__(daemon=True)
+        self.spark, self.dsn, self.tmp, self.args = spark, dsn, tmp, args
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from tests.drivers.chunked_snapshot_child import stream
+
+        t = self.tmp
+        try:
+            stream(self.spark, self.dsn, str(t / "lake"), str(t / "checkpoint"), str(t / "snapshots"), str(t / "marks"),
+                   *self.args)
+        except BaseException as exc:  # the test's assertion names it
+            self.error = exc
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -112,7 +139,7 @@ def _delta(path: Path) -> dict[int, tuple[int, str]]:
 
 
 @pytest.mark.slow
-def test_chunked_snapshot_into_delta_survives_every_crash(postgres_server: Any, postgres_dsn: str,
+def test_chunked_snapshot_into_delta_survives_every_crash(spark: Any, postgres_server: Any, postgres_dsn: str,
                                                           tmp_path: Path) -> None:
     import cdc.model
 
@@ -128,23 +155,29 @@ def test_chunked_snapshot_into_delta_survives_every_crash(postgres_server: Any, 
         # A task dies inside its chunk (retried), then the driver dies before batch 2 reads its chunks.
         (tmp_path / "kill-a-task").write_text("")
         child = _start(postgres_dsn, tmp_path, "--hold", "before", "2", kill_task=True)
-        assert _wait_holding(child, tmp_path) == "before 2"
+        assert _wait_mark(tmp_path, "holding", proc=child) == "before 2"
         _kill(child)
         assert not (tmp_path / "kill-a-task").exists(), "no task was killed inside its chunk"
-        # PostgreSQL dies while batch 4 waits to read its chunks: their cut goes with it, the query fails.
-        child = _start(postgres_dsn, tmp_path, "--hold", "before", "4")
-        assert _wait_holding(child, tmp_path) == "before 4"
+        # The restarted driver (this process's session) replays batch 2; PostgreSQL dies while batch 4 waits to
+        # read its chunks: their cut goes with it, the query fails.
+        (tmp_path / "marks" / "holding").unlink()
+        query = Query(spark, postgres_dsn, tmp_path, "before", 4, False, True)
+        query.start()
+        assert _wait_mark(tmp_path, "holding", query=query) == "before 4"
         postgres_server.kill()
         postgres_server.start()
         (tmp_path / "marks" / "release").write_text("")
-        assert child.wait(240) != 0, "the query went on without its cut"
+        failed = _wait_mark(tmp_path, "failed", query=query)
+        assert "CutLostError" in failed, f"the query went on without its cut, or failed otherwise: {failed[-3000:]}"
         time.sleep(1)
     finally:
         writer.stop.set()
         writer.join(30)
     assert writer.done > 100
-    child = _start(postgres_dsn, tmp_path, "--once")  # the restart replays batch 4 at a new cut, then finishes
-    assert child.wait(600) == 0, (tmp_path / "child.log").read_text()[-3000:]
+    # The query restarted in the same driver replays batch 4 at a new cut, then finishes.
+    (tmp_path / "marks" / "resume").write_text("")
+    query.join(600)
+    assert not query.is_alive() and query.error is None, query.error
     batches = [int(line.split()[1]) for line in (tmp_path / "marks" / "batches.txt").read_text().splitlines()]
     assert max(batches) > 4 and batches.count(2) >= 2 and batches.count(4) >= 2
     with psycopg.connect(postgres_dsn) as check:
