@@ -1,0 +1,234 @@
+"""``cdc verify`` on PostgreSQL: the source side of :mod:`cdc.verify.compare`.
+
+A read is a ``REPEATABLE READ READ ONLY`` transaction. ``before`` is ``pg_current_wal_insert_lsn()`` read just
+before it begins, ``after`` the same function in its first statement (which takes the snapshot): a commit the
+snapshot sees wrote its commit record before the snapshot was taken, so below ``after``. Both are packed as
+the backend's positions (``lsn << 20``) so they compare with ``_seq`` and with the query's committed position,
+the ``confirmed_flush_lsn`` of its replication slot (the slot moves only when Spark commits a batch, after the
+sink committed it).
+
+Chunks come from the chunked snapshot's chunker (:func:`cdc.backends.postgres.keys.next_bounds`: index scans
+of ``chunk_rows`` keys in the primary key's order). A chunk's checksum is one aggregate over the key range,
+``count(*)`` and ``sum`` of the first 8 bytes of ``md5`` of each row's canonical encoding
+(:mod:`cdc.verify.canonical`) built by SQL expressions over the columns. Key bounds are bound parameters;
+nothing from the data becomes SQL text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from cdc.backends.postgres import catalog, connection, keys
+from cdc.backends.postgres.catalog import (
+    BOOL,
+    BYTEA,
+    DATE,
+    FLOAT4,
+    FLOAT8,
+    INT2,
+    INT4,
+    INT8,
+    NUMERIC,
+    TIMESTAMP,
+    TIMESTAMPTZ,
+    TableInfo,
+)
+from cdc.backends.postgres.errors import NoPrimaryKeyError
+from cdc.backends.postgres.positions import pack, parse_lsn
+from cdc.errors import OptionError
+from cdc.verify.canonical import MOD, Kind
+from cdc.verify.compare import Range, SourceRow, VerifyError
+
+# The kinds a source column of a type may be compared as (besides text, which every type's text form is: the
+# JSON layout writes every column as text).
+_KINDS: dict[int, Kind] = {BOOL: Kind.BOOLEAN, INT2: Kind.INTEGER, INT4: Kind.INTEGER, INT8: Kind.INTEGER,
+                           FLOAT4: Kind.FLOAT32, FLOAT8: Kind.FLOAT64, NUMERIC: Kind.DECIMAL, BYTEA: Kind.BINARY,
+                           DATE: Kind.DATE, TIMESTAMP: Kind.TIMESTAMP, TIMESTAMPTZ: Kind.TIMESTAMP}
+
+
+def _value(column: str, kind: Kind) -> sql.Composable:
+    """The column's canonical bytes of ``kind`` as a SQL text expression (binary columns: bytea)."""
+    c = sql.Identifier(column)
+    if kind is Kind.FLOAT64:
+        return sql.SQL("(('x' || encode(float8send({}), 'hex'))::bit(64)::bigint)::text").format(c)
+    if kind is Kind.FLOAT32:
+        return sql.SQL("(('x' || encode(float4send({}), 'hex'))::bit(32)::int)::text").format(c)
+    if kind is Kind.DATE:
+        return sql.SQL("({} - DATE '1970-01-01')::text").format(c)
+    if kind is Kind.TIMESTAMP:
+        # extract(epoch) is exact (numeric); a timestamp without time zone is read as UTC, as the backend does.
+        return sql.SQL("(extract(epoch FROM {}) * 1000000)::bigint::text").format(c)
+    if kind is Kind.BINARY:
+        return c
+    return sql.SQL("{}::text").format(c)
+
+
+def encoding(columns: Sequence[tuple[str, Kind]]) -> sql.Composable:
+    """The canonical encoding of ``columns`` (text, or bytea when a column is binary)."""
+    binary = any(k is Kind.BINARY for _, k in columns)
+    pieces = []
+    for name, kind in columns:
+        v = _value(name, kind)
+        if kind is Kind.BINARY:
+            piece = sql.SQL("coalesce(convert_to(octet_length({v})::text || ':', 'UTF8') || {v}, '\\x4e'::bytea)")
+        elif binary:
+            piece = sql.SQL("convert_to(coalesce(octet_length({v})::text || ':' || {v}, 'N'), 'UTF8')")
+        else:
+            piece = sql.SQL("coalesce(octet_length({v})::text || ':' || {v}, 'N')")
+        pieces.append(piece.format(v=v))
+    if not pieces:
+        return sql.SQL("''")
+    return sql.SQL("({})").format(sql.SQL(" || ").join(pieces))
+
+
+def _hash(columns: Sequence[tuple[str, Kind]]) -> sql.Composable:
+    return sql.SQL("('x' || left(md5({}), 16))::bit(64)::bigint").format(encoding(columns))
+
+
+class PostgresRead:
+    def __init__(self, source: PostgresVerifySource, conn: psycopg.Connection[Any], before: int, after: int) -> None:
+        self.source = source
+        self.conn = conn
+        self.before = before
+        self.after = after
+
+    def ranges(self, chunk_rows: int) -> list[Range]:
+        s = self.source
+        last = keys.last_key(self.conn, s.info, s.key_columns)
+        if last is None:
+            return [Range(None, None)]
+        bounds = keys.next_bounds(self.conn, s.info, s.key_columns, None, last, chunk_rows, 1 << 62)
+        out, after = [], None
+        for upto in bounds:
+            out.append(Range(after, upto))
+            after = upto
+        return [*out, Range(last, None)]
+
+    def _where(self, chunk: Range) -> tuple[sql.Composable, list[str]]:
+        return keys.range_condition(self.source.key_columns, chunk.after, chunk.upto)
+
+    def checksum(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys_: Sequence[str]) -> tuple[int, int]:
+        where, params = self._where(chunk)
+        query = sql.SQL("SELECT count(*), coalesce(sum({}), 0) FROM {} WHERE {}").format(
+            _hash(columns), self.source.ident, where)
+        got = self.conn.execute(query, params).fetchone()
+        assert got is not None
+        return int(got[0]), int(got[1]) % MOD
+
+    def rows(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys_: Sequence[str]) -> dict[bytes, SourceRow]:
+        kinds = dict(columns)
+        key_enc = encoding([(k, kinds[k]) for k in keys_])
+        where, params = self._where(chunk)
+        query = sql.SQL("SELECT {}, {}, {}, to_jsonb(t) FROM {} AS t WHERE {}").format(
+            key_enc, _hash(columns), sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in keys_),
+            self.source.ident, where)
+        out: dict[bytes, SourceRow] = {}
+        n = len(keys_)
+        for row in self.conn.execute(query, params):
+            enc = row[0] if isinstance(row[0], bytes) else str(row[0]).encode()
+            out[enc] = SourceRow(int(row[1]) % MOD, list(row[2:2 + n]), dict(row[2 + n]))
+        return out
+
+
+class PostgresVerifySource:
+    """A PostgreSQL table as ``cdc verify`` reads it; ``slot``: the query's replication slot, whose confirmed
+    position is the pipeline's committed position (None: unknown)."""
+
+    def __init__(self, dsn: str, table: str, slot: str | None = None) -> None:
+        self.dsn = dsn
+        self.table = table if "." in table else f"public.{table}"
+        self.slot = slot
+        self.conn = connection.connect(dsn)
+        try:
+            self._describe()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _describe(self) -> None:
+        encoding_ = self.conn.execute("SHOW server_encoding").fetchone()
+        if encoding_ is None or str(encoding_[0]).upper() not in ("UTF8", "SQL_ASCII"):
+            raise VerifyError(f"database encoding {encoding_!r}: cdc verify compares UTF-8 text (a UTF8 database)")
+        try:
+            self.info: TableInfo = catalog.describe(self.conn, self.table)
+        except NoPrimaryKeyError:
+            raise VerifyError(f"table {self.table!r} has no primary key: cdc verify compares rows by key, as the "
+                              "pipeline writes them (add one with ALTER TABLE ... ADD PRIMARY KEY)") from None
+        except OptionError:
+            raise VerifyError(f"table {self.table!r} does not exist in the database (or is not a table)") from None
+        self.columns = tuple(c[0] for c in self.info.columns)
+        self.keys = self.info.keys
+        self.key_columns = keys.key_columns(self.conn, self.info)
+        self.ident = sql.Identifier(*self.table.split(".", 1))
+        if self.slot is not None and connection.state(self.conn, self.slot) is None:
+            raise VerifyError(f"no replication slot {self.slot!r} in the database (list them with cdc postgres slots)")
+
+    def check_kinds(self, kinds: dict[str, Kind]) -> None:
+        for name, oid, _ in self.info.columns:
+            kind = kinds[name]
+            if kind is not Kind.TEXT and _KINDS.get(oid) is not kind:
+                raise VerifyError(f"column {name!r} of {self.table!r} cannot be compared with a Delta column of "
+                                  f"kind {kind.value}: the Delta table is not this table's (or its type changed)")
+
+    @contextmanager
+    def read(self) -> Iterator[PostgresRead]:
+        with connection.connect(self.dsn) as conn:
+            before = _insert_lsn(conn)
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                after = _insert_lsn(conn)
+                conn.execute("SET LOCAL timezone = 'UTC'")
+                yield PostgresRead(self, conn, pack(before), pack(after))
+            finally:
+                if not conn.closed:
+                    conn.execute("ROLLBACK")
+
+    def assign(self, keys_: pa.Table, ranges: Sequence[Range]) -> np.ndarray:
+        uppers = [r.upto for r in ranges[:-1]]
+        if keys.python_ordered(self.key_columns) and len(self.key_columns) == 1:
+            bounds = np.array([int(u[0]) for u in uppers if u is not None], dtype=np.int64)
+            values = keys_.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            placed: np.ndarray = np.searchsorted(bounds, values, side="left").astype(np.int64)
+            return placed
+        # Any other key: PostgreSQL places each key (its text form, cast to the column's type and collation)
+        # among the bounds: its chunk is the number of bounds below it.
+        n = len(self.key_columns)
+        texts = [[keys.key_text(v, c) for v in keys_.column(i).to_pylist()] for i, c in enumerate(self.key_columns)]
+        bound_texts = [[u[i] for u in uppers if u is not None] for i in range(n)]
+        k_names = [sql.Identifier(f"k{i}") for i in range(n)]
+        b_names = [sql.Identifier(f"b{i}") for i in range(n)]
+
+        def typed(alias: str, names: list[sql.Identifier]) -> sql.Composable:
+            return sql.SQL("ROW({})").format(sql.SQL(", ").join(
+                c.cast(sql.SQL("{}.{}").format(sql.Identifier(alias), nm)) for c, nm in zip(self.key_columns, names, strict=True)))
+
+        arrays = sql.SQL(", ").join([sql.SQL("%s::text[]")] * n)
+        query = sql.SQL(
+            "SELECT (SELECT count(*) FROM unnest({arrays}) AS b({bn}) WHERE {bt} < {kt}) "
+            "FROM unnest({arrays}) WITH ORDINALITY AS k({kn}, ord) ORDER BY k.ord"
+        ).format(arrays=arrays, bn=sql.SQL(", ").join(b_names), kn=sql.SQL(", ").join(k_names),
+                 bt=typed("b", b_names), kt=typed("k", k_names))
+        got = self.conn.execute(query, [*bound_texts, *texts]).fetchall()
+        return np.array([int(r[0]) for r in got], dtype=np.int64)
+
+    def pipeline_position(self) -> int | None:
+        if self.slot is None:
+            return None
+        st = connection.state(self.conn, self.slot)
+        return None if st is None else pack(st.confirmed_lsn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _insert_lsn(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(str(row[0]))
