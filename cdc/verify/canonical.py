@@ -1,8 +1,9 @@
 """The canonical row encoding both sides of ``cdc verify`` compute, and its hash.
 
 A row is encoded as the concatenation of its columns' pieces, in the source table's column order: ``N`` for
-a null, else ``<byte length>:<bytes>``, so the encoding is injective (no value can imitate a separator or a
-null). A column's bytes depend on its :class:`Kind`, chosen from the Delta column's type, so that a source
+a null, else ``<byte length>:<bytes>`` for text and binary, ``<bytes>,`` for the other kinds (digits, signs,
+points, ``true``/``false``: never a comma, never a leading ``N``), so the encoding is injective (no value
+can imitate a separator or a null). A column's bytes depend on its :class:`Kind`, chosen from the Delta column's type, so that a source
 value and the value the pipeline wrote for it encode alike:
 
 ========== =========================================== =============================================
@@ -50,6 +51,10 @@ class Kind(Enum):
     BINARY = "binary"
 
 
+PREFIXED = frozenset({Kind.TEXT, Kind.BINARY})
+"""Kinds whose bytes are any bytes: their pieces carry their length."""
+
+
 def kind_of(t: pa.DataType) -> Kind | None:
     """The encoding of a Delta column of type ``t`` (None: a type ``cdc verify`` cannot compare)."""
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
@@ -93,8 +98,11 @@ def encode(table: pa.Table, columns: Sequence[tuple[str, Kind]]) -> pa.Array:
     pieces = []
     for name, kind in columns:
         values = _value_bytes(table.column(name).combine_chunks(), kind)
-        length = pc.binary_length(values).cast(pa.string()).cast(pa.binary())
-        piece = pc.binary_join_element_wise(length, values, b":")
+        if kind in PREFIXED:
+            length = pc.binary_length(values).cast(pa.string()).cast(pa.binary())
+            piece = pc.binary_join_element_wise(length, values, b":")
+        else:
+            piece = pc.binary_join_element_wise(values, pa.scalar(b"", pa.binary()), b",")
         pieces.append(pc.fill_null(piece, pa.scalar(b"N", pa.binary())))
     if not pieces:
         return pa.array([b""] * table.num_rows, pa.binary())

@@ -57,7 +57,8 @@ class Range:
 
 @dataclass(frozen=True)
 class SourceRow:
-    hash: int
+    """A row as a report shows it: its key's text forms and its values."""
+
     key: list[Any]
     row: dict[str, Any]
 
@@ -76,8 +77,11 @@ class SourceRead(Protocol):
     def checksum(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys: Sequence[str]) -> tuple[int, int]:
         """(rows, sum of row hashes mod 2**64) of the chunk, computed by the source."""
 
-    def rows(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys: Sequence[str]) -> dict[bytes, SourceRow]:
-        """The chunk's rows by their key's canonical encoding."""
+    def rows(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys: Sequence[str]) -> dict[bytes, int]:
+        """The chunk's row hashes by their key's canonical encoding."""
+
+    def show(self, chunk: Range, keys: Sequence[tuple[str, Kind]], wanted: Sequence[bytes]) -> dict[bytes, SourceRow]:
+        """The rows of the chunk whose key encodings are ``wanted``, to show."""
 
 
 class VerifySource(Protocol):
@@ -201,16 +205,26 @@ class DeltaSide:
         keys = table.select(list(self.source.keys))
         return self.source.assign(keys, ranges) if table.num_rows else np.zeros(0, dtype=np.int64)
 
-    def sums(self, table: pa.Table, chunk: np.ndarray, n: int) -> list[tuple[int, int]]:
-        return chunk_sums(chunk, row_hashes(encode(table, self.columns)), n)
+    def hashes(self, table: pa.Table) -> np.ndarray:
+        """Each row's hash; slices of the table are encoded and hashed on two threads (Arrow's kernels and
+        DuckDB release the GIL)."""
+        step = 1 << 16
+        if table.num_rows <= step:
+            return row_hashes(encode(table, self.columns))
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            parts = pool.map(lambda lo: row_hashes(encode(table.slice(lo, step), self.columns)),
+                             range(0, table.num_rows, step))
+            return np.concatenate(list(parts))
 
-    def rows(self, table: pa.Table) -> dict[bytes, tuple[int, int | None, dict[str, Any]]]:
-        """The rows by key encoding: (hash, sequence or None, the row)."""
-        hashes = row_hashes(encode(table, self.columns))
+    def sums(self, table: pa.Table, chunk: np.ndarray, n: int) -> list[tuple[int, int]]:
+        return chunk_sums(chunk, self.hashes(table), n)
+
+    def rows(self, table: pa.Table) -> dict[bytes, tuple[int, int | None, int]]:
+        """The rows by key encoding: (hash, sequence or None, index in ``table``)."""
+        hashes = self.hashes(table)
         keys = encode(table, self.keys).to_pylist()
         seqs = table.column(SEQ).to_pylist() if self.has_seq else [None] * table.num_rows
-        values = table.select(list(self.source.columns)).to_pylist()
-        return {k: (int(h), s, v) for k, h, s, v in zip(keys, hashes, seqs, values, strict=True)}
+        return {k: (int(h), s, i) for i, (k, h, s) in enumerate(zip(keys, hashes, seqs, strict=True))}
 
 
 def _wait_for(source: VerifySource, position: int, timeout: float, idle: float) -> bool:
@@ -234,20 +248,20 @@ def _wait_for(source: VerifySource, position: int, timeout: float, idle: float) 
         time.sleep(0.1)
 
 
-def _diff(source_rows: dict[bytes, SourceRow], delta_rows: dict[bytes, tuple[int, int | None, dict[str, Any]]],
-          before: int, source: VerifySource) -> list[RowDifference]:
-    out: list[RowDifference] = []
-    for k in sorted(source_rows.keys() | delta_rows.keys()):
-        s, d = source_rows.get(k), delta_rows.get(k)
+def _diff(source: dict[bytes, int], delta: dict[bytes, tuple[int, int | None, int]], before: int) -> list[tuple[str, bytes]]:
+    """(kind, key encoding) of each key that differs, keys written by changes newer than the read left out."""
+    out: list[tuple[str, bytes]] = []
+    for k in sorted(source.keys() | delta.keys()):
+        s, d = source.get(k), delta.get(k)
         if d is not None and d[1] is not None and d[1] >= before:
             continue  # written by a change newer than the source read: in flight
         if s is not None and d is not None:
-            if s.hash != d[0]:
-                out.append(RowDifference("changed", s.key, s.row, d[2]))
+            if s != d[0]:
+                out.append(("changed", k))
         elif s is not None:
-            out.append(RowDifference("missing", s.key, s.row, None))
-        elif d is not None:
-            out.append(RowDifference("extra", [d[2][c] for c in source.keys], None, d[2]))
+            out.append(("missing", k))
+        else:
+            out.append(("extra", k))
     return out
 
 
@@ -273,7 +287,8 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
             version, table, delta_sums = pending.result()
     differing = [i for i, (a, b) in enumerate(zip(source_sums, delta_sums, strict=True)) if a != b]
     log.info("%d of %d chunks differ at the first read", len(differing), len(ranges))
-    found: dict[int, list[RowDifference]] = {}
+    found: dict[int, list[tuple[str, bytes]]] = {}
+    shown: dict[int, list[RowDifference]] = {}
     done = 0
     while differing and done < rechecks:
         done += 1
@@ -281,22 +296,37 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
             source_rows = {i: read.rows(ranges[i], columns, keys) for i in differing}
             before = read.before
             reached = _wait_for(source, read.after, wait_timeout, idle)
-        version, table = delta.load()
-        chunk = delta.chunked(table, ranges)
-        again: dict[int, list[RowDifference]] = {}
-        for i in differing:
-            rows = delta.rows(table.filter(pa.array(chunk == i)))
-            diff = _diff(source_rows[i], rows, before, source)
-            if done > 1:  # only differences every re-check found persist (a change in flight passes)
-                seen = {(d.kind, json.dumps(d.key, default=str)) for d in found.get(i, [])}
-                diff = [d for d in diff if (d.kind, json.dumps(d.key, default=str)) in seen]
-            if diff:
-                again[i] = diff
-        found = again
-        differing = sorted(found)
-    differences = [ChunkDifference(_listed(ranges[i].after), _listed(ranges[i].upto), found[i]) for i in differing]
+            version, table = delta.load()
+            chunk = delta.chunked(table, ranges)
+            again: dict[int, list[tuple[str, bytes]]] = {}
+            for i in differing:
+                part = table.filter(pa.array(chunk == i))
+                delta_rows = delta.rows(part)
+                diff = _diff(source_rows[i], delta_rows, before)
+                if done > 1:  # only differences every re-check found persist (a change in flight passes)
+                    diff = [d for d in diff if d in set(found.get(i, []))]
+                if diff:
+                    again[i] = diff
+                if diff and done == rechecks:
+                    shown[i] = _shown(read, delta, ranges[i], diff, part, delta_rows)
+            found = again
+            differing = sorted(found)
+    differences = [ChunkDifference(_listed(ranges[i].after), _listed(ranges[i].upto), shown[i]) for i in differing]
     return Report(source.table, delta_path, version, len(ranges), sum(c for c, _ in source_sums),
                   int(table.num_rows), done, time.perf_counter() - started, differences, reached)
+
+
+def _shown(read: SourceRead, delta: DeltaSide, chunk: Range, diff: list[tuple[str, bytes]], part: pa.Table,
+           delta_rows: dict[bytes, tuple[int, int | None, int]]) -> list[RowDifference]:
+    """The differing rows of a chunk as the report shows them: the source's and the Delta table's values."""
+    source = read.show(chunk, delta.keys, [k for kind, k in diff if kind != "extra"])
+    out = []
+    for kind, k in diff:
+        s = source.get(k)
+        d = part.slice(delta_rows[k][2], 1).select(list(delta.source.columns)).to_pylist()[0] if k in delta_rows else None
+        key = s.key if s is not None else [d[c] for c in delta.source.keys] if d is not None else []
+        out.append(RowDifference(kind, key, None if s is None else s.row, d))
+    return out
 
 
 def _listed(key: Key | None) -> list[str] | None:

@@ -43,7 +43,7 @@ from cdc.backends.postgres.catalog import (
 from cdc.backends.postgres.errors import NoPrimaryKeyError
 from cdc.backends.postgres.positions import pack, parse_lsn
 from cdc.errors import OptionError
-from cdc.verify.canonical import MOD, Kind
+from cdc.verify.canonical import MOD, PREFIXED, Kind
 from cdc.verify.compare import Range, SourceRow, VerifyError
 
 # The kinds a source column of a type may be compared as (besides text, which every type's text form is: the
@@ -63,8 +63,10 @@ def _value(column: str, kind: Kind) -> sql.Composable:
     if kind is Kind.DATE:
         return sql.SQL("({} - DATE '1970-01-01')::text").format(c)
     if kind is Kind.TIMESTAMP:
-        # extract(epoch) is exact (numeric); a timestamp without time zone is read as UTC, as the backend does.
-        return sql.SQL("(extract(epoch FROM {}) * 1000000)::bigint::text").format(c)
+        # date_part's double holds any timestamp of years 1677-2262 to well under a microsecond, so rounding
+        # is exact (extract's numeric is too, and several times slower); a timestamp without time zone is read
+        # as UTC, as the backend does.
+        return sql.SQL("round(date_part('epoch', {}) * 1000000)::bigint::text").format(c)
     if kind is Kind.BINARY:
         return c
     return sql.SQL("{}::text").format(c)
@@ -77,12 +79,15 @@ def encoding(columns: Sequence[tuple[str, Kind]]) -> sql.Composable:
     for name, kind in columns:
         v = _value(name, kind)
         if kind is Kind.BINARY:
-            piece = sql.SQL("coalesce(convert_to(octet_length({v})::text || ':', 'UTF8') || {v}, '\\x4e'::bytea)")
-        elif binary:
-            piece = sql.SQL("convert_to(coalesce(octet_length({v})::text || ':' || {v}, 'N'), 'UTF8')")
+            template = "coalesce(convert_to(octet_length({v})::text || ':', 'UTF8') || {v}, '\\x4e'::bytea)"
+        elif kind in PREFIXED:
+            template = "coalesce(octet_length({v})::text || ':' || {v}, 'N')"
         else:
-            piece = sql.SQL("coalesce(octet_length({v})::text || ':' || {v}, 'N')")
-        pieces.append(piece.format(v=v))
+            template = "coalesce({v} || ',', 'N')"
+        piece = sql.SQL(template).format(v=v)
+        if binary and kind is not Kind.BINARY:
+            piece = sql.SQL("convert_to({}, 'UTF8')").format(piece)
+        pieces.append(piece)
     if not pieces:
         return sql.SQL("''")
     return sql.SQL("({})").format(sql.SQL(" || ").join(pieces))
@@ -122,19 +127,30 @@ class PostgresRead:
         assert got is not None
         return int(got[0]), int(got[1]) % MOD
 
-    def rows(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys_: Sequence[str]) -> dict[bytes, SourceRow]:
+    def rows(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys_: Sequence[str]) -> dict[bytes, int]:
         kinds = dict(columns)
-        key_enc = encoding([(k, kinds[k]) for k in keys_])
         where, params = self._where(chunk)
-        query = sql.SQL("SELECT {}, {}, {}, to_jsonb(t) FROM {} AS t WHERE {}").format(
-            key_enc, _hash(columns), sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in keys_),
-            self.source.ident, where)
-        out: dict[bytes, SourceRow] = {}
+        query = sql.SQL("SELECT {}, {} FROM {} WHERE {}").format(
+            encoding([(k, kinds[k]) for k in keys_]), _hash(columns), self.source.ident, where)
+        return {_bytes(enc): int(h) % MOD for enc, h in self.conn.execute(query, params)}
+
+    def show(self, chunk: Range, keys_: Sequence[tuple[str, Kind]], wanted: Sequence[bytes]) -> dict[bytes, SourceRow]:
+        if not wanted:
+            return {}
+        binary = any(k is Kind.BINARY for _, k in keys_)
+        key_enc = encoding(keys_)
+        where, params = self._where(chunk)
+        query = sql.SQL("SELECT {}, {}, to_jsonb(t) FROM {} AS t WHERE {} AND {} = ANY(%s)").format(
+            key_enc, sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k, _ in keys_),
+            self.source.ident, where, key_enc)
+        values = list(wanted) if binary else [w.decode() for w in wanted]
         n = len(keys_)
-        for row in self.conn.execute(query, params):
-            enc = row[0] if isinstance(row[0], bytes) else str(row[0]).encode()
-            out[enc] = SourceRow(int(row[1]) % MOD, list(row[2:2 + n]), dict(row[2 + n]))
-        return out
+        return {_bytes(r[0]): SourceRow(list(r[1:1 + n]), dict(r[1 + n]))
+                for r in self.conn.execute(query, [*params, values])}
+
+
+def _bytes(value: Any) -> bytes:
+    return bytes(value) if isinstance(value, (bytes, memoryview)) else str(value).encode()
 
 
 class PostgresVerifySource:
