@@ -77,6 +77,11 @@ class SourceRead(Protocol):
     def checksum(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys: Sequence[str]) -> tuple[int, int]:
         """(rows, sum of row hashes mod 2**64) of the chunk, computed by the source."""
 
+    def split(self, chunk: Range, rows: int, columns: Sequence[tuple[str, Kind]],
+              keys: Sequence[str]) -> list[tuple[Range, int, int]]:
+        """The chunk as consecutive ranges of ``rows`` keys each (the first starts at ``chunk.after``, the last
+        ends at the chunk's largest key), each with its checksum, in one pass; empty if the chunk has no rows."""
+
     def rows(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys: Sequence[str]) -> dict[bytes, int]:
         """The chunk's row hashes by their key's canonical encoding."""
 
@@ -219,12 +224,12 @@ class DeltaSide:
     def sums(self, table: pa.Table, chunk: np.ndarray, n: int) -> list[tuple[int, int]]:
         return chunk_sums(chunk, self.hashes(table), n)
 
-    def rows(self, table: pa.Table) -> dict[bytes, tuple[int, int | None, int]]:
-        """The rows by key encoding: (hash, sequence or None, index in ``table``)."""
-        hashes = self.hashes(table)
-        keys = encode(table, self.keys).to_pylist()
-        seqs = table.column(SEQ).to_pylist() if self.has_seq else [None] * table.num_rows
-        return {k: (int(h), s, i) for i, (k, h, s) in enumerate(zip(keys, hashes, seqs, strict=True))}
+    def rows(self, table: pa.Table, idx: np.ndarray, hashes: np.ndarray) -> dict[bytes, tuple[int, int | None, int]]:
+        """The rows ``idx`` of ``table`` by key encoding: (hash, sequence or None, index in ``table``)."""
+        picked = table.take(pa.array(idx, pa.int64()))
+        keys = encode(picked, self.keys).to_pylist()
+        seqs = picked.column(SEQ).to_pylist() if self.has_seq else [None] * len(idx)
+        return {k: (int(h), s, int(i)) for k, h, s, i in zip(keys, hashes[idx], seqs, idx, strict=True)}
 
 
 def _wait_for(source: VerifySource, position: int, timeout: float, idle: float) -> bool:
@@ -293,22 +298,23 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
     while differing and done < rechecks:
         done += 1
         with source.read() as read:
-            source_rows = {i: read.rows(ranges[i], columns, keys) for i in differing}
-            before = read.before
             reached = _wait_for(source, read.after, wait_timeout, idle)
             version, table = delta.load()
             chunk = delta.chunked(table, ranges)
+            # Only the rows of the chunks that differed are hashed again.
+            part = table.take(pa.array(np.flatnonzero(np.isin(chunk, differing)), pa.int64()))
+            part_chunk = chunk[np.isin(chunk, differing)]
+            hashes = delta.hashes(part)
+            bisect = _Bisect(read, delta, part, hashes, read.before)
             again: dict[int, list[tuple[str, bytes]]] = {}
             for i in differing:
-                part = table.filter(pa.array(chunk == i))
-                delta_rows = delta.rows(part)
-                diff = _diff(source_rows[i], delta_rows, before)
+                diff = bisect.settle(ranges[i], np.flatnonzero(part_chunk == i))
                 if done > 1:  # only differences every re-check found persist (a change in flight passes)
                     diff = [d for d in diff if d in set(found.get(i, []))]
                 if diff:
                     again[i] = diff
                 if diff and done == rechecks:
-                    shown[i] = _shown(read, delta, ranges[i], diff, part, delta_rows)
+                    shown[i] = bisect.shown(diff)
             found = again
             differing = sorted(found)
     differences = [ChunkDifference(_listed(ranges[i].after), _listed(ranges[i].upto), shown[i]) for i in differing]
@@ -316,17 +322,58 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
                   int(table.num_rows), done, time.perf_counter() - started, differences, reached)
 
 
-def _shown(read: SourceRead, delta: DeltaSide, chunk: Range, diff: list[tuple[str, bytes]], part: pa.Table,
-           delta_rows: dict[bytes, tuple[int, int | None, int]]) -> list[RowDifference]:
-    """The differing rows of a chunk as the report shows them: the source's and the Delta table's values."""
-    source = read.show(chunk, delta.keys, [k for kind, k in diff if kind != "extra"])
-    out = []
-    for kind, k in diff:
-        s = source.get(k)
-        d = part.slice(delta_rows[k][2], 1).select(list(delta.source.columns)).to_pylist()[0] if k in delta_rows else None
-        key = s.key if s is not None else [d[c] for c in delta.source.keys] if d is not None else []
-        out.append(RowDifference(kind, key, None if s is None else s.row, d))
-    return out
+class _Bisect:
+    """Narrows a differing range down: the source splits it into sub-ranges of ``LEAF`` keys with a checksum
+    each, in one pass; the Delta side places its rows into the same sub-ranges; only the sub-ranges whose
+    checksums differ are compared row by row."""
+
+    LEAF = 500
+
+    def __init__(self, read: SourceRead, delta: DeltaSide, table: pa.Table, hashes: np.ndarray, before: int) -> None:
+        self.read, self.delta, self.table, self.hashes, self.before = read, delta, table, hashes, before
+        self.keys = list(delta.source.keys)
+        self.delta_rows: dict[bytes, tuple[int, int | None, int]] = {}
+        self.leaf: dict[bytes, Range] = {}
+        """The range each differing key was compared in (where its source row is fetched to be shown)."""
+
+    def settle(self, rng: Range, idx: np.ndarray) -> list[tuple[str, bytes]]:
+        """The differences in ``rng``, whose Delta rows are ``idx`` (of ``table``)."""
+        split = [] if rng.upto is None else self.read.split(rng, self.LEAF, self.delta.columns, self.keys)
+        if not split:
+            return self.compare(rng, idx)
+        subs = [r for r, _, _ in split]
+        sums = [(n, total) for _, n, total in split]
+        if subs[-1].upto != rng.upto:  # Delta rows above the source's largest key in the range
+            subs.append(Range(subs[-1].upto, rng.upto))
+            sums.append((0, 0))
+        keys = self.table.take(pa.array(idx, pa.int64())).select(self.keys)
+        placed = self.delta.source.assign(keys, subs) if len(idx) else np.zeros(0, dtype=np.int64)
+        delta_sums = chunk_sums(placed, self.hashes[idx], len(subs))
+        return [d for j, sub in enumerate(subs) if sums[j] != delta_sums[j] for d in self.compare(sub, idx[placed == j])]
+
+    def compare(self, rng: Range, idx: np.ndarray) -> list[tuple[str, bytes]]:
+        rows = self.delta.rows(self.table, idx, self.hashes)
+        self.delta_rows.update(rows)
+        diff = _diff(self.read.rows(rng, self.delta.columns, self.keys), rows, self.before)
+        self.leaf.update((k, rng) for _, k in diff)
+        return diff
+
+    def shown(self, diff: list[tuple[str, bytes]]) -> list[RowDifference]:
+        """The differing rows as the report shows them: the source's and the Delta table's values."""
+        wanted: dict[Range, list[bytes]] = {}
+        for kind, k in diff:
+            if kind != "extra":
+                wanted.setdefault(self.leaf[k], []).append(k)
+        source = {k: row for rng, ks in wanted.items() for k, row in self.read.show(rng, self.delta.keys, ks).items()}
+        out = []
+        columns = list(self.delta.source.columns)
+        for kind, k in diff:
+            s = source.get(k)
+            at = self.delta_rows.get(k)
+            d = None if at is None else self.table.slice(at[2], 1).select(columns).to_pylist()[0]
+            key = s.key if s is not None else [d[c] for c in self.delta.source.keys] if d is not None else []
+            out.append(RowDifference(kind, key, None if s is None else s.row, d))
+        return out
 
 
 def _listed(key: Key | None) -> list[str] | None:

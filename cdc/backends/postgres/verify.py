@@ -116,6 +116,30 @@ class PostgresRead:
             after = upto
         return [*out, Range(last, None)]
 
+    def split(self, chunk: Range, rows: int, columns: Sequence[tuple[str, Kind]],
+              keys_: Sequence[str]) -> list[tuple[Range, int, int]]:
+        # One index-ordered pass: rows numbered in key order, grouped by ``rows``; each group's last key is its
+        # upper bound.
+        where, params = self._where(chunk)
+        n = len(keys_)
+        order = sql.SQL(", ").join(sql.Identifier(k) for k in keys_)
+        texts = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"key_{i}"))
+                                   for i, k in enumerate(keys_))
+        lasts = sql.SQL(", ").join(sql.SQL("(array_agg({} ORDER BY rn DESC))[1]").format(sql.Identifier(f"key_{i}"))
+                                   for i in range(n))
+        query = sql.SQL(
+            "SELECT count(*), coalesce(sum(h), 0), {lasts} FROM (SELECT rn, (rn - 1) / %s AS b, h, {names} FROM ("
+            "SELECT row_number() OVER (ORDER BY {order}) AS rn, {hash} AS h, {texts} FROM {table} WHERE {where}"
+            ") n) s GROUP BY b ORDER BY b"
+        ).format(lasts=lasts, order=order, hash=_hash(columns), texts=texts, table=self.source.ident, where=where,
+                 names=sql.SQL(", ").join(sql.Identifier(f"key_{i}") for i in range(n)))
+        out, after = [], chunk.after
+        for row in self.conn.execute(query, [rows, *params]):
+            upto = tuple(str(v) for v in row[2:2 + n])
+            out.append((Range(after, upto), int(row[0]), int(row[1]) % MOD))
+            after = upto
+        return out
+
     def _where(self, chunk: Range) -> tuple[sql.Composable, list[str]]:
         return keys.range_condition(self.source.key_columns, chunk.after, chunk.upto)
 
