@@ -13,8 +13,9 @@ re-check reads the Delta table only once the pipeline has passed ``after`` (or h
 seconds: a query whose tables see no changes runs no batch, so its position stays put): every change the
 source read sees is then in the Delta table. The first read of all chunks does not wait. Changes the Delta table holds that the source read did not see yet are told by the row's
 sequence column (``_seq``): a Delta row with a sequence at or above ``before`` was written by a change newer
-than the read, and its key is *in flight*, not a difference. A chunk whose checksums differ is compared row
-by row at a new source read, ``rechecks`` times: a key is reported only if every re-check found it different
+than the read, and its key is *in flight*, not a difference. A chunk whose checksums differ is compared
+(its sub-ranges of :attr:`_Bisect.LEAF` keys first, by checksum, then the rows of those that differ) at a
+new source read, ``rechecks`` times: a key is reported only if every re-check found it different
 (and not in flight). A key deleted after a read leaves no Delta row to carry its sequence, so that one
 re-check sees it missing; the next read no longer has it.
 """
