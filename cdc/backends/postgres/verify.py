@@ -16,7 +16,7 @@ nothing from the data becomes SQL text.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,38 +26,21 @@ import pyarrow as pa
 from psycopg import sql
 
 from cdc.backends.postgres import catalog, connection, keys
-from cdc.backends.postgres.catalog import (
-    BOOL,
-    BYTEA,
-    DATE,
-    FLOAT4,
-    FLOAT8,
-    INT2,
-    INT4,
-    INT8,
-    NUMERIC,
-    TIMESTAMP,
-    TIMESTAMPTZ,
-    TableInfo,
-)
+from cdc.backends.postgres.catalog import BYTEA, FLOAT4, TIMESTAMP, TIMESTAMPTZ, TableInfo, arrow_type
 from cdc.backends.postgres.errors import NoPrimaryKeyError
 from cdc.backends.postgres.positions import pack, parse_lsn
 from cdc.errors import OptionError
-from cdc.verify.canonical import MOD, PREFIXED, Kind
+from cdc.verify.canonical import MOD, PREFIXED, Kind, kind_of
 from cdc.verify.compare import Range, SourceRow, VerifyError
 
-# The kinds a source column of a type may be compared as (besides text, which every type's text form is: the
-# JSON layout writes every column as text).
-_KINDS: dict[int, Kind] = {BOOL: Kind.BOOLEAN, INT2: Kind.INTEGER, INT4: Kind.INTEGER, INT8: Kind.INTEGER,
-                           FLOAT4: Kind.FLOAT32, FLOAT8: Kind.FLOAT64, NUMERIC: Kind.DECIMAL, BYTEA: Kind.BINARY,
-                           DATE: Kind.DATE, TIMESTAMP: Kind.TIMESTAMP, TIMESTAMPTZ: Kind.TIMESTAMP}
 
-
-def _value(column: str, kind: Kind) -> sql.Composable:
+def _value(column: str, kind: Kind, type_oid: int) -> sql.Composable:
     """The column's canonical bytes of ``kind`` as a SQL text expression (binary columns: bytea)."""
     c = sql.Identifier(column)
     if kind is Kind.FLOAT64:
-        return sql.SQL("(('x' || encode(float8send({}), 'hex'))::bit(64)::bigint)::text").format(c)
+        # A real compares as double precision where the layout carried its text form into a double (JSON).
+        value = sql.SQL("{}::text::float8").format(c) if type_oid == FLOAT4 else c
+        return sql.SQL("(('x' || encode(float8send({}), 'hex'))::bit(64)::bigint)::text").format(value)
     if kind is Kind.FLOAT32:
         return sql.SQL("(('x' || encode(float4send({}), 'hex'))::bit(32)::int)::text").format(c)
     if kind is Kind.DATE:
@@ -69,15 +52,23 @@ def _value(column: str, kind: Kind) -> sql.Composable:
         return sql.SQL("round(date_part('epoch', {}) * 1000000)::bigint::text").format(c)
     if kind is Kind.BINARY:
         return c
+    # Text: the value's text form, as the typed layout carries it; the many-table (JSON) layout writes
+    # timestamps in ISO 8601 (Python's isoformat of the UTC time) and bytea in hex.
+    if type_oid in (TIMESTAMP, TIMESTAMPTZ):
+        utc = sql.SQL("({} AT TIME ZONE 'UTC')").format(c) if type_oid == TIMESTAMPTZ else c
+        return sql.SQL("to_char({u}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN mod(date_part('microseconds', {u})::bigint, "
+                       "1000000) <> 0 THEN to_char({u}, '.US') ELSE '' END || '+00:00'").format(u=utc)
+    if type_oid == BYTEA:
+        return sql.SQL("encode({}, 'hex')").format(c)
     return sql.SQL("{}::text").format(c)
 
 
-def encoding(columns: Sequence[tuple[str, Kind]]) -> sql.Composable:
+def encoding(columns: Sequence[tuple[str, Kind]], types: Mapping[str, int]) -> sql.Composable:
     """The canonical encoding of ``columns`` (text, or bytea when a column is binary)."""
     binary = any(k is Kind.BINARY for _, k in columns)
     pieces = []
     for name, kind in columns:
-        v = _value(name, kind)
+        v = _value(name, kind, types[name])
         if kind is Kind.BINARY:
             template = "coalesce(convert_to(octet_length({v})::text || ':', 'UTF8') || {v}, '\\x4e'::bytea)"
         elif kind in PREFIXED:
@@ -93,8 +84,8 @@ def encoding(columns: Sequence[tuple[str, Kind]]) -> sql.Composable:
     return sql.SQL("({})").format(sql.SQL(" || ").join(pieces))
 
 
-def _hash(columns: Sequence[tuple[str, Kind]]) -> sql.Composable:
-    return sql.SQL("('x' || left(md5({}), 16))::bit(64)::bigint").format(encoding(columns))
+def _hash(columns: Sequence[tuple[str, Kind]], types: Mapping[str, int]) -> sql.Composable:
+    return sql.SQL("('x' || left(md5({}), 16))::bit(64)::bigint").format(encoding(columns, types))
 
 
 class PostgresRead:
@@ -131,7 +122,7 @@ class PostgresRead:
             "SELECT count(*), coalesce(sum(h), 0), {lasts} FROM (SELECT rn, (rn - 1) / %s AS b, h, {names} FROM ("
             "SELECT row_number() OVER (ORDER BY {order}) AS rn, {hash} AS h, {texts} FROM {table} WHERE {where}"
             ") n) s GROUP BY b ORDER BY b"
-        ).format(lasts=lasts, order=order, hash=_hash(columns), texts=texts, table=self.source.ident, where=where,
+        ).format(lasts=lasts, order=order, hash=_hash(columns, self.source.types), texts=texts, table=self.source.ident, where=where,
                  names=sql.SQL(", ").join(sql.Identifier(f"key_{i}") for i in range(n)))
         out, after = [], chunk.after
         for row in self.conn.execute(query, [rows, *params]):
@@ -146,7 +137,7 @@ class PostgresRead:
     def checksum(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys_: Sequence[str]) -> tuple[int, int]:
         where, params = self._where(chunk)
         query = sql.SQL("SELECT count(*), coalesce(sum({}), 0) FROM {} WHERE {}").format(
-            _hash(columns), self.source.ident, where)
+            _hash(columns, self.source.types), self.source.ident, where)
         got = self.conn.execute(query, params).fetchone()
         assert got is not None
         return int(got[0]), int(got[1]) % MOD
@@ -155,16 +146,16 @@ class PostgresRead:
         kinds = dict(columns)
         where, params = self._where(chunk)
         query = sql.SQL("SELECT {}, {} FROM {} WHERE {}").format(
-            encoding([(k, kinds[k]) for k in keys_]), _hash(columns), self.source.ident, where)
+            encoding([(k, kinds[k]) for k in keys_], self.source.types), _hash(columns, self.source.types), self.source.ident, where)
         return {_bytes(enc): int(h) % MOD for enc, h in self.conn.execute(query, params)}
 
     def show(self, chunk: Range, keys_: Sequence[tuple[str, Kind]], wanted: Sequence[bytes]) -> dict[bytes, SourceRow]:
         if not wanted:
             return {}
         binary = any(k is Kind.BINARY for _, k in keys_)
-        key_enc = encoding(keys_)
+        key_enc = encoding(keys_, self.source.types)
         where, params = self._where(chunk)
-        query = sql.SQL("SELECT {}, {}, to_jsonb(t) FROM {} AS t WHERE {} AND {} = ANY(%s)").format(
+        query = sql.SQL("SELECT {}, {}, to_jsonb(__cdc_row) FROM {} AS __cdc_row WHERE {} AND {} = ANY(%s)").format(
             key_enc, sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k, _ in keys_),
             self.source.ident, where, key_enc)
         values = list(wanted) if binary else [w.decode() for w in wanted]
@@ -204,6 +195,7 @@ class PostgresVerifySource:
         except OptionError:
             raise VerifyError(f"table {self.table!r} does not exist in the database (or is not a table)") from None
         self.columns = tuple(c[0] for c in self.info.columns)
+        self.types = {name: oid for name, oid, _ in self.info.columns}
         self.keys = self.info.keys
         self.key_columns = keys.key_columns(self.conn, self.info)
         self.ident = sql.Identifier(*self.table.split(".", 1))
@@ -211,9 +203,11 @@ class PostgresVerifySource:
             raise VerifyError(f"no replication slot {self.slot!r} in the database (list them with cdc postgres slots)")
 
     def check_kinds(self, kinds: dict[str, Kind]) -> None:
-        for name, oid, _ in self.info.columns:
+        # A column compares as the kind of its type as the typed layout writes it, or as text (its text form:
+        # how the many-table layout carries every value).
+        for name, oid, typmod in self.info.columns:
             kind = kinds[name]
-            if kind is not Kind.TEXT and _KINDS.get(oid) is not kind:
+            if kind not in (Kind.TEXT, kind_of(arrow_type(oid, typmod))) and (oid, kind) != (FLOAT4, Kind.FLOAT64):
                 raise VerifyError(f"column {name!r} of {self.table!r} cannot be compared with a Delta column of "
                                   f"kind {kind.value}: the Delta table is not this table's (or its type changed)")
 
@@ -225,6 +219,7 @@ class PostgresVerifySource:
             try:
                 after = _insert_lsn(conn)
                 conn.execute("SET LOCAL timezone = 'UTC'")
+                conn.execute("SET LOCAL datestyle = 'ISO, YMD'")
                 yield PostgresRead(self, conn, pack(before), pack(after))
             finally:
                 if not conn.closed:

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -21,6 +22,7 @@ from cdc.offsets import Offset
 from cdc.testing import batches
 from cdc.verify.compare import _Bisect
 from sinks.delta import DeltaUpsertSink
+from sinks.routing import RoutingDeltaSink
 from tests.backends.postgres.harness import PostgresHarness
 
 _TYPES = """CREATE TABLE typed (
@@ -65,8 +67,6 @@ def test_tampered_keys_are_named_exactly_and_bad_input_is_refused(
     # Differing chunks are narrowed down by sub-range checksums before rows are compared: small sub-ranges here,
     # so that this table's chunks of 40 rows are split.
     monkeypatch.setattr(_Bisect, "LEAF", 4)
-    import psycopg
-
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(_TYPES.encode())
         conn.execute(b"CREATE TABLE nokey (a int, b text)")
@@ -134,8 +134,6 @@ def test_untampered_is_equal_while_a_writer_runs(postgres_dsn: str, tmp_path: Pa
         failures: list[BaseException] = []
 
         def writer() -> None:
-            import psycopg
-
             rng = random.Random(3)
             with psycopg.connect(postgres_dsn, autocommit=True) as conn:
                 while not stop.is_set():
@@ -173,4 +171,36 @@ def test_untampered_is_equal_while_a_writer_runs(postgres_dsn: str, tmp_path: Pa
         assert any(json.loads(got.output)["rechecks"] for got in outcomes)
     finally:
         stop.set()
+        h.close()
+
+
+def test_many_table_layout_through_the_routing_sink(postgres_dsn: str, tmp_path: Path) -> None:
+    """A many-table query carries rows as JSON: the routing sink writes numerics, timestamps, dates and bytea as
+    text (ISO 8601, hex) and reals as doubles; verify compares them in those forms."""
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(b"CREATE TABLE a (id int PRIMARY KEY, d numeric(10,2), f real, g float8, naive timestamp, "
+                     b"t timestamptz, ok bool, day date, raw bytea, big numeric)")
+        conn.execute(b"CREATE TABLE b (k text PRIMARY KEY, v text)")
+    h = PostgresHarness(postgres_dsn, tables=("a", "b"), create=False)
+    try:
+        h.execute("INSERT INTO a VALUES (1, 1.50, 0.1, 1e300, '2020-01-01 00:00:00', '2026-01-01 10:00:00.123456+02', "
+                  "true, '2026-02-03', '\\x00ff', 12345678901234567890.5), (2, NULL, NULL, NULL, NULL, NULL, NULL, "
+                  "NULL, NULL, NULL), (3, 0.05, -0.0, 'NaN', '1999-12-31 23:59:59.5', '2000-01-01 00:00:00+00', "
+                  "false, '0099-01-01', '', 'NaN')")
+        h.execute("INSERT INTO b VALUES ('it''s', 'x'), ('back\\slash', 'y')")
+        sink = RoutingDeltaSink(str(tmp_path / "lake"))
+        for i, (_, records) in enumerate(batches(h.backend())):
+            sink.write(records, i, "q")
+        for table in ("public.a", "public.b"):
+            got = _verify(table, sink.path(table), "--dsn", postgres_dsn)
+            assert got.exit_code == 0, got.output
+        path = sink.path("public.a")
+        rows = DeltaTable(path).to_pyarrow_table()
+        changed = pc.if_else(pc.equal(rows.column("id"), 3), "2000-01-01T00:00:00.000001+00:00", rows.column("t"))
+        write_deltalake(path, rows.set_column(rows.schema.get_field_index("t"), "t", changed), mode="overwrite")
+        got = _verify("public.a", path, "--dsn", postgres_dsn, "--json")
+        assert got.exit_code == 1
+        assert [(r["kind"], r["key"]) for c in json.loads(got.output)["differences"] for r in c["rows"]] == [
+            ("changed", ["3"])]
+    finally:
         h.close()
