@@ -222,9 +222,6 @@ class DeltaSide:
                              range(0, table.num_rows, step))
             return np.concatenate(list(parts))
 
-    def sums(self, table: pa.Table, chunk: np.ndarray, n: int) -> list[tuple[int, int]]:
-        return chunk_sums(chunk, self.hashes(table), n)
-
     def rows(self, table: pa.Table, idx: np.ndarray, hashes: np.ndarray) -> dict[bytes, tuple[int, int | None, int]]:
         """The rows ``idx`` of ``table`` by key encoding: (hash, sequence or None, index in ``table``)."""
         picked = table.take(pa.array(idx, pa.int64()))
@@ -277,20 +274,22 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
     started = time.perf_counter()
     delta = DeltaSide(delta_path, source, storage_options)
     columns, keys = delta.columns, list(source.keys)
-    with source.read() as read:
-        ranges = read.ranges(chunk_rows)
-        # The first read does not wait: chunks that differ only because the pipeline is behind are re-checked.
-        reached = True
+    # The first read does not wait: chunks that differ only because the pipeline is behind are re-checked. The
+    # Delta side (Arrow and DuckDB, releasing the GIL) reads and hashes its rows while the source finds its
+    # chunks and computes their checksums.
+    reached = True
 
-        def delta_side() -> tuple[int, pa.Table, list[tuple[int, int]]]:
-            v, t = delta.load()
-            return v, t, delta.sums(t, delta.chunked(t, ranges), len(ranges))
+    def delta_side() -> tuple[int, pa.Table, np.ndarray]:
+        v, t = delta.load()
+        return v, t, delta.hashes(t)
 
-        # The Delta side (Arrow and DuckDB, releasing the GIL) runs while the source computes its checksums.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(delta_side)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(delta_side)
+        with source.read() as read:
+            ranges = read.ranges(chunk_rows)
             source_sums = [read.checksum(r, columns, keys) for r in ranges]
-            version, table, delta_sums = pending.result()
+        version, table, hashes = pending.result()
+    delta_sums = chunk_sums(delta.chunked(table, ranges), hashes, len(ranges))
     differing = [i for i, (a, b) in enumerate(zip(source_sums, delta_sums, strict=True)) if a != b]
     log.info("%d of %d chunks differ at the first read", len(differing), len(ranges))
     found: dict[int, list[tuple[str, bytes]]] = {}
