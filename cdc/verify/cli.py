@@ -34,9 +34,12 @@ class _CannotCompare(click.ClickException):
               help="How many times a differing chunk is read again before its difference is reported.")
 @click.option("--wait-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds to wait for the pipeline to pass a read's position (with --slot).")
+@click.option("--exclude", multiple=True, metavar="COLUMN",
+              help="A source column the Delta table does not store (the sink's except_columns); not compared. "
+                   "Repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the report) instead of text.")
 def main(table: str, delta_path: str, backend: str, dsn: str | None, slot: str | None, chunk_rows: int,
-         rechecks: int, wait_timeout: float, as_json: bool) -> None:
+         rechecks: int, wait_timeout: float, exclude: tuple[str, ...], as_json: bool) -> None:
     """Compare TABLE (schema.table) with the Delta table at DELTA_PATH, chunk by chunk with checksums computed
     where the data is; only differing chunks are compared row by row. Prints the differing key ranges and rows
     and a summary line. Exit status: 0 equal, 1 different, 2 cannot compare (the table does not exist or has
@@ -54,7 +57,7 @@ def main(table: str, delta_path: str, backend: str, dsn: str | None, slot: str |
     if not dsn:
         raise _CannotCompare("give --dsn or set CDC_POSTGRES_DSN (libpq URI; keep the password in PGPASSWORD)")
     try:
-        source = PostgresVerifySource(dsn, table, slot)
+        source = PostgresVerifySource(dsn, table, slot, exclude)
     except psycopg.OperationalError as e:
         raise _CannotCompare(f"cannot connect to the database: {e}") from None
     except VerifyError as e:

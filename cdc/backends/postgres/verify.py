@@ -172,10 +172,11 @@ class PostgresVerifySource:
     """A PostgreSQL table as ``cdc verify`` reads it; ``slot``: the query's replication slot, whose confirmed
     position is the pipeline's committed position (None: unknown)."""
 
-    def __init__(self, dsn: str, table: str, slot: str | None = None) -> None:
+    def __init__(self, dsn: str, table: str, slot: str | None = None, exclude: Sequence[str] = ()) -> None:
         self.dsn = dsn
         self.table = table if "." in table else f"public.{table}"
         self.slot = slot
+        self.exclude = tuple(exclude)
         self.conn = connection.connect(dsn)
         try:
             self._describe()
@@ -194,7 +195,15 @@ class PostgresVerifySource:
                               "pipeline writes them (add one with ALTER TABLE ... ADD PRIMARY KEY)") from None
         except OptionError:
             raise VerifyError(f"table {self.table!r} does not exist in the database (or is not a table)") from None
-        self.columns = tuple(c[0] for c in self.info.columns)
+        names = [c[0] for c in self.info.columns]
+        unknown = [c for c in self.exclude if c not in names]
+        if unknown:
+            raise VerifyError(f"--exclude: table {self.table!r} has no column {', '.join(map(repr, unknown))}")
+        keyed = [c for c in self.exclude if c in self.info.keys]
+        if keyed:
+            raise VerifyError(f"--exclude: {', '.join(map(repr, keyed))} is a key column of {self.table!r}: rows are "
+                              "compared by key, a key column cannot be left out")
+        self.columns = tuple(c for c in names if c not in self.exclude)
         self.types = {name: oid for name, oid, _ in self.info.columns}
         self.keys = self.info.keys
         self.key_columns = keys.key_columns(self.conn, self.info)
@@ -206,6 +215,8 @@ class PostgresVerifySource:
         # A column compares as the kind of its type as the typed layout writes it, or as text (its text form:
         # how the many-table layout carries every value).
         for name, oid, typmod in self.info.columns:
+            if name in self.exclude:
+                continue
             kind = kinds[name]
             if kind not in (Kind.TEXT, kind_of(arrow_type(oid, typmod))) and (oid, kind) != (FLOAT4, Kind.FLOAT64):
                 raise VerifyError(f"column {name!r} of {self.table!r} cannot be compared with a Delta column of "

@@ -117,6 +117,18 @@ def test_tampered_keys_are_named_exactly_and_bad_input_is_refused(
         bad = _verify("public.typed", other, "--dsn", dsn)
         assert bad.exit_code == 2 and f"the Delta table at {other!r} is not 'public.typed'" in bad.output
         assert "no column 'i'" in bad.output
+        # A Delta table written without some columns (the sink's except_columns) is compared without them: the
+        # tampered document no longer differs, the missing and extra rows still do.
+        narrow = str(tmp_path / "narrow")
+        write_deltalake(narrow, tampered.drop_columns(["doc", "raw"]))
+        bad = _verify("public.typed", narrow, "--dsn", dsn)
+        assert bad.exit_code == 2 and "no column 'raw', 'doc'" in bad.output, bad.output
+        got = _verify("public.typed", narrow, "--dsn", dsn, "--exclude", "doc", "--exclude", "raw", "--json")
+        assert got.exit_code == 1
+        assert sorted((r["kind"], r["key"][0]) for c in json.loads(got.output)["differences"] for r in c["rows"]) == [
+            ("extra", "zz\\'new"), ("missing", "it's"), ("missing", "k0100")]
+        bad = _verify("public.typed", narrow, "--dsn", dsn, "--exclude", "k", "--exclude", "nope")
+        assert bad.exit_code == 2 and "has no column 'nope'" in bad.output
     finally:
         h.close()
 
