@@ -20,9 +20,13 @@ timestamp  timestamp (any unit, any zone)              microseconds since 1970-0
 binary     binary                                      the bytes themselves
 ========== =========================================== =============================================
 
-A row's hash is the first 8 bytes of the MD5 of its encoding as an unsigned big-endian integer; a chunk's
-checksum is its row count and the sum of its rows' hashes modulo 2**64 (a sum, not an exclusive or: two
-equal rows never cancel). MD5 is used as a checksum here, not for security. On the Delta side the pieces are
+A chunk's checksum is its row count and the MD5 of its rows' encodings in key order, each row written as
+``R<encoding>``, or ``H<MD5 of the encoding in hex>`` when the encoding is longer than :data:`SHORT` bytes (so
+a chunk's text stays small whatever its values' sizes): one MD5 over the chunk, none per row. Narrowing a
+differing chunk down needs a checksum of any sub-range without ordering: there a row's hash is the first 8
+bytes of the MD5 of its encoding as an unsigned big-endian integer, and a range's checksum the row count and
+the sum of the hashes modulo 2**64 (a sum, not an exclusive or: two equal rows never cancel). MD5 is used as a
+checksum here, not for security. On the Delta side the pieces are
 built by Arrow compute kernels and hashed by DuckDB (vectorised C++, no Python per row); a backend builds the
 same bytes in its own SQL (PostgreSQL: :mod:`cdc.backends.postgres.verify`).
 """
@@ -37,6 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 MOD = 1 << 64
+SHORT = 256
+"""Rows whose encoding is longer enter a chunk's digest by their MD5."""
 
 
 class Kind(Enum):
@@ -138,3 +144,37 @@ def chunk_sums(chunk: np.ndarray, hashes: np.ndarray, n: int) -> list[tuple[int,
         with np.errstate(over="ignore"):
             sums[ordered[starts]] = np.add.reduceat(hashes[order], starts, dtype=np.uint64)
     return [(int(c), int(s)) for c, s in zip(counts, sums, strict=True)]
+
+
+def chunk_digests(encoded: pa.Array, order: np.ndarray, chunk: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """Per chunk index ``0..n-1``: (rows, the MD5 of its rows' pieces in key order, as an int). ``order`` is
+    the permutation that sorts the rows in the source's key order (chunks are consecutive key ranges)."""
+    import hashlib
+
+    import duckdb
+
+    counts = np.bincount(chunk, minlength=n)
+    lengths = pc.binary_length(encoded)
+    long = pc.greater(lengths, SHORT)
+    pieces = pc.binary_join_element_wise(pa.scalar(b"R", pa.binary()), encoded, b"")
+    if pc.any(long).as_py():
+        con = duckdb.connect()
+        try:
+            con.register("rows_", pa.table({"r": encoded.filter(long)}))
+            hexes = con.execute("SELECT md5(r) AS h FROM rows_").fetch_arrow_table().column("h").combine_chunks()
+        finally:
+            con.close()
+        hashed = pc.binary_join_element_wise(pa.scalar(b"H", pa.binary()), hexes.cast(pa.binary()), b"")
+        filled = pc.replace_with_mask(pieces, long, hashed)
+        pieces = filled.combine_chunks() if isinstance(filled, pa.ChunkedArray) else filled
+    ordered = pieces.take(pa.array(order, pa.int64()))
+    if isinstance(ordered, pa.ChunkedArray):
+        ordered = ordered.combine_chunks()
+    offsets = np.frombuffer(ordered.buffers()[1], dtype=np.int32)[ordered.offset:ordered.offset + len(ordered) + 1]
+    data = memoryview(ordered.buffers()[2] or b"")
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    out = []
+    for i in range(n):
+        lo, hi = offsets[bounds[i]], offsets[bounds[i + 1]]
+        out.append((int(counts[i]), int(hashlib.md5(data[lo:hi]).hexdigest(), 16)))
+    return out

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from cdc.errors import TerminalError
-from cdc.verify.canonical import Kind, chunk_sums, encode, kind_of, row_hashes
+from cdc.verify.canonical import Kind, chunk_digests, chunk_sums, encode, kind_of, row_hashes
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ class SourceRead(Protocol):
         """The table's chunks at this snapshot, ascending, ending with the open range above its largest key."""
 
     def checksum(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys: Sequence[str]) -> tuple[int, int]:
-        """(rows, sum of row hashes mod 2**64) of the chunk, computed by the source."""
+        """(rows, MD5 of the rows' pieces in key order) of the chunk, computed by the source
+        (:func:`~cdc.verify.canonical.chunk_digests`)."""
 
     def split(self, chunk: Range, rows: int, columns: Sequence[tuple[str, Kind]],
               keys: Sequence[str]) -> list[tuple[Range, int, int]]:
@@ -108,6 +109,9 @@ class VerifySource(Protocol):
 
     def assign(self, keys: pa.Table, ranges: Sequence[Range]) -> np.ndarray:
         """The index in ``ranges`` of each key (Delta rows' key columns), in the source's key order."""
+
+    def order(self, keys: pa.Table) -> np.ndarray:
+        """The permutation that sorts ``keys`` (Delta rows' key columns) in the source's key order."""
 
     def pipeline_position(self) -> int | None:
         """The pipeline's committed position (None: unknown); compared with :attr:`SourceRead.after`."""
@@ -279,17 +283,17 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
     # chunks and computes their checksums.
     reached = True
 
-    def delta_side() -> tuple[int, pa.Table, np.ndarray]:
+    def delta_side() -> tuple[int, pa.Table, pa.Array, np.ndarray]:
         v, t = delta.load()
-        return v, t, delta.hashes(t)
+        return v, t, encode(t, delta.columns), source.order(t.select(keys))
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(delta_side)
         with source.read() as read:
             ranges = read.ranges(chunk_rows)
             source_sums = [read.checksum(r, columns, keys) for r in ranges]
-        version, table, hashes = pending.result()
-    delta_sums = chunk_sums(delta.chunked(table, ranges), hashes, len(ranges))
+        version, table, encoded, order = pending.result()
+    delta_sums = chunk_digests(encoded, order, delta.chunked(table, ranges), len(ranges))
     differing = [i for i, (a, b) in enumerate(zip(source_sums, delta_sums, strict=True)) if a != b]
     log.info("%d of %d chunks differ at the first read", len(differing), len(ranges))
     found: dict[int, list[tuple[str, bytes]]] = {}

@@ -30,7 +30,7 @@ from cdc.backends.postgres.catalog import BYTEA, FLOAT4, TIMESTAMP, TIMESTAMPTZ,
 from cdc.backends.postgres.errors import NoPrimaryKeyError
 from cdc.backends.postgres.positions import pack, parse_lsn
 from cdc.errors import OptionError
-from cdc.verify.canonical import MOD, PREFIXED, Kind, kind_of
+from cdc.verify.canonical import MOD, PREFIXED, SHORT, Kind, kind_of
 from cdc.verify.compare import Range, SourceRow, VerifyError
 
 
@@ -135,12 +135,27 @@ class PostgresRead:
         return keys.range_condition(self.source.key_columns, chunk.after, chunk.upto)
 
     def checksum(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys_: Sequence[str]) -> tuple[int, int]:
+        # The rows' pieces in key order (an index scan of the range) into one string and one MD5. string_agg
+        # takes its input in the subquery's order: the transaction runs no parallel plan, which could reorder it.
         where, params = self._where(chunk)
-        query = sql.SQL("SELECT count(*), coalesce(sum({}), 0) FROM {} WHERE {}").format(
-            _hash(columns, self.source.types), self.source.ident, where)
+        e = sql.Identifier("__cdc_e")
+        binary = any(k is Kind.BINARY for _, k in columns)
+        if binary:
+            piece = sql.SQL("CASE WHEN octet_length({e}) > {short} THEN convert_to('H' || md5({e}), 'UTF8') "
+                            "ELSE '\\x52'::bytea || {e} END")
+            joined = sql.SQL("string_agg(p, ''::bytea)")
+        else:
+            piece = sql.SQL("CASE WHEN octet_length({e}) > {short} THEN 'H' || md5({e}) ELSE 'R' || {e} END")
+            joined = sql.SQL("string_agg(p, '')")
+        query = sql.SQL(
+            "SELECT count(*), coalesce(md5({joined}), md5('')) FROM (SELECT {piece} AS p FROM {table}, "
+            "LATERAL (SELECT {enc} AS {e}) AS __cdc_x WHERE {where} ORDER BY {order}) AS __cdc_s"
+        ).format(joined=joined, piece=piece.format(e=e, short=sql.Literal(SHORT)), table=self.source.ident,
+                 enc=encoding(columns, self.source.types), e=e, where=where,
+                 order=sql.SQL(", ").join(sql.Identifier(k) for k in keys_))
         got = self.conn.execute(query, params).fetchone()
         assert got is not None
-        return int(got[0]), int(got[1]) % MOD
+        return int(got[0]), int(str(got[1]), 16)
 
     def rows(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys_: Sequence[str]) -> dict[bytes, int]:
         kinds = dict(columns)
@@ -231,6 +246,7 @@ class PostgresVerifySource:
                 after = _insert_lsn(conn)
                 conn.execute("SET LOCAL timezone = 'UTC'")
                 conn.execute("SET LOCAL datestyle = 'ISO, YMD'")
+                conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
                 yield PostgresRead(self, conn, pack(before), pack(after))
             finally:
                 if not conn.closed:
@@ -263,6 +279,20 @@ class PostgresVerifySource:
                  bt=typed("b", b_names), kt=typed("k", k_names))
         got = self.conn.execute(query, [*bound_texts, *texts]).fetchall()
         return np.array([int(r[0]) for r in got], dtype=np.int64)
+
+    def order(self, keys_: pa.Table) -> np.ndarray:
+        if keys.python_ordered(self.key_columns) and len(self.key_columns) == 1:
+            values = keys_.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            ordered: np.ndarray = np.argsort(values, kind="stable")
+            return ordered
+        # Any other key: PostgreSQL sorts the keys (their text forms cast to the columns' types and collations).
+        n = len(self.key_columns)
+        texts = [[keys.key_text(v, c) for v in keys_.column(i).to_pylist()] for i, c in enumerate(self.key_columns)]
+        names = [sql.Identifier(f"k{i}") for i in range(n)]
+        typed = sql.SQL(", ").join(c.cast(sql.SQL("k.{}").format(nm)) for c, nm in zip(self.key_columns, names, strict=True))
+        query = sql.SQL("SELECT ord - 1 FROM unnest({}) WITH ORDINALITY AS k({}, ord) ORDER BY {}").format(
+            sql.SQL(", ").join([sql.SQL("%s::text[]")] * n), sql.SQL(", ").join(names), typed)
+        return np.array([int(r[0]) for r in self.conn.execute(query, texts).fetchall()], dtype=np.int64)
 
     def pipeline_position(self) -> int | None:
         if self.slot is None:
