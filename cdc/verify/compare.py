@@ -79,6 +79,10 @@ class SourceRead(Protocol):
         """(rows, MD5 of the rows' pieces in key order) of the chunk, computed by the source
         (:func:`~cdc.verify.canonical.chunk_digests`)."""
 
+    def checksums(self, chunks: Sequence[Range], columns: Sequence[tuple[str, Kind]],
+                  keys: Sequence[str]) -> list[tuple[int, int]]:
+        """:meth:`checksum` of each chunk (a source may compute them in parallel sessions at the same snapshot)."""
+
     def split(self, chunk: Range, rows: int, columns: Sequence[tuple[str, Kind]],
               keys: Sequence[str]) -> list[tuple[Range, int, int]]:
         """The chunk as consecutive ranges of ``rows`` keys each (the first starts at ``chunk.after``, the last
@@ -291,7 +295,7 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
         pending = pool.submit(delta_side)
         with source.read() as read:
             ranges = read.ranges(chunk_rows)
-            source_sums = [read.checksum(r, columns, keys) for r in ranges]
+            source_sums = read.checksums(ranges, columns, keys)
         version, table, encoded, order = pending.result()
     delta_sums = chunk_digests(encoded, order, delta.chunked(table, ranges), len(ranges))
     differing = [i for i, (a, b) in enumerate(zip(source_sums, delta_sums, strict=True)) if a != b]

@@ -17,6 +17,7 @@ nothing from the data becomes SQL text.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -157,6 +158,26 @@ class PostgresRead:
         assert got is not None
         return int(got[0]), int(str(got[1]), 16)
 
+    def checksums(self, chunks: Sequence[Range], columns: Sequence[tuple[str, Kind]],
+                  keys_: Sequence[str]) -> list[tuple[int, int]]:
+        # Two sessions share the read's snapshot (pg_export_snapshot): each computes every other chunk.
+        if len(chunks) < 4:
+            return [self.checksum(c, columns, keys_) for c in chunks]
+        got = self.conn.execute("SELECT pg_export_snapshot()").fetchone()
+        assert got is not None
+        with connection.connect(self.source.dsn) as other:
+            other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            other.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(str(got[0]))))
+            _settings(other)
+            helper = PostgresRead(self.source, other, self.before, self.after)
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                odd = pool.submit(lambda: [helper.checksum(c, columns, keys_) for c in chunks[1::2]])
+                even = [self.checksum(c, columns, keys_) for c in chunks[0::2]]
+                odds = odd.result()
+            other.execute("ROLLBACK")
+        out = [x for pair in zip(even, odds, strict=False) for x in pair]
+        return out + even[len(odds):]
+
     def rows(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys_: Sequence[str]) -> dict[bytes, int]:
         kinds = dict(columns)
         where, params = self._where(chunk)
@@ -244,9 +265,7 @@ class PostgresVerifySource:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 after = _insert_lsn(conn)
-                conn.execute("SET LOCAL timezone = 'UTC'")
-                conn.execute("SET LOCAL datestyle = 'ISO, YMD'")
-                conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+                _settings(conn)
                 yield PostgresRead(self, conn, pack(before), pack(after))
             finally:
                 if not conn.closed:
@@ -302,6 +321,14 @@ class PostgresVerifySource:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _settings(conn: psycopg.Connection[Any]) -> None:
+    """The read's settings: text forms in UTC and ISO dates; no parallel plan (string_agg must take its input
+    in the order of the key-ordered scan)."""
+    conn.execute("SET LOCAL timezone = 'UTC'")
+    conn.execute("SET LOCAL datestyle = 'ISO, YMD'")
+    conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
 
 
 def _insert_lsn(conn: psycopg.Connection[Any]) -> int:
