@@ -23,10 +23,9 @@ binary     binary                                      the bytes themselves
 A chunk's checksum is its row count and the MD5 of its rows' encodings in key order, each row written as
 ``R<encoding>``, or ``H<MD5 of the encoding in hex>`` when the encoding is longer than :data:`SHORT` bytes (so
 a chunk's text stays small whatever its values' sizes): one MD5 over the chunk, none per row. Narrowing a
-differing chunk down needs a checksum of any sub-range without ordering: there a row's hash is the first 8
-bytes of the MD5 of its encoding as an unsigned big-endian integer, and a range's checksum the row count and
-the sum of the hashes modulo 2**64 (a sum, not an exclusive or: two equal rows never cancel). MD5 is used as a
-checksum here, not for security. On the Delta side the pieces are
+differing chunk down takes the same digest of each sub-range; rows are then compared by their hashes, the
+first 8 bytes of the MD5 of their encodings as an unsigned big-endian integer. MD5 is used as a checksum
+here, not for security. On the Delta side the pieces are
 built by Arrow compute kernels and hashed by DuckDB (vectorised C++, no Python per row); a backend builds the
 same bytes in its own SQL (PostgreSQL: :mod:`cdc.backends.postgres.verify`).
 """
@@ -43,6 +42,8 @@ import pyarrow.compute as pc
 MOD = 1 << 64
 SHORT = 256
 """Rows whose encoding is longer enter a chunk's digest by their MD5."""
+EMPTY = (0, 0xD41D8CD98F00B204E9800998ECF8427E)
+"""The checksum of a chunk without rows (the MD5 of nothing)."""
 
 
 class Kind(Enum):
@@ -131,19 +132,6 @@ def row_hashes(encoded: pa.Array) -> np.ndarray:
         con.close()
     column = got.column("h") if isinstance(got, pa.Table) else pa.Table.from_batches(got).column("h")
     return np.asarray(column.to_numpy(), dtype=np.uint64).byteswap()
-
-
-def chunk_sums(chunk: np.ndarray, hashes: np.ndarray, n: int) -> list[tuple[int, int]]:
-    """Per chunk index ``0..n-1``: (rows, sum of hashes mod 2**64)."""
-    counts = np.bincount(chunk, minlength=n)
-    sums = np.zeros(n, dtype=np.uint64)
-    if len(chunk):
-        order = np.argsort(chunk, kind="stable")
-        ordered = chunk[order]
-        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-        with np.errstate(over="ignore"):
-            sums[ordered[starts]] = np.add.reduceat(hashes[order], starts, dtype=np.uint64)
-    return [(int(c), int(s)) for c, s in zip(counts, sums, strict=True)]
 
 
 def chunk_digests(encoded: pa.Array, order: np.ndarray, chunk: np.ndarray, n: int) -> list[tuple[int, int]]:

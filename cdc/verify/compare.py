@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from cdc.errors import TerminalError
-from cdc.verify.canonical import Kind, chunk_digests, chunk_sums, encode, kind_of, row_hashes
+from cdc.verify.canonical import EMPTY, Kind, chunk_digests, encode, kind_of, row_hashes
 
 log = logging.getLogger(__name__)
 
@@ -219,23 +219,15 @@ class DeltaSide:
         keys = table.select(list(self.source.keys))
         return self.source.assign(keys, ranges) if table.num_rows else np.zeros(0, dtype=np.int64)
 
-    def hashes(self, table: pa.Table) -> np.ndarray:
-        """Each row's hash; slices of the table are encoded and hashed on two threads (Arrow's kernels and
-        DuckDB release the GIL)."""
-        step = 1 << 16
-        if table.num_rows <= step:
-            return row_hashes(encode(table, self.columns))
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            parts = pool.map(lambda lo: row_hashes(encode(table.slice(lo, step), self.columns)),
-                             range(0, table.num_rows, step))
-            return np.concatenate(list(parts))
-
-    def rows(self, table: pa.Table, idx: np.ndarray, hashes: np.ndarray) -> dict[bytes, tuple[int, int | None, int]]:
-        """The rows ``idx`` of ``table`` by key encoding: (hash, sequence or None, index in ``table``)."""
-        picked = table.take(pa.array(idx, pa.int64()))
+    def rows(self, table: pa.Table, idx: np.ndarray, encoded: pa.Array) -> dict[bytes, tuple[int, int | None, int]]:
+        """The rows ``idx`` of ``table`` (whose encodings are ``encoded``) by key encoding: (hash, sequence or
+        None, index in ``table``)."""
+        at = pa.array(idx, pa.int64())
+        picked = table.take(at)
         keys = encode(picked, self.keys).to_pylist()
+        hashes = row_hashes(encoded.take(at))
         seqs = picked.column(SEQ).to_pylist() if self.has_seq else [None] * len(idx)
-        return {k: (int(h), s, int(i)) for k, h, s, i in zip(keys, hashes[idx], seqs, idx, strict=True)}
+        return {k: (int(h), s, int(i)) for k, h, s, i in zip(keys, hashes, seqs, idx, strict=True)}
 
 
 def _wait_for(source: VerifySource, position: int, timeout: float, idle: float) -> bool:
@@ -312,8 +304,7 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
             # Only the rows of the chunks that differed are hashed again.
             part = table.take(pa.array(np.flatnonzero(np.isin(chunk, differing)), pa.int64()))
             part_chunk = chunk[np.isin(chunk, differing)]
-            hashes = delta.hashes(part)
-            bisect = _Bisect(read, delta, part, hashes, read.before)
+            bisect = _Bisect(read, delta, part, encode(part, delta.columns), read.before)
             again: dict[int, list[tuple[str, bytes]]] = {}
             for i in differing:
                 diff = bisect.settle(ranges[i], np.flatnonzero(part_chunk == i))
@@ -337,8 +328,8 @@ class _Bisect:
 
     LEAF = 500
 
-    def __init__(self, read: SourceRead, delta: DeltaSide, table: pa.Table, hashes: np.ndarray, before: int) -> None:
-        self.read, self.delta, self.table, self.hashes, self.before = read, delta, table, hashes, before
+    def __init__(self, read: SourceRead, delta: DeltaSide, table: pa.Table, encoded: pa.Array, before: int) -> None:
+        self.read, self.delta, self.table, self.encoded, self.before = read, delta, table, encoded, before
         self.keys = list(delta.source.keys)
         self.delta_rows: dict[bytes, tuple[int, int | None, int]] = {}
         self.leaf: dict[bytes, Range] = {}
@@ -353,14 +344,16 @@ class _Bisect:
         sums = [(n, total) for _, n, total in split]
         if subs[-1].upto != rng.upto:  # Delta rows above the source's largest key in the range
             subs.append(Range(subs[-1].upto, rng.upto))
-            sums.append((0, 0))
-        keys = self.table.take(pa.array(idx, pa.int64())).select(self.keys)
+            sums.append(EMPTY)
+        at = pa.array(idx, pa.int64())
+        keys = self.table.take(at).select(self.keys)
         placed = self.delta.source.assign(keys, subs) if len(idx) else np.zeros(0, dtype=np.int64)
-        delta_sums = chunk_sums(placed, self.hashes[idx], len(subs))
+        order = self.delta.source.order(keys) if len(idx) else np.zeros(0, dtype=np.int64)
+        delta_sums = chunk_digests(self.encoded.take(at), order, placed, len(subs))
         return [d for j, sub in enumerate(subs) if sums[j] != delta_sums[j] for d in self.compare(sub, idx[placed == j])]
 
     def compare(self, rng: Range, idx: np.ndarray) -> list[tuple[str, bytes]]:
-        rows = self.delta.rows(self.table, idx, self.hashes)
+        rows = self.delta.rows(self.table, idx, self.encoded)
         self.delta_rows.update(rows)
         diff = _diff(self.read.rows(rng, self.delta.columns, self.keys), rows, self.before)
         self.leaf.update((k, rng) for _, k in diff)

@@ -85,6 +85,22 @@ def encoding(columns: Sequence[tuple[str, Kind]], types: Mapping[str, int]) -> s
     return sql.SQL("({})").format(sql.SQL(" || ").join(pieces))
 
 
+def _piece(columns: Sequence[tuple[str, Kind]]) -> sql.Composable:
+    """A row's piece of a digest (:func:`cdc.verify.canonical.chunk_digests`) from its encoding ``__cdc_e``."""
+    if any(k is Kind.BINARY for _, k in columns):
+        template = ("CASE WHEN octet_length(__cdc_e) > {short} THEN convert_to('H' || md5(__cdc_e), 'UTF8') "
+                    "ELSE '\\x52'::bytea || __cdc_e END")
+    else:
+        template = "CASE WHEN octet_length(__cdc_e) > {short} THEN 'H' || md5(__cdc_e) ELSE 'R' || __cdc_e END"
+    return sql.SQL(template).format(short=sql.Literal(SHORT))
+
+
+def _joined(columns: Sequence[tuple[str, Kind]], order: sql.Composable) -> sql.Composable:
+    """The pieces ``p`` concatenated (bytea when a column is binary)."""
+    empty = "''::bytea" if any(k is Kind.BINARY for _, k in columns) else "''"
+    return sql.SQL("string_agg(p, {}{})").format(sql.SQL(empty), order)
+
+
 def _hash(columns: Sequence[tuple[str, Kind]], types: Mapping[str, int]) -> sql.Composable:
     return sql.SQL("('x' || left(md5({}), 16))::bit(64)::bigint").format(encoding(columns, types))
 
@@ -110,25 +126,26 @@ class PostgresRead:
 
     def split(self, chunk: Range, rows: int, columns: Sequence[tuple[str, Kind]],
               keys_: Sequence[str]) -> list[tuple[Range, int, int]]:
-        # One index-ordered pass: rows numbered in key order, grouped by ``rows``; each group's last key is its
-        # upper bound.
+        # One index-ordered pass: rows numbered in key order, grouped by ``rows``, each group's digest as a
+        # chunk's (its pieces in key order); each group's last key is its upper bound.
         where, params = self._where(chunk)
         n = len(keys_)
         order = sql.SQL(", ").join(sql.Identifier(k) for k in keys_)
-        texts = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"key_{i}"))
-                                   for i, k in enumerate(keys_))
-        lasts = sql.SQL(", ").join(sql.SQL("(array_agg({} ORDER BY rn DESC))[1]").format(sql.Identifier(f"key_{i}"))
-                                   for i in range(n))
+        names = [sql.Identifier(f"key_{i}") for i in range(n)]
+        texts = sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), nm)
+                                   for k, nm in zip(keys_, names, strict=True))
+        lasts = sql.SQL(", ").join(sql.SQL("(array_agg({} ORDER BY rn DESC))[1]").format(nm) for nm in names)
         query = sql.SQL(
-            "SELECT count(*), coalesce(sum(h), 0), {lasts} FROM (SELECT rn, (rn - 1) / %s AS b, h, {names} FROM ("
-            "SELECT row_number() OVER (ORDER BY {order}) AS rn, {hash} AS h, {texts} FROM {table} WHERE {where}"
-            ") n) s GROUP BY b ORDER BY b"
-        ).format(lasts=lasts, order=order, hash=_hash(columns, self.source.types), texts=texts, table=self.source.ident, where=where,
-                 names=sql.SQL(", ").join(sql.Identifier(f"key_{i}") for i in range(n)))
+            "SELECT count(*), md5({joined}), {lasts} FROM (SELECT rn, (rn - 1) / %s AS b, p, {names} FROM ("
+            "SELECT row_number() OVER (ORDER BY {order}) AS rn, {piece} AS p, {texts} FROM {table}, "
+            "LATERAL (SELECT {enc} AS __cdc_e) AS __cdc_x WHERE {where}) n) s GROUP BY b ORDER BY b"
+        ).format(joined=_joined(columns, sql.SQL(" ORDER BY rn")), lasts=lasts, order=order, piece=_piece(columns),
+                 enc=encoding(columns, self.source.types), texts=texts, table=self.source.ident, where=where,
+                 names=sql.SQL(", ").join(names))
         out, after = [], chunk.after
         for row in self.conn.execute(query, [rows, *params]):
             upto = tuple(str(v) for v in row[2:2 + n])
-            out.append((Range(after, upto), int(row[0]), int(row[1]) % MOD))
+            out.append((Range(after, upto), int(row[0]), int(str(row[1]), 16)))
             after = upto
         return out
 
@@ -139,20 +156,11 @@ class PostgresRead:
         # The rows' pieces in key order (an index scan of the range) into one string and one MD5. string_agg
         # takes its input in the subquery's order: the transaction runs no parallel plan, which could reorder it.
         where, params = self._where(chunk)
-        e = sql.Identifier("__cdc_e")
-        binary = any(k is Kind.BINARY for _, k in columns)
-        if binary:
-            piece = sql.SQL("CASE WHEN octet_length({e}) > {short} THEN convert_to('H' || md5({e}), 'UTF8') "
-                            "ELSE '\\x52'::bytea || {e} END")
-            joined = sql.SQL("string_agg(p, ''::bytea)")
-        else:
-            piece = sql.SQL("CASE WHEN octet_length({e}) > {short} THEN 'H' || md5({e}) ELSE 'R' || {e} END")
-            joined = sql.SQL("string_agg(p, '')")
         query = sql.SQL(
             "SELECT count(*), coalesce(md5({joined}), md5('')) FROM (SELECT {piece} AS p FROM {table}, "
-            "LATERAL (SELECT {enc} AS {e}) AS __cdc_x WHERE {where} ORDER BY {order}) AS __cdc_s"
-        ).format(joined=joined, piece=piece.format(e=e, short=sql.Literal(SHORT)), table=self.source.ident,
-                 enc=encoding(columns, self.source.types), e=e, where=where,
+            "LATERAL (SELECT {enc} AS __cdc_e) AS __cdc_x WHERE {where} ORDER BY {order}) AS __cdc_s"
+        ).format(joined=_joined(columns, sql.SQL("")), piece=_piece(columns), table=self.source.ident,
+                 enc=encoding(columns, self.source.types), where=where,
                  order=sql.SQL(", ").join(sql.Identifier(k) for k in keys_))
         got = self.conn.execute(query, params).fetchone()
         assert got is not None
