@@ -83,6 +83,9 @@ class SourceRead(Protocol):
                   keys: Sequence[str]) -> list[tuple[int, int]]:
         """:meth:`checksum` of each chunk (a source may compute them in parallel sessions at the same snapshot)."""
 
+    def shared(self) -> AbstractContextManager[SourceRead]:
+        """Another read at the same snapshot (a second session, for work in parallel)."""
+
     def split(self, chunk: Range, rows: int, columns: Sequence[tuple[str, Kind]],
               keys: Sequence[str]) -> list[tuple[Range, int, int]]:
         """The chunk as consecutive ranges of ``rows`` keys each (the first starts at ``chunk.after``, the last
@@ -304,16 +307,25 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
             # Only the rows of the chunks that differed are hashed again.
             part = table.take(pa.array(np.flatnonzero(np.isin(chunk, differing)), pa.int64()))
             part_chunk = chunk[np.isin(chunk, differing)]
-            bisect = _Bisect(read, delta, part, encode(part, delta.columns), read.before)
+            encoded = encode(part, delta.columns)
             again: dict[int, list[tuple[str, bytes]]] = {}
-            for i in differing:
-                diff = bisect.settle(ranges[i], np.flatnonzero(part_chunk == i))
-                if done > 1:  # only differences every re-check found persist (a change in flight passes)
-                    diff = [d for d in diff if d in set(found.get(i, []))]
-                if diff:
-                    again[i] = diff
-                if diff and done == rechecks:
-                    shown[i] = bisect.shown(diff)
+            # The differing chunks are settled by two sessions at the read's snapshot, every other chunk each.
+            with read.shared() as other, ThreadPoolExecutor(max_workers=1) as pool:
+                bisects = [_Bisect(r, delta, part, encoded, read.before) for r in (read, other)]
+
+                def settle(b: _Bisect, mine: list[int], at: np.ndarray) -> dict[int, list[tuple[str, bytes]]]:
+                    return {i: b.settle(ranges[i], np.flatnonzero(at == i)) for i in mine}
+
+                odd = pool.submit(settle, bisects[1], differing[1::2], part_chunk)
+                settled = {**settle(bisects[0], differing[0::2], part_chunk), **odd.result()}
+                for n, i in enumerate(differing):
+                    diff = settled[i]
+                    if done > 1:  # only differences every re-check found persist (a change in flight passes)
+                        diff = [d for d in diff if d in set(found.get(i, []))]
+                    if diff:
+                        again[i] = diff
+                    if diff and done == rechecks:
+                        shown[i] = bisects[n % 2].shown(diff)
             found = again
             differing = sorted(found)
     differences = [ChunkDifference(_listed(ranges[i].after), _listed(ranges[i].upto), shown[i]) for i in differing]

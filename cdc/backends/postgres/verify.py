@@ -166,23 +166,31 @@ class PostgresRead:
         assert got is not None
         return int(got[0]), int(str(got[1]), 16)
 
-    def checksums(self, chunks: Sequence[Range], columns: Sequence[tuple[str, Kind]],
-                  keys_: Sequence[str]) -> list[tuple[int, int]]:
-        # Two sessions share the read's snapshot (pg_export_snapshot): each computes every other chunk.
-        if len(chunks) < 4:
-            return [self.checksum(c, columns, keys_) for c in chunks]
+    @contextmanager
+    def shared(self) -> Iterator[PostgresRead]:
+        """Another session at this read's snapshot (``pg_export_snapshot``)."""
         got = self.conn.execute("SELECT pg_export_snapshot()").fetchone()
         assert got is not None
         with connection.connect(self.source.dsn) as other:
             other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            other.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(str(got[0]))))
-            _settings(other)
-            helper = PostgresRead(self.source, other, self.before, self.after)
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                odd = pool.submit(lambda: [helper.checksum(c, columns, keys_) for c in chunks[1::2]])
-                even = [self.checksum(c, columns, keys_) for c in chunks[0::2]]
-                odds = odd.result()
-            other.execute("ROLLBACK")
+            try:
+                # The snapshot's name is the server's, not data.
+                other.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(str(got[0]))))
+                _settings(other)
+                yield PostgresRead(self.source, other, self.before, self.after)
+            finally:
+                if not other.closed:
+                    other.execute("ROLLBACK")
+
+    def checksums(self, chunks: Sequence[Range], columns: Sequence[tuple[str, Kind]],
+                  keys_: Sequence[str]) -> list[tuple[int, int]]:
+        # Two sessions at the read's snapshot: each computes every other chunk.
+        if len(chunks) < 4:
+            return [self.checksum(c, columns, keys_) for c in chunks]
+        with self.shared() as helper, ThreadPoolExecutor(max_workers=1) as pool:
+            odd = pool.submit(lambda: [helper.checksum(c, columns, keys_) for c in chunks[1::2]])
+            even = [self.checksum(c, columns, keys_) for c in chunks[0::2]]
+            odds = odd.result()
         out = [x for pair in zip(even, odds, strict=False) for x in pair]
         return out + even[len(odds):]
 
