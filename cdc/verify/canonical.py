@@ -32,8 +32,11 @@ same bytes in its own SQL (PostgreSQL: :mod:`cdc.backends.postgres.verify`).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Sequence
 from enum import Enum
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -116,42 +119,51 @@ def encode(table: pa.Table, columns: Sequence[tuple[str, Kind]]) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, b"")
 
 
-def row_hashes(encoded: pa.Array) -> np.ndarray:
-    """The hash of each encoded row (uint64): the first 8 bytes of its MD5, big-endian."""
+SMALL = 4096
+"""Arrays of fewer values are hashed by hashlib (a DuckDB query costs more than their hashing)."""
+
+
+@functools.cache
+def _duckdb() -> Any:
     import duckdb
 
-    if len(encoded) == 0:
-        return np.zeros(0, dtype=np.uint64)
-    con = duckdb.connect()
+    return duckdb.connect()
+
+
+def _md5_query(encoded: pa.Array, select: str) -> pa.Array:
+    """``select`` (over the column ``r``) of each value, by DuckDB (a cursor per call: threads may share it)."""
+    cur = _duckdb().cursor()
     try:
-        rows = pa.table({"r": encoded})
-        con.register("rows_", rows)
-        # md5_number_upper is those 8 bytes read little-endian: swapped back below.
-        got = con.execute("SELECT md5_number_upper(r) AS h FROM rows_").arrow()
+        cur.register("rows_", pa.table({"r": encoded}))
+        return cur.execute(f"SELECT {select} AS h FROM rows_").fetch_arrow_table().column("h").combine_chunks()
     finally:
-        con.close()
-    column = got.column("h") if isinstance(got, pa.Table) else pa.Table.from_batches(got).column("h")
-    return np.asarray(column.to_numpy(), dtype=np.uint64).byteswap()
+        cur.close()
+
+
+def row_hashes(encoded: pa.Array) -> np.ndarray:
+    """The hash of each encoded row (uint64): the first 8 bytes of its MD5, big-endian."""
+    if len(encoded) < SMALL:
+        return np.array([int.from_bytes(hashlib.md5(v).digest()[:8], "big") for v in encoded.to_pylist()],
+                        dtype=np.uint64)
+    # md5_number_upper is those 8 bytes read little-endian: swapped back below.
+    return np.asarray(_md5_query(encoded, "md5_number_upper(r)").to_numpy(), dtype=np.uint64).byteswap()
+
+
+def _md5_hex(encoded: pa.Array) -> pa.Array:
+    if len(encoded) < SMALL:
+        return pa.array([hashlib.md5(v).hexdigest() for v in encoded.to_pylist()], pa.string())
+    return _md5_query(encoded, "md5(r)")
 
 
 def chunk_digests(encoded: pa.Array, order: np.ndarray, chunk: np.ndarray, n: int) -> list[tuple[int, int]]:
     """Per chunk index ``0..n-1``: (rows, the MD5 of its rows' pieces in key order, as an int). ``order`` is
     the permutation that sorts the rows in the source's key order (chunks are consecutive key ranges)."""
-    import hashlib
-
-    import duckdb
-
     counts = np.bincount(chunk, minlength=n)
     lengths = pc.binary_length(encoded)
     long = pc.greater(lengths, SHORT)
     pieces = pc.binary_join_element_wise(pa.scalar(b"R", pa.binary()), encoded, b"")
     if pc.any(long).as_py():
-        con = duckdb.connect()
-        try:
-            con.register("rows_", pa.table({"r": encoded.filter(long)}))
-            hexes = con.execute("SELECT md5(r) AS h FROM rows_").fetch_arrow_table().column("h").combine_chunks()
-        finally:
-            con.close()
+        hexes = _md5_hex(encoded.filter(long))
         hashed = pc.binary_join_element_wise(pa.scalar(b"H", pa.binary()), hexes.cast(pa.binary()), b"")
         filled = pc.replace_with_mask(pieces, long, hashed)
         pieces = filled.combine_chunks() if isinstance(filled, pa.ChunkedArray) else filled
