@@ -88,10 +88,14 @@ def kind_of(t: pa.DataType) -> Kind | None:
     return None
 
 
+def _large(value: bytes) -> pa.Scalar:
+    return pa.scalar(value, pa.large_binary())
+
+
 def _value_bytes(array: pa.Array, kind: Kind) -> pa.Array:
     """The column's values as the canonical bytes of ``kind`` (nulls stay null)."""
     if kind is Kind.BINARY:
-        return array.cast(pa.binary())
+        return array.cast(pa.large_binary())
     if kind is Kind.FLOAT64:
         array = array.cast(pa.float64()).view(pa.int64())
     elif kind is Kind.FLOAT32:
@@ -100,23 +104,24 @@ def _value_bytes(array: pa.Array, kind: Kind) -> pa.Array:
         array = array.cast(pa.date32()).cast(pa.int32())
     elif kind is Kind.TIMESTAMP:
         array = array.cast(pa.timestamp("us", tz=array.type.tz)).cast(pa.int64())
-    return array.cast(pa.string()).cast(pa.binary())
+    return array.cast(pa.large_string()).cast(pa.large_binary())
 
 
 def encode(table: pa.Table, columns: Sequence[tuple[str, Kind]]) -> pa.Array:
-    """Each row's canonical encoding of ``columns`` (binary; never null)."""
+    """Each row's canonical encoding of ``columns`` (large binary, so a table's encodings may pass 2 GiB;
+    never null)."""
     pieces = []
     for name, kind in columns:
         values = _value_bytes(table.column(name).combine_chunks(), kind)
         if kind in PREFIXED:
-            length = pc.binary_length(values).cast(pa.string()).cast(pa.binary())
-            piece = pc.binary_join_element_wise(length, values, b":")
+            length = pc.binary_length(values).cast(pa.large_string()).cast(pa.large_binary())
+            piece = pc.binary_join_element_wise(length, values, _large(b":"))
         else:
-            piece = pc.binary_join_element_wise(values, pa.scalar(b"", pa.binary()), b",")
-        pieces.append(pc.fill_null(piece, pa.scalar(b"N", pa.binary())))
+            piece = pc.binary_join_element_wise(values, _large(b""), _large(b","))
+        pieces.append(pc.fill_null(piece, _large(b"N")))
     if not pieces:
-        return pa.array([b""] * table.num_rows, pa.binary())
-    return pc.binary_join_element_wise(*pieces, b"")
+        return pa.array([b""] * table.num_rows, pa.large_binary())
+    return pc.binary_join_element_wise(*pieces, _large(b""))
 
 
 SMALL = 4096
@@ -161,16 +166,17 @@ def chunk_digests(encoded: pa.Array, order: np.ndarray, chunk: np.ndarray, n: in
     counts = np.bincount(chunk, minlength=n)
     lengths = pc.binary_length(encoded)
     long = pc.greater(lengths, SHORT)
-    pieces = pc.binary_join_element_wise(pa.scalar(b"R", pa.binary()), encoded, b"")
+    encoded = encoded.cast(pa.large_binary())
+    pieces = pc.binary_join_element_wise(_large(b"R"), encoded, _large(b""))
     if pc.any(long).as_py():
         hexes = _md5_hex(encoded.filter(long))
-        hashed = pc.binary_join_element_wise(pa.scalar(b"H", pa.binary()), hexes.cast(pa.binary()), b"")
+        hashed = pc.binary_join_element_wise(_large(b"H"), hexes.cast(pa.large_binary()), _large(b""))
         filled = pc.replace_with_mask(pieces, long, hashed)
         pieces = filled.combine_chunks() if isinstance(filled, pa.ChunkedArray) else filled
     ordered = pieces.take(pa.array(order, pa.int64()))
     if isinstance(ordered, pa.ChunkedArray):
         ordered = ordered.combine_chunks()
-    offsets = np.frombuffer(ordered.buffers()[1], dtype=np.int32)[ordered.offset:ordered.offset + len(ordered) + 1]
+    offsets = np.frombuffer(ordered.buffers()[1], dtype=np.int64)[ordered.offset:ordered.offset + len(ordered) + 1]
     data = memoryview(ordered.buffers()[2] or b"")
     bounds = np.concatenate([[0], np.cumsum(counts)])
     out = []

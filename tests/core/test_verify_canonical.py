@@ -15,13 +15,13 @@ from cdc.verify import canonical
 def test_duckdb_and_hashlib_hash_alike(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(5)
     values = [bytes(rng.randrange(256) for _ in range(rng.choice([0, 1, 7, 300, 2000]))) for _ in range(300)]
-    encoded = pa.array(values, pa.binary())
     expected = np.array([int.from_bytes(hashlib.md5(v).digest()[:8], "big") for v in values], dtype=np.uint64)
-    monkeypatch.setattr(canonical, "SMALL", 0)  # DuckDB
-    assert np.array_equal(canonical.row_hashes(encoded), expected)
-    assert canonical._md5_hex(encoded).to_pylist() == [hashlib.md5(v).hexdigest() for v in values]
-    monkeypatch.setattr(canonical, "SMALL", 10_000)  # hashlib
-    assert np.array_equal(canonical.row_hashes(encoded), expected)
+    for encoded in (pa.array(values, pa.large_binary()), pa.array(values, pa.binary())):
+        monkeypatch.setattr(canonical, "SMALL", 0)  # DuckDB
+        assert np.array_equal(canonical.row_hashes(encoded), expected)
+        assert canonical._md5_hex(encoded).to_pylist() == [hashlib.md5(v).hexdigest() for v in values]
+        monkeypatch.setattr(canonical, "SMALL", 10_000)  # hashlib
+        assert np.array_equal(canonical.row_hashes(encoded), expected)
 
 
 def test_chunk_digest_is_the_md5_of_the_ordered_pieces() -> None:
