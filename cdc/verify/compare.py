@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
 
 from cdc.errors import TerminalError
 from cdc.verify.canonical import EMPTY, Kind, chunk_digests, encode, kind_of, row_hashes
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, ...]
 SEQ = "_seq"
+WHOLE_ROWS = 1_000_000
+"""A Delta table of at most this many rows is read into memory whole; a larger one by groups of chunks."""
 
 
 class VerifyError(TerminalError):
@@ -119,6 +122,11 @@ class VerifySource(Protocol):
 
     def order(self, keys: pa.Table) -> np.ndarray:
         """The permutation that sorts ``keys`` (Delta rows' key columns) in the source's key order."""
+
+    def range_filter(self, ranges: Sequence[Range]) -> ds.Expression | None:
+        """An Arrow filter selecting the Delta rows in ``ranges`` (consecutive, ascending): keys above the
+        first's ``after`` and up to the last's ``upto``, the bounds bound as values; None when Arrow cannot
+        order the keys as the source does (then the Delta table is read whole)."""
 
     def pipeline_position(self) -> int | None:
         """The pipeline's committed position (None: unknown); compared with :attr:`SourceRead.after`."""
@@ -212,11 +220,39 @@ class DeltaSide:
         self.has_seq = SEQ in fields
         return kinds
 
-    def load(self) -> tuple[int, pa.Table]:
+    def _names(self) -> list[str]:
+        return [*self.source.columns, *([SEQ] if self.has_seq else [])]
+
+    def load(self, where: ds.Expression | None = None) -> tuple[int, pa.Table]:
+        """One version of the table: all its rows, or those ``where`` selects (files and row groups outside it
+        skipped by their statistics)."""
         dt = self._open()
-        names = [*self.source.columns, *([SEQ] if self.has_seq else [])]
-        table = dt.to_pyarrow_table(columns=names)
-        return int(dt.version()), table
+        if where is None:
+            return int(dt.version()), dt.to_pyarrow_table(columns=self._names())
+        return int(dt.version()), dt.to_pyarrow_dataset().to_table(columns=self._names(), filter=where)
+
+    def grouped(self, ranges: Sequence[Range], per: int) -> tuple[int, int, list[tuple[int, int]]] | None:
+        """(version, rows, each range's (rows, digest)) of one version of the table, read ``per`` ranges at a
+        time (only one group's rows in memory); None when the source's keys cannot be filtered by Arrow."""
+        dt = self._open()
+        dataset = dt.to_pyarrow_dataset()
+        keys = list(self.source.keys)
+        sums: list[tuple[int, int]] = []
+        rows = 0
+        for g in range(0, len(ranges), per):
+            group = ranges[g:g + per]
+            where = self.source.range_filter(group)
+            if where is None:
+                return None
+            table = dataset.to_table(columns=self._names(), filter=where)
+            order = self.source.order(table.select(keys)) if table.num_rows else np.zeros(0, dtype=np.int64)
+            sums.extend(chunk_digests(encode(table, self.columns), order, self.chunked(table, group), len(group)))
+            rows += table.num_rows
+        return int(dt.version()), rows, sums
+
+    def count(self) -> int:
+        """The rows of the table's current version (from the Parquet footers)."""
+        return int(self._open().to_pyarrow_dataset().count_rows())
 
     def chunked(self, table: pa.Table, ranges: Sequence[Range]) -> np.ndarray:
         keys = table.select(list(self.source.keys))
@@ -272,8 +308,13 @@ def _diff(source: dict[bytes, int], delta: dict[bytes, tuple[int, int | None, in
 
 
 def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, rechecks: int = 3,
-           wait_timeout: float = 30.0, idle: float = 2.0, storage_options: dict[str, str] | None = None) -> Report:
-    """Compare the source table with the Delta table at ``delta_path`` (see the module's description)."""
+           wait_timeout: float = 30.0, idle: float = 2.0, storage_options: dict[str, str] | None = None,
+           whole_rows: int = WHOLE_ROWS) -> Report:
+    """Compare the source table with the Delta table at ``delta_path`` (see the module's description).
+
+    A Delta table of at most ``whole_rows`` rows is read whole (one read, fastest); a larger one, when the source
+    can express its key ranges as Arrow filters, is read by groups of consecutive chunks holding about
+    ``whole_rows`` source rows, so its memory is bounded by a group, not the table."""
     started = time.perf_counter()
     delta = DeltaSide(delta_path, source, storage_options)
     columns, keys = delta.columns, list(source.keys)
@@ -286,13 +327,29 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
         v, t = delta.load()
         return v, t, encode(t, delta.columns), source.order(t.select(keys))
 
+    bounded = delta.count() > whole_rows
+    grouped: tuple[int, int, list[tuple[int, int]]] | None = None
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(delta_side)
-        with source.read() as read:
-            ranges = read.ranges(chunk_rows)
-            source_sums = read.checksums(ranges, columns, keys)
-        version, table, encoded, order = pending.result()
-    delta_sums = chunk_digests(encoded, order, delta.chunked(table, ranges), len(ranges))
+        if bounded:  # the groups' filters need the ranges: the Delta side starts once they are found
+            with source.read() as read:
+                ranges = read.ranges(chunk_rows)
+                per = max(1, whole_rows // max(1, chunk_rows))
+                pending_groups = pool.submit(delta.grouped, ranges, per)
+                source_sums = read.checksums(ranges, columns, keys)
+            grouped = pending_groups.result()
+            bounded = grouped is not None
+            log.info("the Delta table is read by groups of %d chunks: %s", per,
+                     "yes" if bounded else "no, the source's keys cannot be filtered by Arrow")
+        if grouped is not None:
+            version, delta_rows, delta_sums = grouped
+        else:
+            pending = pool.submit(delta_side)
+            with source.read() as read:
+                ranges = read.ranges(chunk_rows)
+                source_sums = read.checksums(ranges, columns, keys)
+            version, table, encoded, order = pending.result()
+            delta_rows = int(table.num_rows)
+            delta_sums = chunk_digests(encoded, order, delta.chunked(table, ranges), len(ranges))
     differing = [i for i, (a, b) in enumerate(zip(source_sums, delta_sums, strict=True)) if a != b]
     log.info("%d of %d chunks differ at the first read", len(differing), len(ranges))
     found: dict[int, list[tuple[str, bytes]]] = {}
@@ -302,7 +359,10 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
         done += 1
         with source.read() as read:
             reached = _wait_for(source, read.after, wait_timeout, idle)
-            version, table = delta.load()
+            # Bounded: only the differing chunks' rows are read (each one's filter, or-ed).
+            where = None if not bounded else _any([source.range_filter([ranges[i]]) for i in differing])
+            version, table = delta.load(where)
+            delta_rows = int(table.num_rows) if where is None else delta.count()
             chunk = delta.chunked(table, ranges)
             # Only the rows of the chunks that differed are hashed again.
             part = table.take(pa.array(np.flatnonzero(np.isin(chunk, differing)), pa.int64()))
@@ -330,7 +390,7 @@ def verify(source: VerifySource, delta_path: str, *, chunk_rows: int = 50_000, r
             differing = sorted(found)
     differences = [ChunkDifference(_listed(ranges[i].after), _listed(ranges[i].upto), shown[i]) for i in differing]
     return Report(source.table, delta_path, version, len(ranges), sum(c for c, _ in source_sums),
-                  int(table.num_rows), done, time.perf_counter() - started, differences, reached)
+                  delta_rows, done, time.perf_counter() - started, differences, reached)
 
 
 class _Bisect:
@@ -387,6 +447,15 @@ class _Bisect:
             key = s.key if s is not None else [d[c] for c in self.delta.source.keys] if d is not None else []
             out.append(RowDifference(kind, key, None if s is None else s.row, d))
         return out
+
+
+def _any(filters: Sequence[ds.Expression | None]) -> ds.Expression | None:
+    out: ds.Expression | None = None
+    for f in filters:
+        if f is None:
+            return None
+        out = f if out is None else out | f
+    return out
 
 
 def _listed(key: Key | None) -> list[str] | None:

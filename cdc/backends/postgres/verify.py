@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import psycopg
 import pyarrow as pa
+import pyarrow.dataset as ds
 from psycopg import sql
 
 from cdc.backends.postgres import catalog, connection, keys
@@ -328,6 +329,18 @@ class PostgresVerifySource:
         query = sql.SQL("SELECT ord - 1 FROM unnest({}) WITH ORDINALITY AS k({}, ord) ORDER BY {}").format(
             sql.SQL(", ").join([sql.SQL("%s::text[]")] * n), sql.SQL(", ").join(names), typed)
         return np.array([int(r[0]) for r in self.conn.execute(query, texts).fetchall()], dtype=np.int64)
+
+    def range_filter(self, ranges: Sequence[Range]) -> ds.Expression | None:
+        # Only a single integer key is ordered by Arrow as PostgreSQL orders it (text sorts by a collation).
+        if not (keys.python_ordered(self.key_columns) and len(self.key_columns) == 1) or not ranges:
+            return None
+        field = ds.field(self.keys[0])
+        where = ds.scalar(True)
+        if ranges[0].after is not None:
+            where = where & (field > pa.scalar(int(ranges[0].after[0]), pa.int64()))
+        if ranges[-1].upto is not None:
+            where = where & (field <= pa.scalar(int(ranges[-1].upto[0]), pa.int64()))
+        return where
 
     def pipeline_position(self) -> int | None:
         if self.slot is None:
