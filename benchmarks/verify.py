@@ -8,6 +8,10 @@ int) with ``--rows`` rows; its Delta table (delta-rs) holds the same rows, as th
 - :func:`cdc.verify.compare.verify` (the ``cdc verify`` command's work, interpreter start excluded): chunk
   checksums in PostgreSQL while the Delta side reads, encodes and hashes its rows.
 
+After the rounds, the ``cdc verify`` command's peak RSS and time (a child process each, interpreter start
+included) over the Delta table written as files of 100,000 rows: read by groups of 100,000 rows, then whole (run at two ``--rows`` to see that
+the first stays flat while the second grows).
+
 Printed: each round's figures, the medians, ``verify/COPY`` (median of the rounds' time ratios; target <= 2),
 then the time of a verify that finds 100 rows changed in the Delta table at scattered keys (every one of them
 named), and last ``ratio <verify/COPY>``. The load average is printed with the figures: on a shared machine
@@ -66,6 +70,15 @@ def delta_copy(dsn: str, path: str) -> None:
     write_deltalake(path, table, mode="overwrite")
 
 
+def files_copy(path: str, to: str, rows: int) -> None:
+    """The Delta table again, as files of ``rows`` rows each (as a pipeline's micro-batches write it)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    table = DeltaTable(path).to_pyarrow_table()
+    for at in range(0, table.num_rows, rows):
+        write_deltalake(to, table.slice(at, rows), mode="append")
+
+
 def copy_seconds(dsn: str) -> float:
     import psycopg
 
@@ -88,6 +101,32 @@ def verify_seconds(dsn: str, path: str, chunk_rows: int) -> tuple[float, int]:
     finally:
         source.close()
     return time.perf_counter() - start, sum(len(c.rows) for c in report.differences)
+
+
+# VmHWM: the peak RSS of this process image (ru_maxrss would keep the forking benchmark's own peak).
+_PEAK = ("import atexit, sys\n"
+         "def peak():\n"
+         "    hwm = [x for x in open('/proc/self/status') if x.startswith('VmHWM:')][0].split()[1]\n"
+         "    print('peak', hwm, file=sys.stderr)\n"
+         "atexit.register(peak)\n"
+         "sys.argv = ['cdc', *sys.argv[1:]]\n"
+         "from cdc.cli import main\n"
+         "main()\n")
+
+
+def command_peak(dsn: str, path: str, chunk_rows: int, whole_rows: int) -> tuple[float, float]:
+    """(seconds, peak RSS in MiB) of the ``cdc verify`` command in a child process (interpreter start included),
+    the Delta table read whole or by groups of about ``whole_rows`` rows."""
+    import subprocess
+
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _PEAK, "verify", "public.bench", path, "--dsn", dsn,
+                           "--chunk-rows", str(chunk_rows), "--whole-rows", str(whole_rows), "--rechecks", "1"],
+                          capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    assert done.returncode == 0, done.stdout + done.stderr
+    peak = [line for line in done.stderr.splitlines() if line.startswith("peak ")][-1]
+    return seconds, int(peak.split()[1]) / 1024
 
 
 def scatter(path: str, rows: int, count: int) -> None:
@@ -129,6 +168,16 @@ def main(rows: int, rounds: int, chunk_rows: int) -> None:
             figures[f"round {r + 1} COPY"] = (c, "s")
             figures[f"round {r + 1} verify"] = (v, "s")
         ratio = statistics.median(ratios)
+        # Memory of the command (a child each, its own peak RSS) over the table written as files of 100,000
+        # rows: by groups of 100,000 rows, then read whole.
+        files = str(Path(tmp) / "files")
+        files_copy(path, files, 100_000)
+        for label, whole_rows in (("groups of 100,000 rows", 100_000), ("read whole", rows)):
+            t, mib = command_peak(dsn, files, chunk_rows, whole_rows)
+            print(f"cdc verify, Delta table {label}: peak RSS {mib:.0f} MiB, {t:.3f} s "
+                  f"(command, {rows:,} rows) [{load()}]")
+            figures[f"cdc verify peak RSS, {label}"] = (mib, "MiB")
+            figures[f"cdc verify command, {label}"] = (t, "s")
         print(f"COPY {statistics.median(copies):.3f} s (median of {rounds}, {rows:,} rows)")
         print(f"verify {statistics.median(verifies):.3f} s (median of {rounds}, {rows:,} rows)")
         print(f"verify/COPY {ratio:.3f} (median of {rounds}; target <= 2) [{load()}]")

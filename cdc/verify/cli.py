@@ -34,12 +34,16 @@ class _CannotCompare(click.ClickException):
               help="How many times a differing chunk is read again before its difference is reported.")
 @click.option("--wait-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds to wait for the pipeline to pass a read's position (with --slot).")
+@click.option("--whole-rows", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="A Delta table of at most this many rows is read into memory whole (fastest); a larger one "
+                   "keyed by one integer column is read by groups of chunks of about this many rows, its memory "
+                   "bounded by a group.")
 @click.option("--exclude", multiple=True, metavar="COLUMN",
               help="A source column the Delta table does not store (the sink's except_columns); not compared. "
                    "Repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the report) instead of text.")
 def main(table: str, delta_path: str, backend: str, dsn: str | None, slot: str | None, chunk_rows: int,
-         rechecks: int, wait_timeout: float, exclude: tuple[str, ...], as_json: bool) -> None:
+         rechecks: int, wait_timeout: float, whole_rows: int, exclude: tuple[str, ...], as_json: bool) -> None:
     """Compare TABLE (schema.table) with the Delta table at DELTA_PATH, chunk by chunk with checksums computed
     where the data is; only differing chunks are compared row by row. Prints the differing key ranges and rows
     and a summary line. Exit status: 0 equal, 1 different, 2 cannot compare (the table does not exist or has
@@ -63,7 +67,8 @@ def main(table: str, delta_path: str, backend: str, dsn: str | None, slot: str |
     except VerifyError as e:
         raise _CannotCompare(str(e)) from None
     try:
-        report = verify(source, delta_path, chunk_rows=chunk_rows, rechecks=rechecks, wait_timeout=wait_timeout)
+        report = verify(source, delta_path, chunk_rows=chunk_rows, rechecks=rechecks, wait_timeout=wait_timeout,
+                        whole_rows=whole_rows)
     except VerifyError as e:
         raise _CannotCompare(str(e)) from None
     finally:

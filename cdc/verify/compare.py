@@ -244,7 +244,10 @@ class DeltaSide:
             where = self.source.range_filter(group)
             if where is None:
                 return None
-            table = dataset.to_table(columns=self._names(), filter=where)
+            # Little read-ahead: a row group much larger than a group (one file written at once) is decoded a
+            # batch at a time, its rows outside the group dropped batch by batch.
+            table = dataset.scanner(columns=self._names(), filter=where, batch_readahead=1,
+                                    fragment_readahead=1).to_table()
             order = self.source.order(table.select(keys)) if table.num_rows else np.zeros(0, dtype=np.int64)
             sums.extend(chunk_digests(encode(table, self.columns), order, self.chunked(table, group), len(group)))
             rows += table.num_rows
