@@ -3,6 +3,7 @@
     cdc options [BACKEND]          the source's and a backend's options (Markdown table)
     cdc offsets CHECKPOINT         where a streaming query is, per channel
     cdc status CHECKPOINT          ... against the change log's heads: records and time behind (--watch)
+    cdc verify TABLE DELTA_PATH    a source table against its Delta table, chunk by chunk (cdc.verify.cli)
     cdc local show|split|merge     the local change log            (cdc.backends.local.cli)
     cdc pulsar drop-subscription   Pulsar backend tools             (cdc.backends.pulsar.cli)
     cdc server tablestore|pulsar|kafka  stand-in servers for development (cdc.servers)
@@ -73,6 +74,7 @@ class _Main(_LazyGroup):
         "pulsar": ("cdc.backends.pulsar.cli", "cli", "Pulsar backend tools: drop a query's subscription.", False),
         "postgres": ("cdc.backends.postgres.cli", "cli", "PostgreSQL backend tools: list and drop replication slots.",
                      False),
+        "verify": ("cdc.verify.cli", "main", "Compare a source table with its Delta table, chunk by chunk.", False),
         "log": ("cdc.backends.local.cli", "cli", "Deprecated: 'cdc local'.", True),
         "tablestore": ("cdc.servers.tablestore.cli", "main", "Deprecated: 'cdc server tablestore'.", True),
     }

@@ -25,7 +25,7 @@ EXTRA_MODULES: dict[str, list[str]] = {
     "postgres": ["psycopg"],
     "pulsar": ["pulsar", "pulsar_lite", "fastavro"],
     "tablestore": ["google.protobuf", "urllib3", "tablestore"],
-    "delta": ["deltalake", "delta"],
+    "delta": ["deltalake", "delta", "duckdb"],
     "monitor": ["prometheus_client"],
     "connect": ["grpc", "grpc_status", "zstandard"],
     "kafka": ["confluent_kafka"],
@@ -89,6 +89,9 @@ FIRST_USE = {
     "postgres": ["from cdc.backend import backend_class; backend_class('postgres')",
                  "from click.testing import CliRunner; from cdc.cli import main; "
                  "r = CliRunner().invoke(main, ['postgres', 'slots', '--dsn', 'postgresql://x@127.0.0.1:1/db']); "
+                 "print(r.output); raise SystemExit(r.exit_code)",
+                 "from click.testing import CliRunner; from cdc.cli import main; "
+                 "r = CliRunner().invoke(main, ['verify', 't', '/nowhere', '--dsn', 'postgresql://x@127.0.0.1:1/db']); "
                  "print(r.output); raise SystemExit(r.exit_code)"],
     "pulsar": ["from cdc.backend import open_backend; "
                "open_backend('pulsar', {'service.url': 'pulsar://127.0.0.1:1', 'topic': 't'})",
@@ -102,7 +105,10 @@ FIRST_USE = {
                    "TablestoreTableSource({'endpoint': 'http://127.0.0.1:1', 'instance.name': 'i', "
                    "'table.name': 't', 'access.key.id': 'a', 'access.key.secret': 's'}).planner",
                    "from cdc.servers.tablestore import LocalTablestore"],
-    "delta": ["from sinks.delta import DeltaUpsertSink"],
+    "delta": ["from sinks.delta import DeltaUpsertSink",
+              "from click.testing import CliRunner; from cdc.cli import main; "
+              "r = CliRunner().invoke(main, ['verify', 't', '/nowhere', '--dsn', 'postgresql://x@127.0.0.1:1/db']); "
+              "print(r.output); raise SystemExit(r.exit_code)"],
     "monitor": ["import cdc.monitor"],
     "mysql": ["from cdc.backend import backend_class; backend_class('mysql')",
               "from cdc.servers.mysql.process import MariaDBServer; MariaDBServer.root(None)"],
