@@ -98,10 +98,28 @@ def _unit(item: pytest.Item) -> str:
     return f"@{marker.kwargs.get('name', marker.args[0] if marker.args else '')}" if marker else item.nodeid
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's faulthandler plugin, which enables it for every thread
 def pytest_configure(config: pytest.Config) -> None:
     # Keep the order longest_first gave (xdist would otherwise put the groups with the most tests first).
     if getattr(config.option, "dist", "no") == "loadgroup":
         config.option.loadscopereorder = False
+    if hasattr(config, "workerinput"):
+        # A worker that crashes in native code dumps the crashing thread's Python stack only: with every thread
+        # (pytest's default) Spark's and xdist's idle threads come first and a shortened log loses the one that
+        # matters.
+        import faulthandler
+
+        assert sys.__stderr__ is not None
+        # A duplicate of the worker's stderr: pytest's capturing redirects descriptor 2 itself during the tests.
+        faulthandler.enable(file=os.dup(sys.__stderr__.fileno()), all_threads=False)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: Any, sched: Any) -> None:
+    """A pytest-xdist worker died (a segfault in a native library, an OOM kill): name the test it was running
+    at once, on the controller's stderr, rather than only in the summary at the end of the run (which a run
+    cut short by its time limit never prints). The test is reported failed, as xdist does."""
+    print(f"\nA pytest-xdist worker crashed while running {crashitem}", file=sys.stderr, flush=True)
 
 
 def spark_builder(app: str = "cdc-tunnel-tests") -> Any:
