@@ -183,8 +183,9 @@ class SinkSpec:
     def check_lists(self, names: list[str]) -> None:
         """Every column a list option names is a column of the batch (``names``); else an
         :class:`~cdc.errors.OptionError` naming the option and the columns."""
+        # (Not track_history_columns: a tracked column may appear mid-history, by schema evolution.)
         for name in ("column_list", "except_column_list", "ignore_null_updates_column_list",
-                     "ignore_null_updates_except_column_list", "track_history_columns"):
+                     "ignore_null_updates_except_column_list"):
             unknown = [c for c in getattr(self, name) or () if c not in names]
             if unknown:
                 raise OptionError(

@@ -102,11 +102,10 @@ def test_exclusive_options_given_together_name_both(tmp_path: Path, kwargs: dict
 
 @pytest.mark.parametrize(
     "option",
-    ["column_list", "except_column_list", "ignore_null_updates_column_list",
-     "ignore_null_updates_except_column_list", "track_history_columns"],
+    ["column_list", "except_column_list", "ignore_null_updates_column_list", "ignore_null_updates_except_column_list"],
 )
 def test_a_list_naming_an_unknown_column_fails_the_batch_naming_option_and_column(tmp_path: Path, option: str) -> None:
-    s = sink(tmp_path / "t", **{option: ["name", "colour"]}, scd_type=2 if option == "track_history_columns" else 1)
+    s = sink(tmp_path / "t", **{option: ["name", "colour"]})
     with pytest.raises(OptionError, match=rf"option '{option}' names column\(s\) \['colour'\]") as e:
         s.write(changes([("insert", 1, 1, "a", 1)]), 0)
     assert e.value.option == option
