@@ -360,7 +360,8 @@ class DeltaUpsertSink:
         staging = StagingLog(self.staging_dir, app_id)
         for batch_id in staging.pending():
             log.warning("merging batch %d of %s left staged by an earlier run", batch_id, app_id)
-            self.write(staging.get(batch_id), batch_id, app_id)
+            # (Staged by __call__: checked, excluded columns dropped, apply_as_truncates evaluated.)
+            self._apply(staging.get(batch_id), batch_id, batch_id, app_id, self.claim())
             staging.remove(batch_id)
             self._submitted = max(self._submitted, batch_id)
         self._recovered.add(app_id)
