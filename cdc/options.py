@@ -46,6 +46,7 @@ __all__ = [
     "SourceOptions",
     "accepted_options",
     "describe_options",
+    "describe_parameters",
     "options_markdown",
     "parse",
     "split_and_parse",
@@ -427,6 +428,40 @@ def describe_options(model: type[BaseModel]) -> list[OptionDoc]:
                 secret=_holds_secret(info.annotation),
             )
         )
+    return rows
+
+
+def describe_parameters(cls: type, scope: str = "write") -> list[OptionDoc]:
+    """Every keyword parameter of ``cls`` (its ``__init__``) as :class:`OptionDoc` rows: the type and default
+    from the signature, the meaning from the class docstring's numpy-style ``Parameters`` section (``name :
+    text``, continued on more indented lines). For options given to a Python class rather than as Spark options
+    (a sink's). A parameter the docstring does not describe gets an empty description."""
+    import inspect
+
+    doc = inspect.getdoc(cls) or ""
+    described: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    section = doc.split("Parameters\n----------\n", 1)[1] if "Parameters\n----------\n" in doc else ""
+    for line in section.splitlines():
+        if line and not line[0].isspace():
+            name, sep, text = line.partition(" : ")
+            if not sep:
+                break  # the section ended
+            current = described.setdefault(name.strip(), [])
+            current.append(text)
+        elif current is not None:
+            current.append(line.strip())
+    rows = []
+    for name, param in list(inspect.signature(cls.__init__).parameters.items())[1:]:  # type: ignore[misc]
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        required = param.default is param.empty
+        annotation = param.annotation if isinstance(param.annotation, str) else getattr(
+            param.annotation, "__name__", str(param.annotation))
+        text = " ".join(" ".join(described.get(name, [])).split())
+        text = re.sub(r":(?:func|meth|class|mod|attr):`~?([^`]+)`", r"`\1`", text).replace("``", "`")
+        rows.append(OptionDoc(name=name, type=f"`{annotation}`", default="" if required else repr(param.default),
+                              required=required, scope=scope, description=text, secret=False))
     return rows
 
 

@@ -1,7 +1,8 @@
 """Macros of the documentation site (mkdocs-macros): what a page shows of the code is generated here.
 
 ``{{ options_table("postgres") }}``  a backend's options (``"source"``: the source's own; ``"module:Model"``:
-                                     any options model), the rows ``cdc options`` prints
+                                     any options model, or a class whose docstring describes its parameters,
+                                     as ``"sinks.delta:DeltaUpsertSink"``), the rows ``cdc options`` prints
 ``{{ cli_reference() }}``            every ``cdc`` command: usage, help, options with their help
 ``{{ error_reference() }}``          every public error class with its cause and fix (``errors.yml``)
 ``{{ performance_tables() }}``       the benchmarks' records (``benchmarks/results/*.jsonl``)
@@ -31,14 +32,19 @@ RESULTS = ROOT / "benchmarks" / "results"
 # ------------------------------------------------------------------------------------------------ options
 def options_table(name: str) -> str:
     """The Markdown option table of a backend, of ``"source"``, or of an options model ``"module:Class"``."""
+    from pydantic import BaseModel
+
     from cdc.backend import option_tables, options_model
-    from cdc.options import describe_options, options_markdown
+    from cdc.options import describe_options, describe_parameters, options_markdown
 
     if name == "source":
         return options_markdown(option_tables(None)[0][1])
     if ":" in name:
         module, _, attr = name.partition(":")
-        return options_markdown(describe_options(getattr(importlib.import_module(module), attr)))
+        found = getattr(importlib.import_module(module), attr)
+        if isinstance(found, type) and issubclass(found, BaseModel):
+            return options_markdown(describe_options(found))
+        return options_markdown(describe_parameters(found))  # a class taking its options as parameters
     return options_markdown(describe_options(options_model(name)))
 
 

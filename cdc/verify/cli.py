@@ -39,7 +39,7 @@ class _CannotCompare(click.ClickException):
                    "keyed by one integer column is read by groups of chunks of about this many rows, its memory "
                    "bounded by a group.")
 @click.option("--exclude", multiple=True, metavar="COLUMN",
-              help="A source column the Delta table does not store (the sink's except_columns); not compared. "
+              help="A source column the Delta table does not store (the sink's except_column_list); not compared. "
                    "Repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the report) instead of text.")
 def main(table: str, delta_path: str, backend: str, dsn: str | None, slot: str | None, chunk_rows: int,

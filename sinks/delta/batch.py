@@ -24,6 +24,7 @@ from sinks.delta.layout import (
     HIDDEN_PREFIX,
     IS_CURRENT,
     IS_DELETE,
+    IS_TRUNCATE,
     NOW,
     SET_PREFIX,
     TIMESTAMP,
@@ -36,11 +37,18 @@ from sinks.delta.spec import SinkSpec
 
 def after_last_truncate(batch: pa.Table, sequence_by: str) -> tuple[pa.Table, Any]:
     """(the changes after the batch's last truncate record, that truncate's sequence), or (the batch, None)
-    when it has none. A truncate (``_op`` ``truncate``, see :mod:`cdc.model`) empties the whole table, so
-    the changes sequenced before it in the batch have nothing left to change."""
-    if OP not in batch.column_names or batch.num_rows == 0:
+    when it has none. A truncate (``_op`` ``truncate``, see :mod:`cdc.model`, or a record for which
+    ``apply_as_truncates`` holds: the column ``__cdc_is_truncate``) empties the whole table, so the changes
+    sequenced before it in the batch have nothing left to change. The result has no ``__cdc_is_truncate``."""
+    flags = []
+    if IS_TRUNCATE in batch.column_names:
+        flags.append(pc.fill_null(batch.column(IS_TRUNCATE).cast(pa.bool_()), False))
+        batch = batch.drop_columns([IS_TRUNCATE])
+    if OP in batch.column_names:
+        flags.append(pc.fill_null(pc.equal(batch.column(OP), Op.TRUNCATE.value), False))
+    if not flags or batch.num_rows == 0:
         return batch, None
-    is_truncate = pc.fill_null(pc.equal(batch.column(OP), Op.TRUNCATE.value), False)
+    is_truncate = flags[0] if len(flags) == 1 else pc.or_(flags[0], flags[1])
     if not pc.any(is_truncate).as_py():
         return batch, None
     at = pc.max(batch.filter(is_truncate).column(sequence_by)).as_py()
@@ -56,7 +64,8 @@ def check_columns(spec: SinkSpec, names: list[str]) -> None:
             f"the changes have no column(s) {missing} named by 'keys'/'sequence_by'; columns: {names}",
             "keys" if set(missing) & set(spec.keys) else "sequence_by",
         )
-    clash = [c for c in names if c in spec.reserved[2:] or (c.startswith(HIDDEN_PREFIX) and c != IS_DELETE)]
+    clash = [c for c in names
+             if c in spec.reserved[2:] or (c.startswith(HIDDEN_PREFIX) and c not in (IS_DELETE, IS_TRUNCATE))]
     if clash:
         raise OptionError(f"the changes carry columns reserved by the sink: {clash}", "keys")
 
@@ -123,11 +132,12 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
         if nulls:
             first = batch.filter(pc.is_null(batch.column(c))).slice(0, 1).to_pylist()[0]
             raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({first_at(first)})")
-    drop = [c for c in batch.column_names if c in DROPPED_METADATA or c in spec.except_columns]
-    batch = batch.drop_columns(drop)
+    drop = [c for c in batch.column_names if c in DROPPED_METADATA or c == IS_TRUNCATE]
+    batch = batch.drop_columns([*drop, *spec.excluded(batch.column_names)])
     unchanged = batch.column(UNCHANGED) if UNCHANGED in batch.column_names else None
     if unchanged is not None:
         batch = batch.drop_columns([UNCHANGED])
+    unchanged = null_updates_unchanged(spec, batch, unchanged)
     batch = batch.cast(pa.schema([pa.field(f.name, normalise_type(f.type), f.nullable) for f in batch.schema]))
     if unchanged is not None and not pc.max(pc.fill_null(pc.list_value_length(unchanged), 0)).as_py():
         unchanged = None
@@ -139,6 +149,37 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     else:
         batch = latest_per_key(batch, spec.keys, spec.sequence_by)
     return batch.append_column(NOW, pa.repeat(pa.scalar(now, TIMESTAMP), batch.num_rows))
+
+
+def null_updates_unchanged(spec: SinkSpec, batch: pa.Table, unchanged: pa.ChunkedArray | None) -> Any:
+    """``ignore_null_updates`` (and its column lists): the batch's ``_unchanged`` column with, for every
+    change that is not a delete, the ignored columns it carries as null added to the columns it leaves
+    unchanged. The change is then applied as a partial change (see :func:`fold_partial`): the stored value
+    stays, and a key without a row gets the null. Returns ``unchanged`` itself when nothing is added."""
+    ignored = spec.null_ignored(spec.value_columns(batch.column_names))
+    if not ignored or batch.num_rows == 0:
+        return unchanged
+    n = batch.num_rows
+    upserts = ~batch.column(IS_DELETE).to_numpy(zero_copy_only=False).astype(bool)
+    rows, names = [], []
+    if unchanged is not None:
+        u = unchanged.combine_chunks() if isinstance(unchanged, pa.ChunkedArray) else unchanged
+        if pa.types.is_large_list(u.type):
+            u = u.cast(pa.list_(pa.string()))
+        rows.append(pc.list_parent_indices(u).to_numpy(zero_copy_only=False).astype(np.int64))
+        names.append(pc.list_flatten(u).cast(pa.string()).to_numpy(zero_copy_only=False).astype(object))
+    added = 0
+    for c in ignored:
+        at = np.flatnonzero(pc.is_null(batch.column(c)).to_numpy(zero_copy_only=False) & upserts)
+        added += len(at)
+        rows.append(at.astype(np.int64))
+        names.append(np.full(len(at), c, dtype=object))
+    if not added:
+        return unchanged
+    all_rows, all_names = np.concatenate(rows), np.concatenate(names)
+    order = np.argsort(all_rows, kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(all_rows, minlength=n))]).astype(np.int32)
+    return pa.chunked_array([pa.ListArray.from_arrays(pa.array(offsets), pa.array(all_names[order], pa.string()))])
 
 
 def first_at(row: Mapping[str, Any], sequence_by: str | None = None) -> str:

@@ -25,6 +25,7 @@ which prunes the reads and the MERGEs (bound as typed literals, see :mod:`sinks.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -52,6 +53,7 @@ from sinks.delta.layout import (
     FROM,
     IS_CURRENT,
     IS_DELETE,
+    IS_TRUNCATE,
     MODE_PROPERTY,
     NOW,
     ORDERED,
@@ -82,11 +84,13 @@ class Checked:
 
     df: Any  # the batch with ``__cdc_is_delete``, without the dropped metadata and excluded columns
     rows: int
-    partial: bool  # some change leaves columns unchanged
+    partial: bool  # some change leaves columns unchanged (or carries a null that ignore_null_updates ignores)
     key_range: KeyRange
     #: inserts that leave columns unchanged (key changes): ``df`` keeps ``_op`` and ``_old_key`` for
     #: :func:`complete_key_changes_in_spark`, which drops them
     key_changes: int = 0
+    #: the sequence of the batch's last truncate (``_op`` ``truncate`` or ``apply_as_truncates``); None: none
+    truncated_at: Any = None
 
 
 def check(spec: SinkSpec, df: Any) -> Checked:
@@ -129,8 +133,13 @@ def check(spec: SinkSpec, df: Any) -> Checked:
         aggs.append(F.max(F.coalesce(F.size(UNCHANGED), F.lit(0))).alias("partial"))
         if OP in names:
             aggs.append(F.count_if(_completes(names)).alias("key_changes"))
-    if OP in names:  # counted in the same job as the rest
-        aggs.append(F.count_if(F.col(OP) == F.lit(Op.TRUNCATE.value)).alias("truncates"))
+    is_truncate = _is_truncate(names)
+    if is_truncate is not None:  # counted in the same job as the rest
+        aggs.append(F.max(F.when(is_truncate, F.col(quote(spec.sequence_by)))).alias("truncated_at"))
+    ignored = spec.null_ignored([c for c in spec.value_columns(names) if c not in spec.excluded(names)])
+    if ignored:
+        some_null = functools.reduce(lambda a, b: a | b, [F.col(quote(c)).isNull() for c in ignored])
+        aggs.append(F.count_if(some_null & ~F.col(IS_DELETE)).alias("null_updates"))
     known = F.col(OP).isin(*ACCEPTED_OPS)  # a null _op is outside the model too
     checks_ops = OP in names and spec.apply_as_deletes.strip() == DEFAULT_DELETE_CONDITION and IS_DELETE not in names
     if checks_ops:
@@ -143,28 +152,42 @@ def check(spec: SinkSpec, df: Any) -> Checked:
         first = bad.limit(1).first()
         raise unknown_ops_error(int(summary["unknown_ops"]), values,
                                 first_at(first.asDict() if first is not None else {}, spec.sequence_by))
-    if OP in names and summary["truncates"]:
-        raise OptionError(
-            f"the batch holds {summary['truncates']} truncate record(s) (debezium.truncate=apply), which the sink "
-            "applies only with engine='delta-rs'; accepted: engine='delta-rs', or debezium.truncate=fail",
-            "engine",
-        )
     for i, c in enumerate(guarded):
         nulls = summary[f"null{i}"]
         if nulls:
             first = df.where(F.col(quote(c)).isNull()).limit(1).first()
             place = first_at(first.asDict() if first is not None else {})
             raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({place})")
+    truncated_at = summary["truncated_at"] if is_truncate is not None else None
+    if truncated_at is not None:  # the changes after the last truncate, checked again (a rare, second job)
+        later = df.where((F.col(quote(spec.sequence_by)) > F.lit(truncated_at)) & ~is_truncate)
+        after = check(spec, later.drop(IS_TRUNCATE) if IS_TRUNCATE in names else later)
+        return Checked(after.df, after.rows, after.partial, after.key_range, after.key_changes, truncated_at)
     partial = UNCHANGED in names and bool(summary["partial"] and summary["partial"] > 0)
+    partial = partial or bool(ignored and summary["null_updates"])
     key_changes = int(summary["key_changes"] or 0) if UNCHANGED in names and OP in names else 0
     kept = (OP, OLD_KEY) if key_changes else ()
-    drop = [c for c in df.columns if (c in DROPPED_METADATA and c not in kept) or c in spec.except_columns]
+    drop = [c for c in df.columns if (c in DROPPED_METADATA and c not in kept) or c == IS_TRUNCATE]
+    drop += spec.excluded(df.columns)
     if UNCHANGED in names and not partial:
         drop.append(UNCHANGED)
     key_range = KeyRange.of_values(
         spec.keys, arrow, [(k, summary[f"lo{i}"], summary[f"hi{i}"]) for i, k in enumerate(pruned)]
     )
     return Checked(df.drop(*drop), int(summary["rows"]), partial, key_range, key_changes)
+
+
+def _is_truncate(names: list[str]) -> Any:
+    """The batch's truncate records (``_op`` ``truncate``, or ``apply_as_truncates``: ``__cdc_is_truncate``)
+    as a Column; None when the batch can hold none."""
+    from pyspark.sql import functions as F
+
+    flags = []
+    if IS_TRUNCATE in names:
+        flags.append(F.coalesce(F.col(IS_TRUNCATE).cast("boolean"), F.lit(False)))
+    if OP in names:
+        flags.append(F.coalesce(F.col(OP) == F.lit(Op.TRUNCATE.value), F.lit(False)))
+    return functools.reduce(lambda a, b: a | b, flags) if flags else None
 
 
 def _completes(names: list[str]) -> Any:
@@ -194,7 +217,7 @@ def complete_key_changes_in_spark(spec: SinkSpec, target: Target, checked: Check
     replaced = df.sparkSession.createDataFrame(completed.filter(marks).select(df.columns))
     replaced = replaced.select(*[F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in df.schema.fields])
     whole = df.where(~needs).unionByName(replaced).drop(OP, OLD_KEY)
-    return Checked(whole, checked.rows, checked.partial, checked.key_range)
+    return Checked(whole, checked.rows, checked.partial, checked.key_range, truncated_at=checked.truncated_at)
 
 
 def _values(spec: SinkSpec, columns: list[str]) -> list[str]:
@@ -377,12 +400,24 @@ def write_frame(spec: SinkSpec, target: Target, df: Any, batch_id: int, app_id: 
         checked = check(spec, df)
         if checked.key_changes:
             if target.main_done:  # the state's commit alone needs no values
-                checked = Checked(checked.df.drop(OP, OLD_KEY), checked.rows, checked.partial, checked.key_range)
+                checked = Checked(checked.df.drop(OP, OLD_KEY), checked.rows, checked.partial, checked.key_range,
+                                  truncated_at=checked.truncated_at)
             else:
                 checked = complete_key_changes_in_spark(spec, target, checked)
-        return _write_checked(spec, target, checked, batch_id, app_id, now)
+        if checked.truncated_at is not None:
+            _truncate(target, checked.truncated_at, batch_id)
+        return _write_checked(spec, target, checked, batch_id, app_id, now) or checked.truncated_at is not None
     finally:
         df.unpersist()
+
+
+def _truncate(target: Target, at: Any, batch_id: int) -> None:
+    """Empty the tables the batch has not yet committed to (one commit each), for a truncate at ``at``: a
+    replay after a crash between the batch's commits never removes the rows the batch itself merged."""
+    for engine, done in ((target.main, target.main_done), (target.state, target.state_done)):
+        if not done and engine.schema() is not None:
+            engine.delete("true")
+    log.info("batch %d: a truncate (sequence %s) emptied %s", batch_id, at, target.main.path)
 
 
 def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: int, app_id: str, now: datetime) -> bool:

@@ -5,7 +5,7 @@ Two Delta tables per sink
 The **main table** (at ``path``) is a plain Delta table that any Delta reader (Spark ``format("delta")``,
 ``deltalake``, DuckDB ``delta_scan``, polars, Trino) sees as the source table now. It holds only live rows:
 
-* the key columns and value columns of the changes (minus ``except_columns``);
+* the key columns and value columns of the changes (``column_list``, or all but ``except_column_list``);
 * the visible bookkeeping columns (option ``bookkeeping_columns``, default all of them): the sequence column
   (``sequence_by``, ``_seq`` by default: the sequence of the row's last applied change), ``_commit_ts``
   (when the changes carry it: when the row's last change was committed at the source) and, SCD type 2 only,
@@ -61,6 +61,8 @@ TARGET_ALIAS = "t"
 HIDDEN_PREFIX = "__cdc_"
 DELETED_AT = "__cdc_deleted_at"
 IS_DELETE = "__cdc_is_delete"
+#: The evaluated ``apply_as_truncates`` condition of a change record (see :func:`sinks.delta.batch.after_last_truncate`).
+IS_TRUNCATE = "__cdc_is_truncate"
 NOW = "__cdc_now"
 ACTION = "__cdc_action"
 FROM = "__cdc_from"  # SCD type 2 staging: a version's valid-from / valid-to

@@ -96,7 +96,7 @@ def new_columns(spec: SinkSpec, table: pa.Schema, prepared: pa.Schema) -> list[p
     if conflicts:
         raise SchemaEvolutionError(
             "incompatible column type change; nothing was written: " + "; ".join(conflicts)
-            + ". Rewrite the table with the new type, or exclude the column (except_columns)."
+            + ". Rewrite the table with the new type, or exclude the column (except_column_list)."
         )
     if spec.track_history_columns:
         known = set(existing) | {f.name for f in added}

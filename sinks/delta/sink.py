@@ -6,10 +6,11 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -22,6 +23,7 @@ from sinks.delta.layout import (
     DEFAULT_DELETE_CONDITION,
     DELETED_AT,
     IS_DELETE,
+    IS_TRUNCATE,
     MODE_PROPERTY,
     ORDERED,
     SAFE,
@@ -38,6 +40,9 @@ from sinks.delta.session import is_connect
 from sinks.delta.spec import SinkSpec
 from sinks.delta.staging import StagingLog
 from sinks.delta.state import conform, guard, heads_rows, key_change_source, state_source
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +65,24 @@ class DeltaUpsertSink:
     keys : the key column(s).
     sequence_by : the column that orders a key's changes (``_seq``: the change model's sequence).
     apply_as_deletes : SQL condition over a change record marking it a delete (default ``_op = 'delete'``).
+    apply_as_truncates : SQL condition (text, or a pyspark ``Column``) over a change record marking it a
+        truncate: the table empties at that change's place in the batch (the batch's changes sequenced
+        before it are dropped, those after it applied). SCD type 1 only. Records with ``_op = 'truncate'``
+        are truncates whatever this option says.
+    ignore_null_updates : a null in a change that is not a delete leaves the stored value of the column (a
+        key with no row gets the null); deletes are unaffected. For every value column.
+    ignore_null_updates_column_list : ``ignore_null_updates`` for the listed columns only.
+    ignore_null_updates_except_column_list : ``ignore_null_updates`` for every value column but the listed
+        ones.
+    column_list : the value columns the table keeps (keys and ``sequence_by`` always); default all.
+    except_column_list : value columns of the changes the table does not keep.
+    except_columns : the former name of ``except_column_list`` (deprecated).
     scd_type : 1 (keep the latest row; default) or 2 (keep history rows with ``_valid_from``/``_valid_to``/
         ``_is_current``).
     track_history_columns : SCD type 2 only: changes to other columns update the current version in place.
-    except_columns : columns of the changes not stored in the table.
     tombstone_retention : how long a delete's tombstone keeps older changes of the key from resurrecting it.
+    prune_by_key_range : restrict each MERGE and each read of the tables to the batch's range of every key
+        column, so files whose statistics lie outside it are skipped.
     compact_every : every this many batches (by batch id), purge expired tombstones and compact small files;
         None disables both.
     app_id : the Delta application-transaction id; default ``cdc-tunnel-<streaming query id>``, which stays
@@ -106,7 +124,13 @@ class DeltaUpsertSink:
         apply_as_deletes: str = DEFAULT_DELETE_CONDITION,
         scd_type: int = 1,
         track_history_columns: Sequence[str] | None = None,
-        except_columns: Sequence[str] = (),
+        apply_as_truncates: str | Column | None = None,
+        ignore_null_updates: bool = False,
+        ignore_null_updates_column_list: Sequence[str] | None = None,
+        ignore_null_updates_except_column_list: Sequence[str] | None = None,
+        column_list: Sequence[str] | None = None,
+        except_column_list: Sequence[str] | None = None,
+        except_columns: Sequence[str] | None = None,
         tombstone_retention: timedelta = timedelta(days=2),
         compact_every: int | None = 10,
         prune_by_key_range: bool = True,
@@ -120,17 +144,37 @@ class DeltaUpsertSink:
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.path = str(path)
-        self.spec = SinkSpec(
-            keys=tuple([keys] if isinstance(keys, str) else keys),
-            sequence_by=sequence_by,
-            apply_as_deletes=apply_as_deletes,
-            scd_type=scd_type,
-            track_history_columns=None if track_history_columns is None else tuple(track_history_columns),
-            except_columns=tuple(except_columns),
-            tombstone_retention=tombstone_retention,
-            prune_by_key_range=prune_by_key_range,
-            bookkeeping_columns=None if bookkeeping_columns is None else tuple(bookkeeping_columns),
-        )
+        if except_columns is not None:
+            if except_column_list is not None:
+                raise OptionError("options 'except_columns' and 'except_column_list' were both given; give "
+                                  "'except_column_list' (the former's new name)", "except_columns")
+            warnings.warn("option 'except_columns' is deprecated; use 'except_column_list' (the same meaning)",
+                          DeprecationWarning, stacklevel=2)
+            except_column_list = except_columns
+        #: apply_as_truncates as given (text or a Column), evaluated by Spark in the foreachBatch wrapper
+        self.truncate_condition = apply_as_truncates
+        try:
+            self.spec = SinkSpec(
+                keys=tuple([keys] if isinstance(keys, str) else keys),
+                sequence_by=sequence_by,
+                apply_as_deletes=apply_as_deletes,
+                scd_type=scd_type,
+                track_history_columns=None if track_history_columns is None else tuple(track_history_columns),
+                except_column_list=() if except_column_list is None else except_column_list,  # type: ignore[arg-type]
+                column_list=None if column_list is None else column_list,  # type: ignore[arg-type]
+                ignore_null_updates=ignore_null_updates,
+                ignore_null_updates_column_list=ignore_null_updates_column_list,  # type: ignore[arg-type]
+                ignore_null_updates_except_column_list=ignore_null_updates_except_column_list,  # type: ignore[arg-type]
+                apply_as_truncates=_condition_text(apply_as_truncates),
+                tombstone_retention=tombstone_retention,
+                prune_by_key_range=prune_by_key_range,
+                bookkeeping_columns=None if bookkeeping_columns is None else tuple(bookkeeping_columns),
+            )
+        except OptionError as e:  # named as the user gave it
+            if except_columns is None or e.option != "except_column_list":
+                raise
+            raise OptionError(str(e).replace("'except_column_list'", "'except_columns' (now 'except_column_list')"),
+                              "except_columns") from None
         if compact_every is not None and compact_every < 1:
             raise OptionError("option 'compact_every' must be a positive number of batches, or None", "compact_every")
         if engine not in ENGINES:
@@ -274,8 +318,16 @@ class DeltaUpsertSink:
             from pyspark.sql import functions as F
 
             batch_df = batch_df.withColumn(IS_DELETE, F.coalesce(F.expr(self.spec.apply_as_deletes), F.lit(False)))
+        if self.truncate_condition is not None:
+            from pyspark.sql import Column
+            from pyspark.sql import functions as F
+
+            condition = self.truncate_condition
+            condition = condition if isinstance(condition, Column) else F.expr(condition)
+            batch_df = batch_df.withColumn(IS_TRUNCATE, F.coalesce(condition, F.lit(False)))
+        self.spec.check_lists(batch_df.columns)
         # Columns the table does not keep are dropped before the collect: fewer columns to convert.
-        unused = [c for c in batch_df.columns if c in (CHANNEL, POSITION) or c in self.spec.except_columns]
+        unused = [c for c in batch_df.columns if c in (CHANNEL, POSITION)] + self.spec.excluded(batch_df.columns)
         if unused:
             batch_df = batch_df.drop(*unused)
         claim = self.claim(batch_df)
@@ -308,7 +360,8 @@ class DeltaUpsertSink:
         staging = StagingLog(self.staging_dir, app_id)
         for batch_id in staging.pending():
             log.warning("merging batch %d of %s left staged by an earlier run", batch_id, app_id)
-            self.write(staging.get(batch_id), batch_id, app_id)
+            # (Staged by __call__: checked, excluded columns dropped, apply_as_truncates evaluated.)
+            self._apply(staging.get(batch_id), batch_id, batch_id, app_id, self.claim())
             staging.remove(batch_id)
             self._submitted = max(self._submitted, batch_id)
         self._recovered.add(app_id)
@@ -401,6 +454,12 @@ class DeltaUpsertSink:
             raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
         if batch_id < 0:
             raise ValueError(f"batch id must be >= 0, got {batch_id}")
+        self.spec.check_lists(changes.column_names)
+        if self.spec.apply_as_truncates is not None and IS_TRUNCATE not in changes.column_names:
+            raise OptionError(
+                f"option 'apply_as_truncates' ({self.spec.apply_as_truncates!r}) is a SQL condition evaluated by "
+                f"Spark in the foreachBatch wrapper; a batch applied directly must carry the boolean column "
+                f"{IS_TRUNCATE!r}", "apply_as_truncates")
         return self._apply(changes, batch_id, batch_id, app, self.claim())
 
     def _apply(self, changes: pa.Table, first: int, batch_id: int, app: str, claim: str | None = None) -> bool:
@@ -525,6 +584,18 @@ class DeltaUpsertSink:
             state.compact()
         if main.schema() is not None:
             main.compact()
+
+
+def _condition_text(condition: Any) -> str | None:
+    """A condition option (SQL text or a pyspark ``Column``) as text: the text itself, or the Column's."""
+    if condition is None or isinstance(condition, str):
+        return condition
+    from pyspark.sql import Column
+
+    if isinstance(condition, Column):
+        return str(condition)
+    raise OptionError(f"option 'apply_as_truncates': {condition!r} is neither a SQL condition nor a Column",
+                      "apply_as_truncates")
 
 
 def _connect_query_id(spark: Any) -> str | None:

@@ -21,6 +21,13 @@ Rules
 * Across batches a change applies only if its sequence is greater than the key's last applied sequence
   as kept in the state table (live key or tombstone; see :mod:`sinks.delta.layout`), checked in Arrow
   before the MERGE of the main table.
+* ``ignore_null_updates`` (or its column lists): a null in a non-delete change of such a column means "left
+  as it was": the change is applied as a partial change leaving that column unchanged (see above), so the
+  stored value stays, and a key with no row gets the null. Deletes are unaffected.
+* ``column_list`` / ``except_column_list``: the value columns the table keeps (keys and ``sequence_by``
+  always); a name the batch does not carry fails the batch naming the option and the column.
+* ``apply_as_truncates`` (SCD type 1): a change for which it holds empties the table at its place in the
+  batch: the batch's changes sequenced before it are dropped, those after it applied to the empty table.
 * A change is a delete when ``apply_as_deletes`` (a SQL expression over the change record, default
   ``_op = 'delete'``) holds. The condition is evaluated once per record (by Spark in the ``foreachBatch``
   wrapper, or natively for the default) into the column ``__cdc_is_delete``.
@@ -35,11 +42,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from cdc.errors import OptionError
+from cdc.model import COMMIT_TS, UNCHANGED
 from sinks.delta.layout import (
     ACTION,
     BOOKKEEPING,
     DEFAULT_DELETE_CONDITION,
     DELETED_AT,
+    DROPPED_METADATA,
+    HIDDEN_PREFIX,
     IS_CURRENT,
     IS_DELETE,
     NOW,
@@ -58,7 +68,14 @@ class SinkSpec:
     apply_as_deletes: str = DEFAULT_DELETE_CONDITION
     scd_type: int = 1
     track_history_columns: tuple[str, ...] | None = None
-    except_columns: tuple[str, ...] = ()
+    except_column_list: tuple[str, ...] = ()
+    #: The value columns the table keeps (None: every one but ``except_column_list``).
+    column_list: tuple[str, ...] | None = None
+    ignore_null_updates: bool = False
+    ignore_null_updates_column_list: tuple[str, ...] | None = None
+    ignore_null_updates_except_column_list: tuple[str, ...] | None = None
+    #: The truncate condition as the user gave it (text; a Column's text), None: only ``_op = 'truncate'``.
+    apply_as_truncates: str | None = None
     tombstone_retention: timedelta = timedelta(days=2)
     prune_by_key_range: bool = True
     #: Which bookkeeping columns the main table shows (see :mod:`sinks.delta.layout`); None: all.
@@ -80,11 +97,36 @@ class SinkSpec:
             raise OptionError(f"option 'sequence_by': {self.sequence_by!r} is a key column", "sequence_by")
         if not isinstance(self.apply_as_deletes, str) or not self.apply_as_deletes.strip():
             raise OptionError("option 'apply_as_deletes': give a SQL condition, e.g. \"_op = 'delete'\"", "apply_as_deletes")
-        excepted = tuple(self.except_columns)
-        object.__setattr__(self, "except_columns", excepted)
-        bad = [c for c in excepted if c in self.keys or c == self.sequence_by]
-        if bad:
-            raise OptionError(f"option 'except_columns': cannot exclude key or sequence columns {bad}", "except_columns")
+        for name in ("except_column_list", "column_list", "ignore_null_updates_column_list",
+                     "ignore_null_updates_except_column_list"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, str):
+                raise OptionError(f"option {name!r}: give a list of column names, e.g. [{value!r}]", name)
+            object.__setattr__(self, name, tuple(value))
+            bad = [c for c in getattr(self, name) if c in self.keys or c == self.sequence_by]
+            if bad:
+                raise OptionError(f"option {name!r}: cannot name key or sequence columns {bad}", name)
+        excepted = self.except_column_list
+        if self.column_list is not None and excepted:
+            raise OptionError(
+                "options 'column_list' and 'except_column_list' were both given; give one of them", "column_list"
+            )
+        given = [n for n, v in (("ignore_null_updates", self.ignore_null_updates or None),
+                                ("ignore_null_updates_column_list", self.ignore_null_updates_column_list),
+                                ("ignore_null_updates_except_column_list", self.ignore_null_updates_except_column_list))
+                 if v is not None]
+        if len(given) > 1:
+            raise OptionError(f"options {' and '.join(repr(g) for g in given)} were both given; give one of them",
+                              given[0])
+        if self.apply_as_truncates is not None:
+            if self.scd_type != 1:
+                raise OptionError("option 'apply_as_truncates' applies only to scd_type=1 (a truncate would end "
+                                  "every key's history at once)", "apply_as_truncates")
+            if not isinstance(self.apply_as_truncates, str) or not self.apply_as_truncates.strip():
+                raise OptionError("option 'apply_as_truncates': give a SQL condition or a Column, e.g. "
+                                  "\"_op = 'truncate'\"", "apply_as_truncates")
         if self.track_history_columns is not None:
             if self.scd_type != 2:
                 raise OptionError("option 'track_history_columns' applies only to scd_type=2", "track_history_columns")
@@ -112,7 +154,40 @@ class SinkSpec:
                 )
             visible = frozenset(self.bookkeeping_columns)
         object.__setattr__(self, "hidden", hidden_columns(visible, self.sequence_by, self.scd_type))
-        reserved = [DELETED_AT, IS_DELETE, NOW, ACTION]
+        reserved = [DELETED_AT, IS_DELETE, NOW, ACTION]  # (the first two may come in a batch: see check_columns)
         if self.scd_type == 2:
             reserved += [VALID_FROM, VALID_TO, IS_CURRENT]
         object.__setattr__(self, "reserved", tuple(reserved))
+
+    def value_columns(self, names: list[str]) -> list[str]:
+        """The value columns among a batch's column ``names`` (not keys, sequence, metadata or the sink's)."""
+        metadata = (self.sequence_by, COMMIT_TS, UNCHANGED, *DROPPED_METADATA)
+        return [c for c in names if c not in self.keys and c not in metadata and not c.startswith(HIDDEN_PREFIX)]
+
+    def excluded(self, names: list[str]) -> list[str]:
+        """The columns of a batch the table does not keep (``column_list`` / ``except_column_list``)."""
+        if self.column_list is not None:
+            return [c for c in self.value_columns(names) if c not in self.column_list]
+        return [c for c in names if c in self.except_column_list]
+
+    def null_ignored(self, values: list[str]) -> list[str]:
+        """Of the value columns ``values``, those whose nulls in a non-delete change leave the stored value."""
+        if self.ignore_null_updates:
+            return list(values)
+        if self.ignore_null_updates_column_list is not None:
+            return [c for c in values if c in self.ignore_null_updates_column_list]
+        if self.ignore_null_updates_except_column_list is not None:
+            return [c for c in values if c not in self.ignore_null_updates_except_column_list]
+        return []
+
+    def check_lists(self, names: list[str]) -> None:
+        """Every column a list option names is a column of the batch (``names``); else an
+        :class:`~cdc.errors.OptionError` naming the option and the columns."""
+        # (Not track_history_columns: a tracked column may appear mid-history, by schema evolution.)
+        for name in ("column_list", "except_column_list", "ignore_null_updates_column_list",
+                     "ignore_null_updates_except_column_list"):
+            unknown = [c for c in getattr(self, name) or () if c not in names]
+            if unknown:
+                raise OptionError(
+                    f"option {name!r} names column(s) {unknown} that the changes do not have; columns: {names}", name
+                )

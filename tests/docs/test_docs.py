@@ -49,7 +49,8 @@ def test_error_entries_name_their_cause_and_fix() -> None:
             assert set(entry) == {"cause", "fix"} and all(v.strip() for v in entry.values()), (area, name)
 
 
-MODELS = [*BACKEND_OPTIONS, "cdc.backends.pulsar.options:PulsarSinkOptions", "cdc.backends.tablestore.scan:ScanOptions"]
+MODELS = [*BACKEND_OPTIONS, "cdc.backends.pulsar.options:PulsarSinkOptions", "cdc.backends.tablestore.scan:ScanOptions",
+          "sinks.delta:DeltaUpsertSink"]
 
 
 @pytest.mark.parametrize("name", ["source", *MODELS])

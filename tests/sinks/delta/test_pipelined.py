@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -76,3 +77,15 @@ def test_a_failed_group_stays_staged_and_the_next_start_merges_it(tmp_path: Path
     assert {k: (r["name"], r["qty"]) for k, r in live(tmp_path / "t").items()} == EXPECTED
     assert DeltaTable(str(tmp_path / "t")).transaction_version("test") == 3
     assert StagingLog(sink.staging_dir, "test").pending() == []
+
+
+def test_a_staged_batch_is_recovered_with_the_auto_cdc_options(tmp_path: Path) -> None:
+    """A batch is staged as foreachBatch leaves it (excluded columns dropped, apply_as_truncates evaluated):
+    recovery merges it as it is, without checking the column lists against it again."""
+    staged = BATCHES[0].drop_columns(["qty"]).append_column("__cdc_is_truncate", pa.array([False, False, False]))
+    StagingLog(str(tmp_path / "t" / "_cdc_staging"), "test").put(0, staged)
+    restarted = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], app_id="test", compact_every=None, pipelined=True,
+                                engine="delta-rs", except_column_list=["qty"], apply_as_truncates="_op = 'x'")
+    restarted._recover("test")
+    assert {k: r["name"] for k, r in live(tmp_path / "t").items()} == {1: "a", 2: "b", 3: "c"}
+    assert StagingLog(restarted.staging_dir, "test").pending() == []

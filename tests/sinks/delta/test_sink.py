@@ -70,6 +70,12 @@ def sink(path: Path, **kw: Any) -> DeltaUpsertSink:
         ({"tombstone_retention": timedelta(days=-1)}, "tombstone_retention"),
         ({"bookkeeping_columns": ["_seq"]}, "bookkeeping_columns"),  # tokens, not column names
         ({"bookkeeping_columns": ["is_current"]}, "bookkeeping_columns"),  # SCD type 2 only
+        ({"except_column_list": ["id"]}, "except_column_list"),
+        ({"column_list": "name"}, "column_list"),  # a list, not one name
+        ({"ignore_null_updates_column_list": ["_seq"]}, "ignore_null_updates_column_list"),
+        ({"apply_as_truncates": "_op = 't'", "scd_type": 2}, "apply_as_truncates"),
+        ({"apply_as_truncates": " "}, "apply_as_truncates"),
+        ({"apply_as_truncates": 1}, "apply_as_truncates"),
     ],
 )
 def test_bad_options_name_the_option(tmp_path: Path, kwargs: dict[str, Any], option: str) -> None:
@@ -77,6 +83,69 @@ def test_bad_options_name_the_option(tmp_path: Path, kwargs: dict[str, Any], opt
     with pytest.raises(OptionError) as e:
         DeltaUpsertSink(str(tmp_path / "t"), **args)
     assert e.value.option == option and option in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"column_list": ["name"], "except_column_list": ["qty"]},
+        {"ignore_null_updates_column_list": ["name"], "ignore_null_updates_except_column_list": ["qty"]},
+        {"ignore_null_updates": True, "ignore_null_updates_column_list": ["name"]},
+        {"except_columns": ["qty"], "except_column_list": ["qty"]},
+    ],
+)
+def test_exclusive_options_given_together_name_both(tmp_path: Path, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(OptionError) as e:
+        DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], **kwargs)
+    assert all(f"'{name}'" in str(e.value) for name in kwargs)
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["column_list", "except_column_list", "ignore_null_updates_column_list", "ignore_null_updates_except_column_list"],
+)
+def test_a_list_naming_an_unknown_column_fails_the_batch_naming_option_and_column(tmp_path: Path, option: str) -> None:
+    s = sink(tmp_path / "t", **{option: ["name", "colour"]})
+    with pytest.raises(OptionError, match=rf"option '{option}' names column\(s\) \['colour'\]") as e:
+        s.write(changes([("insert", 1, 1, "a", 1)]), 0)
+    assert e.value.option == option
+    assert not (tmp_path / "t" / "_delta_log").exists()
+
+
+def test_column_lists_choose_the_stored_columns_and_except_columns_still_works(tmp_path: Path) -> None:
+    extra = {"note": pa.array(["n"], pa.string())}
+    sink(tmp_path / "a", column_list=["qty"]).write(changes([("insert", 1, 1, "a", 1)], extra), 0)
+    assert DeltaTable(str(tmp_path / "a")).schema().to_arrow().names == ["id", "_seq", "_commit_ts", "qty"]
+    sink(tmp_path / "b", except_column_list=["qty", "note"]).write(changes([("insert", 1, 1, "a", 1)], extra), 0)
+    assert DeltaTable(str(tmp_path / "b")).schema().to_arrow().names == ["id", "_seq", "_commit_ts", "name"]
+    with pytest.warns(DeprecationWarning, match="'except_columns' is deprecated; use 'except_column_list'"):
+        old = sink(tmp_path / "c", except_columns=["qty"])
+    assert old.spec.except_column_list == ("qty",)
+
+
+@pytest.mark.parametrize("mode", ["safe", "ordered", "scd2"])
+def test_ignore_null_updates_keeps_stored_values_and_leaves_inserts_and_deletes_alone(tmp_path: Path, mode: str) -> None:
+    """A null in an update of an ignored column keeps the stored value (also after an earlier change of the same
+    batch set it); a column outside the list takes the null; a key without a row gets the null; a delete
+    deletes. SCD type 2: the new version takes the value from the current one."""
+    kw: dict[str, Any] = {"scd_type": 2} if mode == "scd2" else {"ordered": mode == "ordered"}
+    s = sink(tmp_path / "t", ignore_null_updates_column_list=["name"], **kw)
+    s.write(changes([("insert", 1, 1, "a", 1), ("insert", 2, 2, "b", 2), ("insert", 3, 3, "c", 3)]), 0)
+    s.write(changes([("update", 4, 1, None, None),  # name kept, qty nulled
+                     ("insert", 5, 4, None, 4),  # a new key: the null is stored
+                     ("update", 6, 2, "b2", 20), ("update", 7, 2, None, 21),  # the batch's own earlier value kept
+                     ("delete", 8, 3, None, None)]), 1)
+    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+    current = {r["id"]: (r["name"], r["qty"]) for r in rows if mode != "scd2" or r["_valid_to"] is None}
+    assert current == {1: ("a", None), 2: ("b2", 21), 4: (None, 4)}
+    if mode == "scd2":
+        assert sorted((r["id"], r["_valid_from"], r["name"]) for r in rows if r["id"] == 2) == [
+            (2, 2, "b"), (2, 6, "b2"), (2, 7, "b2")]
+    everything = sink(tmp_path / "u", ignore_null_updates=True, **kw)
+    everything.write(changes([("insert", 1, 1, "a", 1)]), 0)
+    everything.write(changes([("update", 2, 1, None, None)]), 1)
+    after = DeltaTable(str(tmp_path / "u")).to_pyarrow_table().to_pylist()
+    assert [(r["name"], r["qty"], r["_seq"]) for r in after if mode != "scd2" or r["_valid_to"] is None] == [("a", 1, 2)]
 
 
 def test_bad_batches_fail_clearly_and_write_nothing(tmp_path: Path) -> None:
@@ -181,7 +250,7 @@ def test_schema_evolution_adds_columns_and_rejects_type_changes(tmp_path: Path) 
         s.write(bad, 2)
     assert DeltaTable(str(tmp_path / "t")).version() == version
     # Excluded columns never reach the table.
-    s2 = sink(tmp_path / "u", except_columns=["qty"])
+    s2 = sink(tmp_path / "u", except_column_list=["qty"])
     s2.write(changes([("insert", 1, 1, "a", 1)]), 0)
     assert "qty" not in DeltaTable(str(tmp_path / "u")).schema().to_arrow().names
 
@@ -374,3 +443,17 @@ def test_a_truncate_empties_both_tables_in_order_and_survives_a_crash_between_co
     assert {k: (r["name"], r["qty"]) for k, r in live(tmp_path / "t").items()} == {2: ("again", 20), 5: ("new", 5)}
     assert state(tmp_path / "t") == {2: (6, False), 5: (7, False)}
     assert not sink(tmp_path / "t").write(batch, 1)
+
+
+def test_apply_as_truncates_empties_the_table_at_its_place_in_the_batch(tmp_path: Path) -> None:
+    """The condition (evaluated by Spark into ``__cdc_is_truncate`` in foreachBatch; given directly here) marks
+    a change as a truncate: the batch's changes before it are dropped, those after it applied."""
+    s = sink(tmp_path / "t", apply_as_truncates="_op = 'wipe'")
+    with pytest.raises(OptionError, match="__cdc_is_truncate"):
+        s.write(changes([("insert", 1, 1, "a", 1)]), 0)
+    s.write(changes([("insert", 1, 1, "a", 1)], {"__cdc_is_truncate": pa.array([False])}), 0)
+    batch = changes([("insert", 2, 2, "b", 2), ("update", 3, 0, None, None), ("insert", 4, 3, "c", 3)],
+                    {"__cdc_is_truncate": pa.array([False, True, None])})
+    assert s.write(batch, 1)
+    assert {k: r["name"] for k, r in live(tmp_path / "t").items()} == {3: "c"}
+    assert state(tmp_path / "t") == {3: (4, False)}
