@@ -351,13 +351,20 @@ def load() -> str:
 @click.option("--exported", is_flag=True, help="Also one run of snapshot.mode=exported (secondary line).")
 @click.option("--scale", is_flag=True, help="Also snapshot a --scale-rows table: memory, checkpoint, planning.")
 @click.option("--scale-rows", default=10_000_000, show_default=True)
-def main(rows: int, rounds: int, debezium: bool, exported: bool, scale: bool, scale_rows: int) -> None:
+@click.option("--warm/--cold", default=True, show_default=True,
+              help="Warm the JVM with one unmeasured snapshot of the measured table first (its JIT compiles Spark's "
+                   "Arrow-to-row conversion and query planning once, as the first rows of a large snapshot do).")
+@click.option("--marginal/--no-marginal", default=True, show_default=True,
+              help="Also snapshot and COPY a table of twice the rows each round: the rate of the added rows, "
+                   "without the fixed cost of a query (planning, tasks, JIT).")
+def main(rows: int, rounds: int, debezium: bool, exported: bool, scale: bool, scale_rows: int, warm: bool,
+         marginal: bool) -> None:
     import cdc
     from cdc.servers.postgres import PostgresServer
     from tests.conftest import spark_builder
 
     params = {"rows": rows, "rounds": rounds, "debezium": debezium, "exported": exported, "scale": scale,
-              "scale_rows": scale_rows if scale else None}
+              "scale_rows": scale_rows if scale else None, "warm": warm, "marginal": marginal}
     figures: dict[str, Any] = {}
     with PostgresServer() as pg, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -366,12 +373,16 @@ def main(rows: int, rounds: int, debezium: bool, exported: bool, scale: bool, sc
         dsn = pg.create_database("bench")
         create_bench_table(dsn, rows)
         create_bench_table(dsn, 20_000, "warm")
+        if marginal:
+            create_bench_table(dsn, 2 * rows, "bench_double")
         spark = spark_builder("postgres-source-benchmark").getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         cdc.register(spark)
         spark.dataSource.register(TimedCdc)
         cdc_snapshot(spark, dsn, "warm", tmp, "warm", timing)  # Python workers and imports
-        copy_ratios, dbz_ratios, runs = [], [], []
+        if warm:
+            cdc_snapshot(spark, dsn, "bench", tmp, "warmjit", timing)  # the JIT: unmeasured
+        copy_ratios, dbz_ratios, runs, marginal_ratios = [], [], [], []
         for r in range(rounds):
             copy_rate = copy_rows_per_s(dsn, rows)
             run = cdc_snapshot(spark, dsn, "bench", tmp, f"r{r}", timing)
@@ -388,6 +399,16 @@ def main(rows: int, rounds: int, debezium: bool, exported: bool, scale: bool, sc
                 dbz_ratios.append(rate / dbz_rate)
                 line += (f"; Debezium {dbz_rate:,.0f} rows/s ({dbz['seconds']:.2f} s from its task's start, which "
                          f"came {dbz['task_start_ms'] / 1000:.1f} s after its engine was built)")
+            if marginal:
+                copy_double = copy_rows_per_s(dsn, 2 * rows, "bench_double")
+                double = cdc_snapshot(spark, dsn, "bench_double", tmp, f"d{r}", timing)
+                assert double["rows"] == 2 * rows, (double["rows"], 2 * rows)
+                # Seconds of the added rows: the double table's time less the table's.
+                cdc_added = rows / max(double["seconds"] - run["seconds"], 1e-6)
+                copy_added = rows / max(2 * rows / copy_double - rows / copy_rate, 1e-6)
+                marginal_ratios.append(cdc_added / copy_added)
+                line += (f"; the added {rows:,} rows of a {2 * rows:,}-row table: cdc {cdc_added:,.0f} rows/s, "
+                         f"COPY {copy_added:,.0f} rows/s")
             print(line, f"[{load()}]", flush=True)
             figures[f"round {r + 1} COPY"] = (copy_rate, "rows/s")
             figures[f"round {r + 1} snapshot"] = (rate, "rows/s")
@@ -439,6 +460,10 @@ def main(rows: int, rounds: int, debezium: bool, exported: bool, scale: bool, sc
     if debezium:
         figures["snapshot/debezium"] = statistics.median(dbz_ratios)
         print(f"snapshot/debezium {figures['snapshot/debezium']:.2f} (median of {rounds}; target >= 10, floor 5)")
+    if marginal:
+        figures["snapshot/COPY of the added rows"] = statistics.median(marginal_ratios)
+        print(f"snapshot/COPY of the added rows {figures['snapshot/COPY of the added rows']:.3f} (a {2 * rows:,}-row "
+              f"table less a {rows:,}-row one: the per-row rate without a query's fixed cost; median of {rounds})")
     figures["snapshot/COPY"] = ratio
     print(f"snapshot/COPY {ratio:.3f} (median of {rounds}; target >= 0.5) [{load()}]")
     append_record("postgres_source", figures, ratio=ratio, target=">= 0.5", params=params)
