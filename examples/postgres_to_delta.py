@@ -95,6 +95,12 @@ def main() -> None:
         time.sleep(args.seconds)
         stop.set()
         thread.join()
+        # Stop only once the first batch is in the checkpoint: a query stopped while Spark writes its very
+        # first offsets can leave a file behind that makes the restart fail ("checkpoint location ... should
+        # be empty on batch 0"). Any later stop is safe: the restart replays from the offset log.
+        deadline = time.monotonic() + 300
+        while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
+            time.sleep(0.2)
         query.stop()
         # Draining: the same query restarted from its checkpoint with Trigger.AvailableNow reads everything
         # committed so far and stops (an idle streaming query reports progress only every 10 s).
