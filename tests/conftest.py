@@ -49,6 +49,7 @@ def _module_scoped(item: pytest.Item) -> bool:
     return any(d.scope in ("module", "package") and d.baseid for ds in defs for d in ds)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups to schedule the run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     groups: dict[str, str] = {}  # module path -> group
     rank = {g: i for i, g in enumerate(SERVER_GROUPS.values())}
@@ -100,6 +101,10 @@ def _unit(item: pytest.Item) -> str:
 
 @pytest.hookimpl(trylast=True)  # after pytest's faulthandler plugin, which enables it for every thread
 def pytest_configure(config: pytest.Config) -> None:
+    from tests import xdist_support
+
+    if not config.pluginmanager.is_registered(xdist_support):
+        config.pluginmanager.register(xdist_support, "cdc-xdist-support")
     # Keep the order longest_first gave (xdist would otherwise put the groups with the most tests first).
     if getattr(config.option, "dist", "no") == "loadgroup":
         config.option.loadscopereorder = False
@@ -112,14 +117,6 @@ def pytest_configure(config: pytest.Config) -> None:
         assert sys.__stderr__ is not None
         # A duplicate of the worker's stderr: pytest's capturing redirects descriptor 2 itself during the tests.
         faulthandler.enable(file=os.dup(sys.__stderr__.fileno()), all_threads=False)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem: str, report: Any, sched: Any) -> None:
-    """A pytest-xdist worker died (a segfault in a native library, an OOM kill): name the test it was running
-    at once, on the controller's stderr, rather than only in the summary at the end of the run (which a run
-    cut short by its time limit never prints). The test is reported failed, as xdist does."""
-    print(f"\nA pytest-xdist worker crashed while running {crashitem}", file=sys.stderr, flush=True)
 
 
 def spark_builder(app: str = "cdc-tunnel-tests") -> Any:

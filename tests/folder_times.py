@@ -22,7 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 LINE = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(tests/\S+?)::")
-TEST = re.compile(r"^\s*([0-9.]+)s (?:setup|call|teardown)\s+(tests/\S+::\S+)\s*$")
+TEST = re.compile(r"^\s*([0-9.]+)s (?:setup|call|teardown)\s+(tests/\S+::\S+?)(?:@[\w./-]+)?\s*$")
+"""A test's line; pytest-xdist's ``--dist loadgroup`` reports a grouped test's id with ``@<group>`` appended."""
 
 
 def folder_seconds(text: str, depth: int) -> dict[str, float]:
