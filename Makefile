@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast lint bench install check-java pulsar-standalone kafka delta-spark clean docs docs-serve
+.PHONY: demo test test-fast lint bench install check-java pulsar-standalone kafka delta-spark clean docs docs-serve constraints
 
 # Apache Pulsar standalone for the Pulsar tests: the jars of the pinned pom, resolved once from Maven Central
 # into a cache outside the repo. The stamp's name is keyed on the pom's content, so later runs skip Maven
@@ -51,11 +51,11 @@ check-java:
 # the dev extra); it works on protobuf 6.33. `pip check` of .venv reports that conflict and delta-spark's.
 TABLESTORE_SDK := tablestore==6.4.8
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'  # dev = every extra ([all]), the docs and the test tools
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'  # dev = every extra ([all]), the docs and the test tools
 	$(PY) -m pip install --quiet --no-deps '$(TABLESTORE_SDK)'
 	$(PY) tests/precompiled_pyspark.py  # every Python process Spark starts imports PySpark without compiling it
 	@touch $(STAMP)
@@ -65,6 +65,12 @@ $(DELTA_PY_STAMP): $(STAMP) $(DELTA_POM)
 	@touch $@
 
 install: check-java $(STAMP) $(DELTA_PY_STAMP) delta-spark
+
+# constraints.txt: the versions of the development virtualenv, from a fresh `make install` (delta-spark and the
+# Tablestore SDK are pinned above, installed without their dependencies).
+constraints: $(STAMP)
+	{ sed -n '1,3p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v -i -E '^(delta[-_]spark|tablestore)=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 pulsar-standalone: check-java $(PULSAR_STAMP)
 
