@@ -1,6 +1,7 @@
 """The pipeline on a Spark standalone cluster (a master and two workers on loopback, ``spark_cluster``): the
 source read on executors, the orders pipeline end to end into Delta, ``kill -9`` of a worker mid-batch and of
-the driver, restarts; the table equals the source, no batch committed twice."""
+the driver, restarts (the restarted driver on the delta-spark engine: its MERGE runs in the cluster); the table
+equals the source, no batch committed twice."""
 
 from __future__ import annotations
 
@@ -40,6 +41,18 @@ def _driver(cluster: Any, conf: dict[str, str], log: LocalLog, table: Path, ck: 
         )
 
 
+DELTA_SPARK = {
+    # The jars `make delta-spark` resolved (make test runs it first); delta_jars() names the command if not.
+    "spark.jars": ",".join(str(j) for j in delta_jars()),
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # Delta's log reads sized to this cluster's 2 cores (its default of 50 partitions is for large ones;
+    # the README's cluster section says so): as configure_delta does for local[...].
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
+"""The session settings of the delta-spark engine on the cluster (its jars shipped to the executors)."""
+
+
 def _live(table: Path) -> dict[int, dict[str, Any]]:
     data = DeltaTable(str(table)).to_pyarrow_table()
     if DELETED_AT in data.column_names:  # tombstones, where the table keeps them
@@ -59,11 +72,29 @@ def _txns(table: Path) -> list[tuple[str, int]]:
     return out
 
 
+def _writers(table: Path) -> list[tuple[str, str]]:
+    """Each commit's (operation, writer): its ``engineInfo`` (``delta-rs:...`` or ``Apache-Spark/... Delta-Lake/...``)."""
+    out = []
+    for entry in sorted((table / "_delta_log").glob("*.json")):
+        for line in entry.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info is not None:
+                out.append((info.get("operation", ""), info.get("engineInfo", "")))
+    return out
+
+
 def _reads(trace: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for f in trace.glob("*.jsonl") for line in f.read_text().splitlines()]
 
 
 def test_orders_pipeline_on_the_cluster_through_worker_and_driver_kills(spark_cluster: Any, tmp_path: Path) -> None:
+    """The first driver runs the delta-rs engine (the MERGE on the driver) through a worker's kill and its own;
+    the restarted driver runs the delta-spark engine on the same table and checkpoint (the MERGE on the
+    executors, as ``engine="auto"`` picks on a cluster for a table a local run began): it replays the batch
+    the kill interrupted and merges the changes written after it. One driver start for each engine (a driver
+    start on the cluster costs a driver JVM, two executor JVMs and their Python workers); delta-spark's table
+    creation and several of its batches are tests/sinks/delta's (a delta-spark MERGE on 1-core workers costs
+    tens of seconds)."""
     cluster = spark_cluster
     trace = tmp_path / "trace"
     trace.mkdir()
@@ -100,8 +131,9 @@ def test_orders_pipeline_on_the_cluster_through_worker_and_driver_kills(spark_cl
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(30)
     source.burst(400)
-    again = _driver(cluster, conf, log, table, ck, "once", driver_log)
-    assert again.wait(300) == 0, driver_log.read_text()[-3000:]
+    merged_by_rs = len(_writers(table))
+    again = _driver(cluster, {**conf, **DELTA_SPARK}, log, table, ck, "once", driver_log, engine="delta-spark")
+    assert again.wait(600) == 0, driver_log.read_text()[-3000:]  # a driver start and delta-spark MERGEs, loaded
 
     assert _live(table) == source.rows
     txns = _txns(table)
@@ -113,45 +145,8 @@ def test_orders_pipeline_on_the_cluster_through_worker_and_driver_kills(spark_cl
     assert reads and all(set(r["chain"]) & worker_pids for r in reads)
     assert all(driver.pid not in r["chain"] and again.pid not in r["chain"] for r in reads)
     assert cluster.workers[1].pid in {p for r in reads for p in r["chain"]}  # the other worker read too
+    writers = _writers(table)
+    assert all(w.startswith("delta-rs") for _, w in writers[:merged_by_rs]), writers[:merged_by_rs]
+    # The restarted driver merged the last changes with delta-spark (Spark's Delta writes engineInfo)
+    assert any(op == "MERGE" and "Delta-Lake" in w for op, w in writers[merged_by_rs:]), writers[merged_by_rs:]
 
-
-def test_orders_pipeline_on_the_cluster_with_delta_spark(spark_cluster: Any, tmp_path: Path) -> None:
-    """The MERGE runs in the cluster (delta-spark); the table equals the source across two runs on one
-    checkpoint, one batch each: the first creates the table from the snapshot, the second merges the changes
-    written after it. Both runs are queries of one driver (a driver start on the cluster costs a driver JVM,
-    two executor JVMs and their Python workers); a restarted driver on the cluster is the delta-rs test's part,
-    a restart on delta-spark tests/sinks/delta's, several batches per run the delta-rs tests' (a delta-spark
-    MERGE on 1-core workers costs tens of seconds)."""
-    conf = {
-        # The jars `make delta-spark` resolved (make test runs it first); delta_jars() names the command if not.
-        "spark.jars": ",".join(str(j) for j in delta_jars()),
-        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        # Delta's log reads sized to this cluster's 2 cores (its default of 50 partitions is for large ones;
-        # the README's cluster section says so): as configure_delta does for local[...].
-        "spark.databricks.delta.snapshotPartitions": "2",
-    }
-    log = LocalLog.create(tmp_path / "orders-log", SCHEMA, keys=["order_id"], channels=2)
-    source = OrderSource(log, seed=29)
-    table, ck, driver_log = tmp_path / "lake" / "orders", tmp_path / "ck", tmp_path / "driver.log"
-    for _ in range(3):
-        source.burst(400)  # history: the first run's snapshot
-    driver = _driver(spark_cluster, conf, log, table, ck, "twice", driver_log, engine="delta-spark",
-                     max_records=5000)
-    try:
-        # Ends early if the driver failed (its log is then the assertion's message).
-        wait_for(lambda: driver.poll() is not None or committed_batches(ck) >= 1, 420, "the first run's batch")
-        assert driver.poll() is None, driver_log.read_text()[-3000:]
-        assert _live(table) == source.rows
-        for _ in range(3):
-            source.burst(400)  # changes: the second run merges them
-        Path(f"{ck}.next").touch()  # the driver's second run
-        assert driver.wait(420) == 0, driver_log.read_text()[-3000:]
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(30)
-    assert _live(table) == source.rows
-    assert committed_batches(ck) == 2
-    txns = _txns(table)
-    assert txns and len(txns) == len(set(txns))

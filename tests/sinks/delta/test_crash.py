@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from cdc.backends.local import LocalLog
 
@@ -62,10 +63,10 @@ def txn_versions(table: Path) -> list[tuple[str, int]]:
     return out
 
 
-def run_child(args: list[str], wait_for: Path | None, then: Path | None = None, pipelined: bool = False,
+def run_child(args: list[str], wait_for: Path | None, then: Path | list[Path] | None = None, pipelined: bool = False,
               deadline_s: float = 300) -> None:
     """Run the child; with ``wait_for``, kill it (-9, its whole process group) once that marker appears
-    (and ``then``), failing after ``deadline_s`` seconds."""
+    (and ``then``: one or more paths), failing after ``deadline_s`` seconds."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable,
            "CRASH_CHILD_PIPELINED": "1" if pipelined else "0"}
     proc = subprocess.Popen(
@@ -82,9 +83,11 @@ def run_child(args: list[str], wait_for: Path | None, then: Path | None = None, 
             assert proc.poll() is None, f"the child exited early: {proc.stderr.read().decode()[-3000:] if proc.stderr else ''}"
             assert time.monotonic() < deadline, "the child never reached the crash point"
             time.sleep(0.1)
-        while then is not None and not then.exists():
-            assert time.monotonic() < deadline, f"{then} never appeared"
-            time.sleep(0.1)
+        for path in [then] if isinstance(then, Path) else then or []:
+            while not path.exists():
+                assert proc.poll() is None, f"the child exited early: {proc.stderr.read().decode()[-3000:] if proc.stderr else ''}"
+                assert time.monotonic() < deadline, f"{path} never appeared"
+                time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGKILL)  # the child, its JVM and its Python workers: a real crash
         proc.wait(timeout=60)
     finally:
@@ -114,8 +117,6 @@ def check_table(table: Path, source: dict[int, tuple[str, int]], calls: list[tup
         versions = [v for _, v in txns]
         assert versions == sorted(set(versions)), f"a batch was committed twice to {log_of}: {versions}"
         assert versions[-1] == max(int(b) for _, b in calls)
-    from deltalake import DeltaTable
-
     rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
     assert {r["id"]: (r["name"], r["qty"]) for r in rows} == source, "the table (live rows only) equals the source"
 
@@ -124,52 +125,64 @@ def read_calls(markers: Path) -> list[tuple[str, ...]]:
     return [tuple(line.split()) for line in (markers / "calls.txt").read_text().splitlines()]
 
 
-@pytest.mark.slow
-def test_kill_9_mid_batch_then_restart(spark: Any, tmp_path: Path) -> None:
-    """Run 1 is killed after batch 2's Delta commits (before Spark's), run 2 before batch 3's Delta commits,
-    run 3 between batch 4's main and state commits, run 4 finishes. Spark replays the three batches: the
-    first replay must be skipped, the second applied, the third applied to the state table only."""
-    log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
-    source = write_history(log)
-    table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
-    markers.mkdir()
-    args = [str(tmp_path / "log"), str(table), str(ck), str(markers)]
-    run_child([*args, "--hold-after-commit", "2"], markers / "holding")
-    (markers / "holding").unlink()
-    run_child([*args, "--hold-before-commit", "3"], markers / "holding")
-    (markers / "holding").unlink()
-    run_child([*args, "--hold-between-commits", "4"], markers / "holding")
-    from deltalake import DeltaTable
+CRASH_POINTS = {
+    # name: (the child's crash point, batch, pipelined, ordered)
+    "after-commit": ("--hold-after-commit", 2, False, False),  # both Delta commits made, Spark's not: skipped
+    "before-commit": ("--hold-before-commit", 3, False, False),  # nothing committed: applied
+    "between-commits": ("--hold-between-commits", 4, False, False),  # the main table's made: the state's alone
+    "pipelined-safe": ("--hold-in-background-merge", 2, True, False),  # Spark's made, the MERGE's not: staged
+    "pipelined-ordered": ("--hold-in-background-merge", 2, True, True),
+}
 
-    main_txn = DeltaTable(str(table)).transaction_version(txn_versions(table)[0][0])
-    state_txn = DeltaTable(str(table / "_cdc_state")).transaction_version(txn_versions(table)[0][0])
+
+@pytest.mark.slow
+def test_kill_9_at_every_crash_point_then_restart(spark: Any, tmp_path: Path) -> None:
+    """One driver runs a query per crash point, each on its own log, table and checkpoint, and one ``kill -9``
+    crashes them all once each holds at its point (a driver start per crash point costs ~30 s of a JVM):
+
+    * after batch 2's Delta commits, before Spark's: Spark replays the batch and the sink must skip it;
+    * before batch 3's Delta commits: the replay must apply it;
+    * between batch 4's main and state commits: the replay must commit the state alone;
+    * pipelined, in both of the sink's modes (ordered: one commit per batch, no state table): once Spark has
+      recorded batch 2 as done while its MERGE waits in the background, only the staged copy can bring the
+      batch to the table (Spark does not replay it).
+
+    The queries then restart in the tests' own session, one after the other (as a new driver would, from their
+    checkpoints)."""
+    queries, sources = {}, {}
+    for name, (hold, batch, pipelined, ordered) in CRASH_POINTS.items():
+        log = LocalLog.create(tmp_path / name / "log", SCHEMA, ["id"], channels=2)
+        sources[name] = write_history(log)
+        (tmp_path / name / "markers").mkdir()
+        queries[name] = {"log_path": str(tmp_path / name / "log"), "table": str(tmp_path / name / "table"),
+                         "checkpoint": str(tmp_path / name / "ck"), "markers": str(tmp_path / name / "markers"),
+                         "hold": hold, "hold_batch": batch, "pipelined": pipelined, "ordered": ordered}
+    marks = [Path(q["markers"]) / "holding" for q in queries.values()]
+    pipelined = [q for q in queries.values() if q["pipelined"]]
+    spark_done = [Path(q["checkpoint"]) / "commits" / "2" for q in pipelined]
+    spark_done += [Path(q["markers"]) / "next-held" for q in pipelined]
+    run_child(["--queries", json.dumps(list(queries.values()))], marks[0], then=[*marks[1:], *spark_done])
+
+    def table(name: str) -> Path:
+        return tmp_path / name / "table"
+
+    app = txn_versions(table("between-commits"))[0][0]
+    main_txn = DeltaTable(str(table("between-commits"))).transaction_version(app)
+    state_txn = DeltaTable(str(table("between-commits") / "_cdc_state")).transaction_version(app)
     assert (main_txn, state_txn) == (4, 3), "killed between the two commits of batch 4"
-    run_here(spark, args)
-    calls = read_calls(markers)
-    assert len({pid for pid, _ in calls}) == 4
-    batches = [b for _, b in calls]
-    assert [batches.count(b) for b in "234"] == [2, 2, 2], batches  # Spark really replayed them
-    check_table(table, source, calls)
+    for name in ("pipelined-safe", "pipelined-ordered"):
+        assert any((table(name) / "_cdc_staging").rglob("*.arrow")), name
 
+    from tests.drivers.delta_crash_child import finish, start
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["safe", "ordered"])
-def test_kill_9_pipelined_after_spark_commit_then_restart(spark: Any, tmp_path: Path, mode: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pipelined mode: killed once Spark has recorded batch 2 as done (its commit log entry) while the
-    batch's MERGE waits in the background: only the staged copy can bring batch 2 to the table. In both of the
-    sink's modes (ordered: one commit per batch, no state table)."""
-    monkeypatch.setenv("CRASH_CHILD_ORDERED", "1" if mode == "ordered" else "0")  # the child and the run here
-    log = LocalLog.create(tmp_path / "log", SCHEMA, ["id"], channels=2)
-    source = write_history(log)
-    table, ck, markers = tmp_path / "table", tmp_path / "ck", tmp_path / "markers"
-    markers.mkdir()
-    args = [str(tmp_path / "log"), str(table), str(ck), str(markers)]
-    run_child([*args, "--hold-in-background-merge", "2"], markers / "holding", then=ck / "commits" / "2")
-    assert any((table / "_cdc_staging").rglob("*.arrow"))
-    run_here(spark, args, pipelined=True)
-    calls = read_calls(markers)
-    assert len({pid for pid, _ in calls}) == 2
-    assert [b for _, b in calls].count("2") == 1  # Spark does not replay a batch it recorded as done
-    assert not any((table / "_cdc_staging").rglob("*.arrow"))
-    check_table(table, source, calls, ordered=mode == "ordered")
+    for q in queries.values():  # one after the other (see the child's note on starting sources)
+        finish([start(spark, **{k: v for k, v in q.items() if k not in ("hold", "hold_batch")})], timeout_s=300)
+    for name, (_, crashed, pipelined, ordered) in CRASH_POINTS.items():
+        calls = read_calls(tmp_path / name / "markers")
+        assert len({pid for pid, _ in calls}) == 2, name
+        batches = [b for _, b in calls]
+        # Spark really replayed the batch it had not recorded as done, and does not replay one it had
+        assert batches.count(str(crashed)) == (1 if pipelined else 2), (name, batches)
+        if pipelined:
+            assert not any((table(name) / "_cdc_staging").rglob("*.arrow")), name
+        check_table(table(name), sources[name], calls, ordered=ordered)
