@@ -134,12 +134,14 @@ def greater(a: Any, b: Any) -> Any:
     return pc.greater(order_key(a), order_key(b))
 
 
-def check_nulls(spec_keys: Sequence[str], name: str, columns: Sequence[str], batch: pa.Table) -> None:
+def check_nulls(
+    spec_keys: Sequence[str], name: str, columns: Sequence[str], batch: pa.Table, count: int | None = None
+) -> None:
     """No change of ``batch`` has a null sequence (or a null field of a struct sequence): else a
     :class:`~cdc.errors.MalformedRecordError` naming the column and the first such change's key."""
     key = order_key(batch.column(name))
-    nulls = key.null_count
-    if not nulls:
+    nulls = key.null_count if count is None else count
+    if not key.null_count:
         return
     first = batch.filter(pc.is_null(key)).slice(0, 1).to_pylist()[0]
     where = _null_column(first, name, columns)

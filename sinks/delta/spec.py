@@ -9,6 +9,9 @@ MERGE statement). The table they write is described in :mod:`sinks.delta.layout`
 
 Rules
 -----
+* ``sequence_by``: one column, a struct, or a list (the struct ``_sequence``), compared field by field in
+  the order given (see :mod:`sinks.delta.sequence`). A null sequence, or two changes of a key with one
+  sequence and different values in a batch, fail the batch; identical changes count once.
 * SCD type 1: within a batch only the latest change per key (largest sequence) applies.
 * SCD type 2: every change of a batch (replays dropped) newer than the key's head becomes a version, or
   updates the version before it in place when it changes no tracked column (see

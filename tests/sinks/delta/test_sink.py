@@ -490,10 +490,11 @@ def composite_sink(path: str, mode: str, form: str, **kw: Any) -> DeltaUpsertSin
     return DeltaUpsertSink(path, keys=["id"], sequence_by=seq, app_id="t", compact_every=None, **scd, **kw)
 
 
-def check_composite(path: str, mode: str, form: str, write: Any) -> None:
-    """Apply :data:`COMPOSITE` through ``write(sink, table, batch_id)`` and check the table (both engines)."""
-    s = composite_sink(path, mode, form)
-    for i, rows in enumerate(COMPOSITE):
+def check_composite(path: str, mode: str, form: str, write: Any, engine: str = "delta-rs", batches: int = 3) -> None:
+    """Apply the first ``batches`` of :data:`COMPOSITE` through ``write(sink, table, batch_id)`` and check the
+    table (both engines)."""
+    s = composite_sink(path, mode, form, engine=engine)
+    for i, rows in enumerate(COMPOSITE[:batches]):
         write(s, versioned(rows, form), i)
     seq = "_sequence" if form == "list" else "seq"
     got = DeltaTable(path).to_pyarrow_table().to_pylist()
@@ -504,10 +505,12 @@ def check_composite(path: str, mode: str, form: str, write: Any) -> None:
                             (1, "z", (0, 9), (1, 5)), (2, "x", (2, 0), (2, 1))]
         return
     table = sorted((r["id"], r["name"], tuple(r[seq].values())) for r in got)
-    if mode == "ordered":  # no tombstone: the change older than the delete brings the key back
+    if mode == "ordered" and batches == 3:  # no tombstone: the change older than the delete brings the key back
         assert table == [(1, "c", (2, 0)), (2, "older than the delete", (2, 0))]
         return
     assert table == [(1, "c", (2, 0))]
+    if mode == "ordered":
+        return
     heads = DeltaTable(state_path(path)).to_pyarrow_table().to_pylist()
     assert sorted((r["id"], r[seq], r[DELETED_AT] is not None) for r in heads) == [
         (1, {"ver": 2, "off": 0}, False), (2, {"ver": 2, "off": 1}, True)]
