@@ -46,9 +46,22 @@ def with_sequence(columns: Sequence[str], batch: pa.Table) -> pa.Table:
         )
     fields = [batch.column(c).combine_chunks() for c in columns]
     built = pa.StructArray.from_arrays(fields, names=list(columns))
-    if SEQUENCE in batch.column_names:
+    if SEQUENCE in batch.column_names:  # built before (by the foreachBatch wrapper), or the changes' own
+        given = batch.schema.field(SEQUENCE).type
+        if not pa.types.is_struct(given) or [given.field(i).name for i in range(given.num_fields)] != list(
+            columns
+        ):
+            raise _clash(columns)
         return batch.set_column(batch.column_names.index(SEQUENCE), SEQUENCE, built)
     return batch.append_column(SEQUENCE, built)
+
+
+def _clash(columns: Sequence[str]) -> OptionError:
+    return OptionError(
+        f"option 'sequence_by': the changes carry a column {SEQUENCE!r}, the name the sink gives the struct of "
+        f"the columns {list(columns)}; rename that column",
+        "sequence_by",
+    )
 
 
 def with_sequence_frame(columns: Sequence[str], df: Any) -> Any:
@@ -61,6 +74,10 @@ def with_sequence_frame(columns: Sequence[str], df: Any) -> Any:
             f"option 'sequence_by': the changes have no column(s) {missing}; columns: {df.columns}",
             "sequence_by",
         )
+    if SEQUENCE in df.columns:
+        given = df.schema[SEQUENCE].dataType
+        if [f.name for f in getattr(given, "fields", [])] != list(columns):
+            raise _clash(columns)
     return df.withColumn(
         SEQUENCE, F.struct(*[F.col("`" + c.replace("`", "``") + "`").alias(c) for c in columns])
     )
