@@ -32,6 +32,7 @@ from sinks.delta.layout import (
     VALID_TO,
 )
 from sinks.delta.schema import normalise_type
+from sinks.delta.sequence import check_nulls, check_ties, check_type, order_key
 from sinks.delta.spec import SinkSpec
 
 
@@ -51,8 +52,10 @@ def after_last_truncate(batch: pa.Table, sequence_by: str) -> tuple[pa.Table, An
     is_truncate = flags[0] if len(flags) == 1 else pc.or_(flags[0], flags[1])
     if not pc.any(is_truncate).as_py():
         return batch, None
-    at = pc.max(batch.filter(is_truncate).column(sequence_by)).as_py()
-    later = pc.and_(pc.greater(batch.column(sequence_by), at), pc.invert(is_truncate))
+    truncates = batch.filter(is_truncate).column(sequence_by)
+    last = pc.max(order_key(truncates))
+    at = truncates[pc.index(order_key(truncates), last).as_py()].as_py()
+    later = pc.and_(pc.greater(order_key(batch.column(sequence_by)), last), pc.invert(is_truncate))
     return batch.filter(later), at
 
 
@@ -105,13 +108,7 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
     module docstring), and add the source-only columns ``__cdc_is_delete`` and ``__cdc_now``."""
     names = batch.column_names
     check_columns(spec, names)
-    seq_type = batch.schema.field(spec.sequence_by).type
-    if not (pa.types.is_integer(seq_type) or pa.types.is_timestamp(seq_type)):
-        raise OptionError(
-            f"option 'sequence_by': column {spec.sequence_by!r} has type {seq_type}; an integer or "
-            "timestamp column is required",
-            "sequence_by",
-        )
+    check_type(spec.sequence_by, batch.schema.field(spec.sequence_by).type)
     if IS_DELETE not in names:
         if spec.apply_as_deletes.strip() != DEFAULT_DELETE_CONDITION:
             raise OptionError(
@@ -127,11 +124,13 @@ def prepare(spec: SinkSpec, batch: pa.Table, now: datetime) -> pa.Table:
         batch = batch.set_column(
             names.index(IS_DELETE), IS_DELETE, pc.fill_null(batch.column(IS_DELETE).cast(pa.bool_()), False)
         )
-    for c in (*spec.keys, spec.sequence_by):
+    for c in spec.keys:
         nulls = batch.column(c).null_count
         if nulls:
             first = batch.filter(pc.is_null(batch.column(c))).slice(0, 1).to_pylist()[0]
             raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({first_at(first)})")
+    check_nulls(spec.keys, spec.sequence_by, spec.sequence_columns, batch)
+    check_ties(spec.keys, spec.sequence_by, batch, ignore=(*DROPPED_METADATA, IS_TRUNCATE))
     drop = [c for c in batch.column_names if c in DROPPED_METADATA or c == IS_TRUNCATE]
     batch = batch.drop_columns([*drop, *spec.excluded(batch.column_names)])
     unchanged = batch.column(UNCHANGED) if UNCHANGED in batch.column_names else None
@@ -197,14 +196,15 @@ def latest_per_key(batch: pa.Table, keys: Sequence[str], sequence: str) -> pa.Ta
     if batch.num_rows <= 1:
         return batch
     idx = pa.array(np.arange(batch.num_rows, dtype=np.int64))
-    tagged = batch.select([*keys, sequence]).append_column("__cdc_row", idx)
-    best = tagged.group_by(list(keys)).aggregate([(sequence, "max")])
+    seq = "__cdc_seq_key"  # the sequence as Arrow compares it (see sinks.delta.sequence)
+    tagged = batch.select(list(keys)).append_column(seq, order_key(batch.column(sequence))).append_column("__cdc_row", idx)
+    best = tagged.group_by(list(keys)).aggregate([(seq, "max")])
     if best.num_rows == batch.num_rows:
         return batch
-    best = pa.table({**{k: best.column(k) for k in keys}, sequence: best.column(f"{sequence}_max")})
-    winners = tagged.join(best, [*keys, sequence], join_type="inner", use_threads=False)
+    best = pa.table({**{k: best.column(k) for k in keys}, seq: best.column(f"{seq}_max")})
+    winners = tagged.join(best, [*keys, seq], join_type="inner", use_threads=False)
     # Exact duplicates (replays) tie on (key, sequence): keep one row of each.
-    rows = winners.group_by([*keys, sequence]).aggregate([("__cdc_row", "max")]).column("__cdc_row_max")
+    rows = winners.group_by([*keys, seq]).aggregate([("__cdc_row", "max")]).column("__cdc_row_max")
     return batch.take(pc.take(rows, pc.sort_indices(rows)))
 
 
@@ -243,8 +243,9 @@ def resolve_rows(
     Vectorised: one sort, then per value column a numpy running maximum of the rows that set it.
     """
     n = batch.num_rows
-    order_cols = [*keys, sequence]
-    tagged = batch.select(order_cols).append_column("__cdc_row", pa.array(np.arange(n, dtype=np.int64)))
+    order_cols = [*keys, "__cdc_seq_key"]
+    tagged = batch.select(list(keys)).append_column("__cdc_seq_key", order_key(batch.column(sequence)))
+    tagged = tagged.append_column("__cdc_row", pa.array(np.arange(n, dtype=np.int64)))
     order = pc.sort_indices(tagged, sort_keys=[(c, "ascending") for c in [*order_cols, "__cdc_row"]])
     batch = batch.take(order)
     if unchanged is not None:
@@ -252,7 +253,7 @@ def resolve_rows(
     # Exact duplicates are adjacent now: keep the first of each.
     key_start = key_starts(batch, keys)
     if n > 1:
-        s = batch.column(sequence).combine_chunks()
+        s = order_key(batch.column(sequence).combine_chunks())
         keep = key_start.copy()
         keep[1:] |= pc.not_equal(s.slice(1), s.slice(0, n - 1)).to_numpy(zero_copy_only=False)
         if not keep.all():
@@ -287,6 +288,24 @@ def resolve_rows(
         out = out.set_column(out.column_names.index(c), c, pc.take(value, take))
         out = out.append_column(SET_PREFIX + c, pc.take(seqs, take))
     return out, key_start
+
+
+def join_left(left: pa.Table, right: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``left`` (its order kept) with the columns of ``right`` but ``keys`` from the row of ``right`` with the
+    same keys (at most one per key; nulls where none). Only keys and row numbers go through Arrow's join, so the
+    columns may be of any type (Acero's join carries no struct or list column)."""
+    keys = list(keys)
+    at = "__cdc_left_row"
+    lt = left.select(keys).append_column(at, pa.array(np.arange(left.num_rows, dtype=np.int64)))
+    rt = right.select(keys).append_column("__cdc_right_row", pa.array(np.arange(right.num_rows, dtype=np.int64)))
+    joined = lt.join(rt, keys, join_type="left outer", use_threads=False)
+    joined = joined.take(pc.sort_indices(joined.column(at)))
+    take = joined.column("__cdc_right_row")
+    out = left
+    for name in right.column_names:
+        if name not in keys:
+            out = out.append_column(right.schema.field(name), right.column(name).take(take))
+    return out
 
 
 def key_starts(batch: pa.Table, keys: Sequence[str]) -> np.ndarray:
@@ -560,6 +579,10 @@ _NONE = np.iinfo(np.int64).min  # below every sequence
 def _as_int64(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """A sequence column (integers or timestamps) as int64 values, nulls as :data:`_NONE`."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_struct(arr.type):
+        raise OptionError(
+            "option 'sequence_by': a key change (a change carrying _old_key that leaves columns unchanged) needs a "
+            "single sequence column, not several or a struct: give sequence_by='_seq'", "sequence_by")
     return np.asarray(pc.fill_null(arr.cast(pa.int64()), _NONE).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 

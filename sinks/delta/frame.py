@@ -69,6 +69,7 @@ from sinks.delta.merge import merge_plan, quote, state_plan
 from sinks.delta.scd1 import stage_scd1
 from sinks.delta.scd2 import main_source, stage_scd2
 from sinks.delta.schema import SchemaEvolutionError, new_columns, normalise_type, state_schema, table_schema
+from sinks.delta.sequence import check_nulls, check_type
 from sinks.delta.spark import DeltaSparkEngine
 from sinks.delta.spec import SinkSpec
 from sinks.delta.state import HEAD_SEQ, key_change_source
@@ -102,12 +103,7 @@ def check(spec: SinkSpec, df: Any) -> Checked:
     names = df.columns
     check_columns(spec, names)
     seq_type = df.schema[spec.sequence_by].dataType
-    if not isinstance(seq_type, T.IntegralType | T.TimestampType):
-        raise OptionError(
-            f"option 'sequence_by': column {spec.sequence_by!r} has type {seq_type.simpleString()}; an integer "
-            "or timestamp column is required",
-            "sequence_by",
-        )
+    check_type(spec.sequence_by, to_arrow_schema(T.StructType([df.schema[spec.sequence_by]]), timezone="UTC")[0].type)
     naive = [f.name for f in df.schema.fields if isinstance(f.dataType, T.TimestampNTZType)]
     if naive:
         raise SchemaEvolutionError(f"naive timestamps ({naive}) are not supported in Delta tables written by the sink; use UTC")
@@ -122,13 +118,15 @@ def check(spec: SinkSpec, df: Any) -> Checked:
         df = df.withColumn(IS_DELETE, F.coalesce(F.col(OP) == F.lit(Op.DELETE.value), F.lit(False)))
     else:
         df = df.withColumn(IS_DELETE, F.coalesce(F.col(IS_DELETE).cast("boolean"), F.lit(False)))
-    guarded = (*spec.keys, spec.sequence_by)
+    guarded = spec.keys
+    null_seq = _null_leaf(F.col(quote(spec.sequence_by)), seq_type)
     arrow = to_arrow_schema(df.select(*_keys(spec)).schema, timezone="UTC")
     pruned = [k for k in spec.keys if prunable(arrow.field(k).type)]
     aggs = [F.count(F.lit(1)).alias("rows")]
     aggs += [F.min(F.col(quote(k))).alias(f"lo{i}") for i, k in enumerate(pruned)]
     aggs += [F.max(F.col(quote(k))).alias(f"hi{i}") for i, k in enumerate(pruned)]
     aggs += [F.count_if(F.col(quote(c)).isNull()).alias(f"null{i}") for i, c in enumerate(guarded)]
+    aggs.append(F.count_if(null_seq).alias("null_seq"))
     if UNCHANGED in names:
         aggs.append(F.max(F.coalesce(F.size(UNCHANGED), F.lit(0))).alias("partial"))
         if OP in names:
@@ -158,9 +156,12 @@ def check(spec: SinkSpec, df: Any) -> Checked:
             first = df.where(F.col(quote(c)).isNull()).limit(1).first()
             place = first_at(first.asDict() if first is not None else {})
             raise MalformedRecordError(f"{nulls} change record(s) have a null {c!r} ({place})")
+    if summary["null_seq"]:
+        check_nulls(spec.keys, spec.sequence_by, spec.sequence_columns, df.where(null_seq).limit(1).toArrow(),
+                    int(summary["null_seq"]))
     truncated_at = summary["truncated_at"] if is_truncate is not None else None
     if truncated_at is not None:  # the changes after the last truncate, checked again (a rare, second job)
-        later = df.where((F.col(quote(spec.sequence_by)) > F.lit(truncated_at)) & ~is_truncate)
+        later = df.where((F.col(quote(spec.sequence_by)) > _literal(truncated_at, seq_type)) & ~is_truncate)
         after = check(spec, later.drop(IS_TRUNCATE) if IS_TRUNCATE in names else later)
         return Checked(after.df, after.rows, after.partial, after.key_range, after.key_changes, truncated_at)
     partial = UNCHANGED in names and bool(summary["partial"] and summary["partial"] > 0)
@@ -175,6 +176,26 @@ def check(spec: SinkSpec, df: Any) -> Checked:
         spec.keys, arrow, [(k, summary[f"lo{i}"], summary[f"hi{i}"]) for i, k in enumerate(pruned)]
     )
     return Checked(df.drop(*drop), int(summary["rows"]), partial, key_range, key_changes)
+
+
+def _null_leaf(column: Any, dtype: Any) -> Any:
+    """A Column: the sequence ``column`` (of Spark type ``dtype``) is null, or a field of it is."""
+    from pyspark.sql import types as T
+
+    if not isinstance(dtype, T.StructType):
+        return column.isNull()
+    fields = [_null_leaf(column[f.name], f.dataType) for f in dtype.fields]
+    return functools.reduce(lambda a, b: a | b, fields, column.isNull())
+
+
+def _literal(value: Any, dtype: Any) -> Any:
+    """A Spark literal of ``value`` (a sequence, a Row for a struct) typed ``dtype``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.StructType):
+        return F.struct(*[_literal(value[f.name], f.dataType).alias(f.name) for f in dtype.fields])
+    return F.lit(value).cast(dtype)
 
 
 def _is_truncate(names: list[str]) -> Any:
@@ -248,9 +269,15 @@ def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any | None) -> 
     columns = df.columns
     rest = [c for c in columns if c not in spec.keys and c != seq]
     # max over a struct compares its fields in order: the sequence first.
+    # The hash of the rest of a change, largest and smallest among the key's changes of the latest sequence:
+    # two that differ are two changes of that sequence with different values (see _no_tie).
+    digest = F.xxhash64(*[x for c in rest for x in _hashable(df, c)]) if rest else F.lit(0)
     latest = df.groupBy(*_keys(spec)).agg(
-        F.max(F.struct(*[F.col(quote(c)).alias(c) for c in (seq, *rest)])).alias("__cdc_latest")
+        F.max(F.struct(*[F.col(quote(c)).alias(c) for c in (seq, *rest)])).alias("__cdc_latest"),
+        F.max(F.struct(F.col(quote(seq)).alias("s"), digest.alias("h"))).alias("__cdc_tie_hi"),
+        F.max(F.struct(F.col(quote(seq)).alias("s"), F.bitwise_not(digest).alias("h"))).alias("__cdc_tie_lo"),
     )
+    latest = latest.where(_no_tie(spec, df, rest)) if len(rest) else latest
     latest = latest.select(*_keys(spec), *[F.col("__cdc_latest")[c].alias(c) for c in (seq, *rest)])
     is_delete = F.col(IS_DELETE)
     staged = [
@@ -260,6 +287,49 @@ def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any | None) -> 
     ]
     latest = latest.select(*staged, F.lit(now).cast("timestamp").alias(NOW))
     return latest if heads is None else _fresh(spec, latest, heads)
+
+
+def _hashable(df: Any, c: str) -> list[Any]:
+    """A column as xxhash64 takes it, with its null flag (xxhash64 skips a null, so (null, 1) and (1, null)
+    would hash alike); a map (which it does not hash) as JSON."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    column = F.col(quote(c))
+    shown = F.to_json(column) if isinstance(df.schema[c].dataType, T.MapType) else column
+    return [shown, column.isNull()]
+
+
+#: The text every error about two changes of one key with one sequence and different values holds.
+TIE = "have the same sequence"
+
+
+def _no_tie(spec: SinkSpec, df: Any, rest: list[str]) -> Any:
+    """A filter over the latest-change aggregation that fails the job (nothing written) when a key's latest
+    sequence holds changes with different values (:func:`sinks.delta.sequence.check_ties` for the batch's
+    reduction in Spark; identical changes hash alike and pass)."""
+    from pyspark.sql import functions as F
+
+    tie = F.col("__cdc_tie_hi")["h"] != F.bitwise_not(F.col("__cdc_tie_lo")["h"])
+    message = F.concat(
+        F.lit("two changes of key "), F.to_json(F.struct(*_keys(spec))), F.lit(f" {TIE} ({spec.sequence_by} "),
+        F.to_json(F.struct(F.col("__cdc_tie_hi")["s"].alias(spec.sequence_by))),
+        F.lit(") and different values: which one is the later cannot be told, so nothing was written. Give "
+              "sequence_by a column (or several) that orders every key's changes; identical changes (redeliveries) "
+              "are fine"),
+    )
+    return F.when(tie, F.raise_error(message)).otherwise(F.lit(True))
+
+
+def _tie_error(e: Exception) -> MalformedRecordError | None:
+    """The sink's error for a tie that failed a Spark job (the Arrow steps' raised on an executor, or
+    :func:`_no_tie`'s), or None for any other failure."""
+    text = str(e)
+    start = text.find("two changes of key ")
+    if start < 0 or TIE not in text:
+        return None
+    end = text.find("are fine", start)
+    return MalformedRecordError(text[start: end + len("are fine")] if end > 0 else text[start:].splitlines()[0])
 
 
 def _fresh(spec: SinkSpec, changes: Any, heads: Any) -> Any:
@@ -453,7 +523,13 @@ def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: i
             schema = pa.schema([*schema, *added])
         source = staged if staged is not None else _stage_in_buckets(spec, checked, now, heads)
         plan = merge_plan(spec, source.columns, schema, checked.key_range, ordered=ordered)
-        main.merge_frame(source, plan, app_id, batch_id)
+        try:
+            main.merge_frame(source, plan, app_id, batch_id)
+        except Exception as e:
+            tie = _tie_error(e)
+            if tie is None:
+                raise
+            raise tie from e
         log.info("batch %d: merged %d change records into %s in Spark", batch_id, checked.rows, main.path)
     if not target.state_done:
         source = _state_source(spec, checked, staged, heads, now)

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.model import COMMIT_TS
-from sinks.delta.batch import key_starts
+from sinks.delta.batch import join_left, key_starts
 from sinks.delta.keyrange import KeyRange, Rows
 from sinks.delta.layout import (
     ACTION,
@@ -29,6 +29,7 @@ from sinks.delta.layout import (
     VALID_FROM,
     VALID_TO,
 )
+from sinks.delta.sequence import greater
 from sinks.delta.spec import SinkSpec
 
 
@@ -48,8 +49,7 @@ def key_heads(spec: SinkSpec, state: pa.Table, current: pa.Table) -> pa.Table:
     heads = heads.append_column(IS_CURRENT, pc.is_null(heads.column(DELETED_AT)))
     if not value_cols:
         return heads
-    return heads.join(current.select([*spec.keys, *value_cols]), list(spec.keys), join_type="left outer",
-                      use_threads=False)
+    return join_left(heads, current.select([*spec.keys, *value_cols]), spec.keys)
 
 
 def main_source(staged: pa.Table) -> pa.Table:
@@ -88,12 +88,9 @@ def stage_scd2(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
     on_heads = [c for c in value_cols if c in heads.column_names]
     head_cols = [*on_heads, seq, IS_CURRENT, DELETED_AT]
     heads = heads.select([*spec.keys, *head_cols]).rename_columns([*spec.keys, *(f"__h_{c}" for c in head_cols)])
-    n0 = prepared.num_rows
-    tagged = prepared.append_column("__cdc_row", pa.array(np.arange(n0, dtype=np.int64)))
-    joined = tagged.join(heads, list(spec.keys), join_type="left outer", use_threads=False)
-    joined = joined.take(pc.sort_indices(joined.column("__cdc_row")))  # the join does not keep the order
+    joined = join_left(prepared, heads, spec.keys)
     h_seq = joined.column(f"__h_{seq}").cast(seq_type)
-    fresh = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(joined.column(seq), h_seq)), False)
+    fresh = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), greater(joined.column(seq), h_seq)), False)
     joined = joined.filter(fresh)
     m = joined.num_rows
     if m == 0:
@@ -105,7 +102,8 @@ def stage_scd2(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
         if SET_PREFIX + c not in joined.column_names:
             continue
         set_at = joined.column(SET_PREFIX + c)
-        newer = pc.fill_null(pc.and_kleene(pc.is_valid(set_at), pc.or_kleene(pc.is_null(h_seq), pc.greater(set_at, h_seq))), False)
+        newer = pc.fill_null(pc.and_kleene(pc.is_valid(set_at), pc.or_kleene(pc.is_null(h_seq), greater(set_at, h_seq))),
+                             False)
         resolved = pc.if_else(newer, joined.column(c), joined.column(f"__h_{c}").cast(joined.schema.field(c).type))
         joined = joined.set_column(joined.column_names.index(c), c, resolved)
 

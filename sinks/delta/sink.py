@@ -36,6 +36,7 @@ from sinks.delta.migration import migrate_layout
 from sinks.delta.scd1 import purge_predicate, stage_scd1
 from sinks.delta.scd2 import current_rows, key_heads, main_source, stage_scd2
 from sinks.delta.schema import new_columns, state_schema, table_schema
+from sinks.delta.sequence import with_sequence, with_sequence_frame
 from sinks.delta.session import is_connect
 from sinks.delta.spec import SinkSpec
 from sinks.delta.staging import StagingLog
@@ -63,7 +64,14 @@ class DeltaUpsertSink:
     path : the Delta table (created on the first batch): a plain Delta table of live rows; the sink's own
         state (sequences, tombstones, SCD2 key heads) is the Delta table ``<path>/_cdc_state``.
     keys : the key column(s).
-    sequence_by : the column that orders a key's changes (``_seq``: the change model's sequence).
+    sequence_by : the column that orders a key's changes (``_seq``: the change model's sequence): an integer or
+        timestamp column, a struct column of such fields, or a list of such columns. A struct or a list is
+        compared lexicographically in the order given: the first column decides, the next breaks its ties, and
+        so on. A list becomes the struct column ``_sequence`` (kept in the table as the sequence column, and in
+        SCD type 2's ``_valid_from``/``_valid_to``); its columns are kept as they are. A null sequence, or two
+        changes of one key with the same sequence and different values in one batch, fail the batch naming the
+        column and the key; identical changes (a redelivery) count as one. Key changes (``_old_key``) need a
+        single sequence column.
     apply_as_deletes : SQL condition over a change record marking it a delete (default ``_op = 'delete'``).
     apply_as_truncates : SQL condition (text, or a pyspark ``Column``) over a change record marking it a
         truncate: the table empties at that change's place in the batch (the batch's changes sequenced
@@ -119,7 +127,7 @@ class DeltaUpsertSink:
         self,
         path: str,
         keys: Sequence[str],
-        sequence_by: str = "_seq",
+        sequence_by: str | Sequence[str] = "_seq",
         *,
         apply_as_deletes: str = DEFAULT_DELETE_CONDITION,
         scd_type: int = 1,
@@ -156,7 +164,7 @@ class DeltaUpsertSink:
         try:
             self.spec = SinkSpec(
                 keys=tuple([keys] if isinstance(keys, str) else keys),
-                sequence_by=sequence_by,
+                sequence_by=sequence_by,  # type: ignore[arg-type]  # (a list: normalised by SinkSpec)
                 apply_as_deletes=apply_as_deletes,
                 scd_type=scd_type,
                 track_history_columns=None if track_history_columns is None else tuple(track_history_columns),
@@ -325,6 +333,8 @@ class DeltaUpsertSink:
             condition = self.truncate_condition
             condition = condition if isinstance(condition, Column) else F.expr(condition)
             batch_df = batch_df.withColumn(IS_TRUNCATE, F.coalesce(condition, F.lit(False)))
+        if self.spec.sequence_columns:
+            batch_df = with_sequence_frame(self.spec.sequence_columns, batch_df)
         self.spec.check_lists(batch_df.columns)
         # Columns the table does not keep are dropped before the collect: fewer columns to convert.
         unused = [c for c in batch_df.columns if c in (CHANNEL, POSITION)] + self.spec.excluded(batch_df.columns)
@@ -475,6 +485,7 @@ class DeltaUpsertSink:
             return False
         now = self.clock()
         spec = self.spec
+        changes = with_sequence(spec.sequence_columns, changes)
         check_ops(spec, changes)  # before the truncate: a batch that fails changes nothing
         changes, truncated = after_last_truncate(changes, spec.sequence_by)
         if truncated is not None:
@@ -558,6 +569,8 @@ class DeltaUpsertSink:
             raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
         main, state = self.engine(batch_df.sparkSession), self.state_engine(batch_df.sparkSession)
         assert isinstance(main, DeltaSparkEngine) and isinstance(state, DeltaSparkEngine)
+        if self.spec.sequence_columns:
+            batch_df = with_sequence_frame(self.spec.sequence_columns, batch_df)
         mode = self._resolve(claim if claim is not None else self.claim(batch_df))
         main_done = main.committed_version(app)
         state_done = batch_id if mode == ORDERED else state.committed_version(app)

@@ -9,6 +9,9 @@ MERGE statement). The table they write is described in :mod:`sinks.delta.layout`
 
 Rules
 -----
+* ``sequence_by``: one column, a struct, or a list (the struct ``_sequence``), compared field by field in
+  the order given (see :mod:`sinks.delta.sequence`). A null sequence, or two changes of a key with one
+  sequence and different values in a batch, fail the batch; identical changes count once.
 * SCD type 1: within a batch only the latest change per key (largest sequence) applies.
 * SCD type 2: every change of a batch (replays dropped) newer than the key's head becomes a version, or
   updates the version before it in place when it changes no tracked column (see
@@ -57,6 +60,7 @@ from sinks.delta.layout import (
     VALID_TO,
     hidden_columns,
 )
+from sinks.delta.sequence import SEQUENCE
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class SinkSpec:
     """The sink's configuration, validated once. See :class:`sinks.delta.DeltaUpsertSink` for the meaning."""
 
     keys: tuple[str, ...]
+    #: The sequence column (given a list of columns: :data:`sinks.delta.sequence.SEQUENCE`, their struct).
     sequence_by: str = "_seq"
     apply_as_deletes: str = DEFAULT_DELETE_CONDITION
     scd_type: int = 1
@@ -80,6 +85,8 @@ class SinkSpec:
     prune_by_key_range: bool = True
     #: Which bookkeeping columns the main table shows (see :mod:`sinks.delta.layout`); None: all.
     bookkeeping_columns: tuple[str, ...] | None = None
+    #: A list ``sequence_by``: the columns compared in turn (see :mod:`sinks.delta.sequence`); else empty.
+    sequence_columns: tuple[str, ...] = field(default=(), init=False)
     hidden: frozenset[str] = field(default=frozenset(), init=False)
     reserved: tuple[str, ...] = field(default=(), init=False)
 
@@ -91,10 +98,22 @@ class SinkSpec:
             raise OptionError(f"option 'keys': duplicate key columns in {list(self.keys)}", "keys")
         if self.scd_type not in (1, 2):
             raise OptionError(f"option 'scd_type': {self.scd_type!r} is not accepted; accepted: 1, 2", "scd_type")
-        if not isinstance(self.sequence_by, str) or not self.sequence_by:
-            raise OptionError("option 'sequence_by': give the name of the sequence column, e.g. '_seq'", "sequence_by")
-        if self.sequence_by in self.keys:
-            raise OptionError(f"option 'sequence_by': {self.sequence_by!r} is a key column", "sequence_by")
+        seq: object = self.sequence_by
+        if isinstance(seq, list | tuple) and len(seq) == 1:
+            seq = seq[0]
+        if isinstance(seq, list | tuple) and seq and all(isinstance(c, str) and c for c in seq):
+            if len(set(seq)) != len(seq):
+                raise OptionError(f"option 'sequence_by': duplicate columns in {list(seq)}", "sequence_by")
+            object.__setattr__(self, "sequence_columns", tuple(seq))
+            object.__setattr__(self, "sequence_by", SEQUENCE)
+        elif not isinstance(seq, str) or not seq:
+            raise OptionError("option 'sequence_by': give the name of the sequence column, e.g. '_seq', or a list "
+                              "of columns compared in turn, e.g. ['version', 'offset']", "sequence_by")
+        else:
+            object.__setattr__(self, "sequence_by", seq)
+        clash = [c for c in (self.sequence_by, *self.sequence_columns) if c in self.keys]
+        if clash:
+            raise OptionError(f"option 'sequence_by': {clash[0]!r} is a key column", "sequence_by")
         if not isinstance(self.apply_as_deletes, str) or not self.apply_as_deletes.strip():
             raise OptionError("option 'apply_as_deletes': give a SQL condition, e.g. \"_op = 'delete'\"", "apply_as_deletes")
         for name in ("except_column_list", "column_list", "ignore_null_updates_column_list",
@@ -105,7 +124,8 @@ class SinkSpec:
             if isinstance(value, str):
                 raise OptionError(f"option {name!r}: give a list of column names, e.g. [{value!r}]", name)
             object.__setattr__(self, name, tuple(value))
-            bad = [c for c in getattr(self, name) if c in self.keys or c == self.sequence_by]
+            bad = [c for c in getattr(self, name)
+                   if c in self.keys or c == self.sequence_by or c in self.sequence_columns]
             if bad:
                 raise OptionError(f"option {name!r}: cannot name key or sequence columns {bad}", name)
         excepted = self.except_column_list
@@ -166,9 +186,9 @@ class SinkSpec:
 
     def excluded(self, names: list[str]) -> list[str]:
         """The columns of a batch the table does not keep (``column_list`` / ``except_column_list``)."""
-        if self.column_list is not None:
-            return [c for c in self.value_columns(names) if c not in self.column_list]
-        return [c for c in names if c in self.except_column_list]
+        if self.column_list is not None:  # (a list sequence_by's columns are always kept)
+            return [c for c in self.value_columns(names) if c not in self.column_list and c not in self.sequence_columns]
+        return [c for c in names if c in self.except_column_list]  # (sequence columns: refused in the list)
 
     def null_ignored(self, values: list[str]) -> list[str]:
         """Of the value columns ``values``, those whose nulls in a non-delete change leave the stored value."""

@@ -17,6 +17,7 @@ from sinks.delta.batch import key_change_rows, key_starts
 from sinks.delta.engine import Engine
 from sinks.delta.keyrange import KeyRange, Rows
 from sinks.delta.layout import DELETED_AT, IS_DELETE, NOW, SET_PREFIX, TIMESTAMP
+from sinks.delta.sequence import order_key
 from sinks.delta.spec import SinkSpec
 
 HEAD_SEQ = "__cdc_head_seq"
@@ -72,9 +73,11 @@ def _of_keys(engine: Engine, wanted: Rows, keys: pa.Table) -> pa.Table:
 
 
 def with_head_seq(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
-    """``prepared`` (order kept) with its key's head sequence in ``__cdc_head_seq`` (null: key never seen)."""
+    """``prepared`` (order kept) with its key's head sequence in ``__cdc_head_seq`` (null: key never seen), as
+    :func:`sinks.delta.sequence.order_key` gives it (compare it with the order key of a sequence)."""
     seq = spec.sequence_by
-    h = heads.select([*spec.keys, seq]).rename_columns([*spec.keys, HEAD_SEQ])
+    seq_type = prepared.schema.field(seq).type
+    h = heads.select(list(spec.keys)).append_column(HEAD_SEQ, order_key(heads.column(seq).cast(seq_type)))
     tagged = prepared.select(list(spec.keys)).append_column(
         "__cdc_row", pa.array(np.arange(prepared.num_rows, dtype=np.int64))
     )
@@ -84,8 +87,7 @@ def with_head_seq(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Tab
     # 0.38 s (the batch's value columns carried through the join made up the rest).
     joined = h.join(tagged, list(spec.keys), join_type="right outer", use_threads=False)
     joined = joined.take(pc.sort_indices(joined.column("__cdc_row")))  # the join does not keep the order
-    head_seq = joined.column(HEAD_SEQ).cast(prepared.schema.field(seq).type)
-    return prepared.append_column(HEAD_SEQ, head_seq)
+    return prepared.append_column(HEAD_SEQ, joined.column(HEAD_SEQ))
 
 
 def guard(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
@@ -94,13 +96,14 @@ def guard(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
     table's value, or is null when the key has no row (a tombstone's values are null)."""
     joined = with_head_seq(spec, prepared, heads)
     h_seq = joined.column(HEAD_SEQ)
-    fresh = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(joined.column(spec.sequence_by), h_seq)), False)
+    fresh = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(order_key(joined.column(spec.sequence_by)), h_seq)),
+                         False)
     out = joined.filter(fresh)
     h_seq = out.column(HEAD_SEQ)
     for name in [c for c in out.column_names if c.startswith(SET_PREFIX)]:
         c = name[len(SET_PREFIX):]
         setter = out.column(name)
-        newer = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(setter, h_seq)), False)
+        newer = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(order_key(setter), h_seq)), False)
         out = out.set_column(out.column_names.index(name), name, pc.if_else(newer, setter, pa.nulls(len(out), setter.type)))
         values = out.column(c)
         out = out.set_column(out.column_names.index(c), c, pc.if_else(newer, values, pa.nulls(len(out), values.type)))

@@ -81,6 +81,7 @@ class SinkMachine(RuleBasedStateMachine):
     track: tuple[str, ...] | None = None
     #: the sink's ignore_null_updates_column_list (the model folds those nulls as "unchanged")
     ignore_nulls: tuple[str, ...] = ()
+    sequence_by: Any = "_seq"
 
     def __init__(self) -> None:
         super().__init__()
@@ -109,11 +110,14 @@ class SinkMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def to_table(self, changes: list[dict[str, Any]]) -> pa.Table:
+        return batch_table(changes)
+
     def _new_sink(self) -> DeltaUpsertSink:
         return DeltaUpsertSink(
             self.path, keys=["k1", "k2"], scd_type=self.scd_type, track_history_columns=self.track,
             app_id="prop-test", compact_every=4, tombstone_retention=timedelta(hours=1), clock=lambda: self.now,
-            ignore_null_updates_column_list=self.ignore_nulls or None,
+            ignore_null_updates_column_list=self.ignore_nulls or None, sequence_by=self.sequence_by,
         )
 
     def _version(self) -> tuple[int, int]:
@@ -212,7 +216,7 @@ class SinkMachine(RuleBasedStateMachine):
             if fresh:
                 self.applied[key] = (fresh[-1]["_seq"], row)
                 self.state_at[(key, fresh[-1]["_seq"])] = row
-        table = batch_table(batch)
+        table = self.to_table(batch)
         if crash_between:
             # The process dies after the main table's commit, before the state table's: the restarted sink
             # gets the batch again and must commit the state alone, from the state as it was.
@@ -369,3 +373,26 @@ TestIgnoreNulls = IgnoreNullsMachine.TestCase
 TestIgnoreNulls.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
 TestSCD2 = SCD2Machine.TestCase
 TestSCD2.settings = settings(max_examples=70, stateful_step_count=30, deadline=None)
+
+
+class CompositeSequenceMachine(SCD1Machine):
+    """SCD type 1 ordered by two columns, ``sequence_by=["hi", "lo"]``: each change's ``_seq`` s is sent as
+    (hi, lo) = (s // 3 - 5, s % 3 - 1), which orders the changes as s does only when compared field by field
+    (hi first; lo breaks its ties, and is larger for an older change of the next hi). ``_seq`` stays a plain
+    value column; the state table's guard is the struct ``_sequence``, mapped back to s to check it."""
+
+    sequence_by = ["hi", "lo"]
+
+    def to_table(self, changes: list[dict[str, Any]]) -> pa.Table:
+        seqs = [ch["_seq"] for ch in changes]
+        table = batch_table(changes)
+        table = table.append_column("hi", pa.array([q // 3 - 5 for q in seqs], pa.int64()))
+        return table.append_column("lo", pa.array([q % 3 - 1 for q in seqs], pa.int32()))
+
+    def state_rows(self) -> list[dict[str, Any]]:
+        rows = super().state_rows()
+        return [{**r, "_seq": (r["_sequence"]["hi"] + 5) * 3 + r["_sequence"]["lo"] + 1} for r in rows]
+
+
+TestCompositeSequence = CompositeSequenceMachine.TestCase
+TestCompositeSequence.settings = settings(max_examples=20, stateful_step_count=30, deadline=None)

@@ -457,3 +457,102 @@ def test_apply_as_truncates_empties_the_table_at_its_place_in_the_batch(tmp_path
     assert s.write(batch, 1)
     assert {k: r["name"] for k, r in live(tmp_path / "t").items()} == {3: "c"}
     assert state(tmp_path / "t") == {3: (4, False)}
+
+
+# ------------------------------------------------------------------ sequence_by over several columns
+def versioned(rows: list[tuple[str, int, int, int, str | None]], form: str) -> pa.Table:
+    """rows: (op, id, version, offset, name); the sequence is (version, offset): as two columns (``form``
+    "list") or one struct column ``seq`` ("struct")."""
+    ver = pa.array([r[2] for r in rows], pa.int64())
+    off = pa.array([r[3] for r in rows], pa.int32())
+    t = pa.table({
+        "_op": pa.array([r[0] for r in rows], pa.string()),
+        "id": pa.array([r[1] for r in rows], pa.int64()),
+        "name": pa.array([r[4] for r in rows], pa.string()),
+    })
+    if form == "list":
+        return t.append_column("ver", ver).append_column("off", off)
+    return t.append_column("seq", pa.StructArray.from_arrays([ver, off], ["ver", "off"]))
+
+
+#: (batches, then per mode: the table's rows (id, name, sequence), SCD type 2: (id, name, from, to) versions).
+COMPOSITE = [
+    [("insert", 1, 1, 5, "a"), ("update", 1, 1, 7, "b"), ("insert", 1, 0, 9, "z"),  # (0, 9) < (1, 5) < (1, 7)
+     ("insert", 2, 2, 0, "x"), ("insert", 2, 2, 0, "x")],  # a redelivery: counted once
+    [("update", 1, 1, 6, "stale"), ("update", 1, 2, 0, "c"), ("delete", 2, 2, 1, None)],
+    [("insert", 2, 2, 0, "older than the delete")],
+]
+
+
+def composite_sink(path: str, mode: str, form: str, **kw: Any) -> DeltaUpsertSink:
+    seq: Any = ["ver", "off"] if form == "list" else "seq"
+    scd = {"scd_type": 2} if mode == "scd2" else {"ordered": mode == "ordered"}
+    return DeltaUpsertSink(path, keys=["id"], sequence_by=seq, app_id="t", compact_every=None, **scd, **kw)
+
+
+def check_composite(path: str, mode: str, form: str, write: Any, engine: str = "delta-rs", batches: int = 3) -> None:
+    """Apply the first ``batches`` of :data:`COMPOSITE` through ``write(sink, table, batch_id)`` and check the
+    table (both engines)."""
+    s = composite_sink(path, mode, form, engine=engine)
+    for i, rows in enumerate(COMPOSITE[:batches]):
+        write(s, versioned(rows, form), i)
+    seq = "_sequence" if form == "list" else "seq"
+    got = DeltaTable(path).to_pyarrow_table().to_pylist()
+    if mode == "scd2":
+        versions = sorted((r["id"], r["name"], tuple(r["_valid_from"].values()),
+                           r["_valid_to"] and tuple(r["_valid_to"].values())) for r in got)
+        if batches == 1:
+            assert versions == [(1, "a", (1, 5), (1, 7)), (1, "b", (1, 7), None), (1, "z", (0, 9), (1, 5)),
+                                (2, "x", (2, 0), None)]
+            return
+        assert versions == [(1, "a", (1, 5), (1, 7)), (1, "b", (1, 7), (2, 0)), (1, "c", (2, 0), None),
+                            (1, "z", (0, 9), (1, 5)), (2, "x", (2, 0), (2, 1))]
+        return
+    table = sorted((r["id"], r["name"], tuple(r[seq].values())) for r in got)
+    if mode == "ordered" and batches == 3:  # no tombstone: the change older than the delete brings the key back
+        assert table == [(1, "c", (2, 0)), (2, "older than the delete", (2, 0))]
+        return
+    assert table == [(1, "c", (2, 0))]
+    if mode == "ordered":
+        return
+    heads = DeltaTable(state_path(path)).to_pyarrow_table().to_pylist()
+    assert sorted((r["id"], r[seq], r[DELETED_AT] is not None) for r in heads) == [
+        (1, {"ver": 2, "off": 0}, False), (2, {"ver": 2, "off": 1}, True)]
+
+
+@pytest.mark.parametrize("form", ["list", "struct"])
+@pytest.mark.parametrize("mode", ["safe", "ordered", "scd2"])
+def test_sequence_by_several_columns_or_a_struct_compares_in_the_order_given(
+        tmp_path: Path, mode: str, form: str) -> None:
+    check_composite(str(tmp_path / "t"), mode, form, lambda s, t, i: s.write(t, i))
+
+
+@pytest.mark.parametrize("form", ["list", "struct", "single"])
+def test_bad_sequences_fail_naming_the_column_and_the_key_and_write_nothing(tmp_path: Path, form: str) -> None:
+    def table(rows: list[tuple[str, int | None, int, str]]) -> pa.Table:
+        """rows: (key, version, offset, name)."""
+        ver = pa.array([r[1] for r in rows], pa.int64())
+        off = pa.array([r[2] for r in rows], pa.int64())
+        t = pa.table({"_op": pa.array(["insert"] * len(rows)), "k": pa.array([r[0] for r in rows]),
+                      "name": pa.array([r[3] for r in rows])})
+        if form == "list":
+            return t.append_column("ver", ver).append_column("off", off)
+        if form == "single":
+            return t.append_column("ver", ver)
+        return t.append_column("seq", pa.StructArray.from_arrays([ver, off], ["ver", "off"]))
+
+    seq: Any = {"list": ["ver", "off"], "struct": "seq", "single": "ver"}[form]
+    s = DeltaUpsertSink(str(tmp_path / "t"), keys=["k"], sequence_by=seq, app_id="t", compact_every=None)
+    if form == "list":  # the changes' own column of the struct's name
+        with pytest.raises(OptionError, match="'_sequence'"):
+            s.write(table([("a", 1, 1, "v")]).append_column("_sequence", pa.array([1])), 0)
+    key = "o'k\\"  # shown as the value's repr, never as SQL
+    with pytest.raises(MalformedRecordError, match=r"null sequence.*'ver'") as e:
+        s.write(table([("a", 1, 1, "v"), (key, None, 2, "v")]), 0)
+    assert repr(key) in str(e.value)
+    with pytest.raises(MalformedRecordError, match=r"same sequence.*\['name'\]") as e:
+        s.write(table([("a", 1, 1, "v"), (key, 1, 2, "v"), (key, 1, 2, "w")]), 0)
+    assert repr(key) in str(e.value)
+    assert not (tmp_path / "t" / "_delta_log").exists(), "nothing was written"
+    s.write(table([(key, 1, 2, "v"), (key, 1, 2, "v"), (key, 0, 3, "u")]), 0)  # identical: one change
+    assert [(r["k"], r["name"]) for r in DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()] == [(key, "v")]
