@@ -1,4 +1,5 @@
-"""The delta-spark engine's set-up: where the pinned io.delta jars are, and a Spark session configured for them.
+"""The delta-spark engine's set-up: where the pinned io.delta jars are, and a Spark session configured for them;
+and what the sink reads from a batch's session (its streaming query's id, the batch collected to Arrow).
 
 ``make delta-spark`` (run by ``make test`` and ``make demo``) resolves the jars that ``delta-spark/pom.xml``
 beside this module pins into ``~/.cache/cdc-tunnel/delta-<version>/lib`` (``$CDC_DELTA_HOME`` overrides the
@@ -14,9 +15,12 @@ import hashlib
 import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cdc.errors import TerminalError
+from cdc.errors import OptionError, TerminalError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 POM = Path(__file__).parent / "delta-spark" / "pom.xml"
 HOME_ENV = "CDC_DELTA_HOME"
@@ -151,3 +155,38 @@ def ordered_source(batch_df: Any, sequence_by: str) -> bool:
         plan = batch_df._jdf.queryExecution().analyzed()
     return bool(plan.collectLeaves().size() == 1)
 
+
+def connect_query_id(spark: Any) -> str | None:
+    """The streaming query id under Spark Connect, where the batch's local properties are not visible.
+
+    ``foreachBatch`` runs in a worker attached to the client's session, so the session's active queries are
+    the user's: with exactly one, it is this batch's query (its id is kept in the checkpoint, so it stays the
+    same across restarts). With several, the batch cannot tell which is its own.
+    """
+    active = spark.streams.active
+    if len(active) > 1:
+        raise OptionError(
+            f"option 'app_id' is required under Spark Connect when the session runs several streaming queries "
+            f"({len(active)} active): give each query's sink its own app_id",
+            "app_id",
+        )
+    return str(active[0].id) if active else None
+
+
+ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+COLLECT_BATCH_ROWS = 1 << 18
+
+
+def collect_arrow(batch_df: Any) -> pa.Table:
+    """``batch_df.toArrow()`` with large Arrow batches (fewer, bigger transfers; measured ~0.1-0.2 s less per
+    100k changes). The setting is raised only for this collect and restored after it."""
+    conf = batch_df.sparkSession.conf
+    before = conf.get(ARROW_BATCH_CONF)
+    raise_it = before is not None and 0 < int(before) < COLLECT_BATCH_ROWS
+    if raise_it:
+        conf.set(ARROW_BATCH_CONF, str(COLLECT_BATCH_ROWS))
+    try:
+        return batch_df.toArrow()
+    finally:
+        if raise_it:
+            conf.set(ARROW_BATCH_CONF, before)
