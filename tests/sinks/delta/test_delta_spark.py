@@ -109,7 +109,7 @@ def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytes
     for name in ("toArrow", "toPandas", "toLocalIterator", "_collect_as_arrow", "_collect_as_arrow_table"):
         if hasattr(DataFrame, name):
             monkeypatch.setattr(DataFrame, name, refuse)
-    monkeypatch.setattr(sink_module, "_collect", refuse)
+    monkeypatch.setattr(sink_module, "collect_arrow", refuse)
     target = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], engine="delta-spark")
 
     def stream(name: str) -> Any:
