@@ -57,7 +57,8 @@ def test_broker_and_driver_kill_9_mid_stream(spark: Any, apache_kafka: ApacheKaf
     apache_kafka.create_topic(topic, 2)
     out, ck, log = tmp_path / "out", tmp_path / "ck", tmp_path / "driver.log"
     options = {"backend": "kafka", "kafka.bootstrap.servers": apache_kafka.bootstrap, "subscribe": topic,
-               "maxOffsetsPerTrigger": "300", "kafkaConsumer.pollTimeoutMs": "120000"}
+               "maxOffsetsPerTrigger": "300", "kafkaConsumer.pollTimeoutMs": "120000",
+               "metadataTimeoutMs": "120000"}  # a loaded machine restarts the broker in more than the default 30 s
     _send(apache_kafka, topic, 0, 500)
     proc = _start(options, out, ck, log)
     query = None
