@@ -1,4 +1,5 @@
-"""`make demo` must keep working: run the orders demo end to end (short) in a subprocess."""
+"""The examples that need no server end to end (short), each in a subprocess: `make demo` must keep working.
+The ones that use a server are tested in that backend's folder (e.g. tests/backends/kafka/test_example.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -52,14 +52,3 @@ def test_windowed_orders_example_stream_equals_batch(tmp_path: Path) -> None:
     assert "RESULT: every closed window equals the batch job's, and every late change was dropped" in out.stdout
     assert (tmp_path / "win" / "windows.png").stat().st_size > 10_000
 
-
-@pytest.mark.slow
-def test_kafka_debezium_example_ends_with_the_delta_table_equal_to_the_source(
-    tmp_path: Path, kafka_connect: Any, postgres_server: Any
-) -> None:
-    """On the session's Kafka, Kafka Connect and PostgreSQL (the example starts its own without the flags)."""
-    dsn = str(postgres_server.create_database("kafka_example"))
-    out = _run("kafka_debezium_to_delta.py", "--dir", str(tmp_path / "kafka"), "--seconds", "6",
-               "--bootstrap", kafka_connect.kafka.bootstrap, "--connect", kafka_connect.url, "--postgres", dsn)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "RESULT: the Delta table equals SELECT * of the PostgreSQL table" in out.stdout
