@@ -27,6 +27,18 @@ from typing import Any
 import pytest
 
 _crashed: set[str] = set()
+_config: pytest.Config | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _config
+    _config = config
+
+
+def _stopping() -> bool:
+    """Whether the run is stopping: a worker that received a keyboard interrupt makes pytest-xdist stop it."""
+    dsession = _config.pluginmanager.getplugin("dsession") if _config is not None else None
+    return bool(getattr(dsession, "shouldstop", False))
 
 
 @pytest.hookimpl(trylast=True)
@@ -56,7 +68,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem: str, report: Any, sched: Any) -> None:
     """Name the crashed test at once, on the controller's stderr (a run cut short by its time limit never
-    prints its summary), and report its first crash as ``rerun``."""
+    prints its summary), and report its first crash as ``rerun``. A worker ended by a keyboard interrupt
+    (Ctrl-C; a controller started in the background ignores it, its workers do not) did not crash: the run is
+    stopping, and pytest-xdist's own report stands."""
+    if _stopping():
+        return
     if crashitem in _crashed:
         print(
             f"\nA pytest-xdist worker crashed again while running {crashitem}: failed",
