@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # uv installs the virtualenv's packages (pip took 171 s for what uv installs in 66 s, bytecode compiled as pip
 # does, both from a warm cache); pip, pinned like uv in constraints.txt, installs uv. --native-tls: the
 # system's certificates (a registry behind a proxy with its own CA), as pip uses them.
-UV_PIP := $(VENV)/bin/uv pip --quiet --native-tls --python $(PY)
+UV_INSTALL := $(VENV)/bin/uv pip install --quiet --native-tls --python $(PY)
 
 .PHONY: demo test test-fast lint bench install check-java pulsar-standalone kafka delta-spark clean docs docs-serve constraints
 
@@ -59,13 +59,13 @@ $(STAMP): pyproject.toml Makefile constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --upgrade pip uv
-	$(UV_PIP) install --compile-bytecode -c constraints.txt -e '.[dev]'  # dev = every extra ([all]), the docs and the test tools
-	$(UV_PIP) install --no-deps '$(TABLESTORE_SDK)'
+	$(UV_INSTALL) --compile-bytecode -c constraints.txt -e '.[dev]'  # dev = every extra ([all]), the docs and the test tools
+	$(UV_INSTALL) --no-deps '$(TABLESTORE_SDK)'
 	$(PY) tests/precompiled_pyspark.py  # every Python process Spark starts imports PySpark without compiling it
 	@touch $(STAMP)
 
 $(DELTA_PY_STAMP): $(STAMP) $(DELTA_POM)
-	$(UV_PIP) install --no-deps 'delta-spark==$(DELTA_VERSION)'
+	$(UV_INSTALL) --no-deps 'delta-spark==$(DELTA_VERSION)'
 	@touch $@
 
 install: check-java $(STAMP) $(DELTA_PY_STAMP) delta-spark
