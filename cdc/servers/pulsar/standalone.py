@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -288,6 +289,7 @@ class ApachePulsar(ServerProcess):
         TopicNotFound for seconds on a fresh data directory."""
         if self.running:
             return self
+        check_disk(self.data_dir)
         command = self._command(pulsar_lib(), self._write_config())
         started = time.monotonic()
         with open(self.data_dir / "stdout.log", "ab") as out:
@@ -373,6 +375,23 @@ class ApachePulsar(ServerProcess):
         return (
             f"ApachePulsar(url={self.url!r}, admin_url={self.admin_url!r}, data_dir={str(self.data_dir)!r}, "
             f"running={self.running})"
+        )
+
+
+BOOKIE_DISK_THRESHOLD = 0.95
+"""BookKeeper's ``diskUsageThreshold``: above it the standalone's bookie turns read-only, and every producer's
+creation then times out (``Pulsar error: TimeOut``) while the broker itself answers."""
+
+
+def check_disk(path: Path) -> None:
+    """Refuse to start on a disk the bookie would take as full (BrokerError naming the use and the fix)."""
+    usage = shutil.disk_usage(path)
+    used = 1 - usage.free / usage.total if usage.total else 0.0
+    if used >= BOOKIE_DISK_THRESHOLD:
+        raise BrokerError(
+            f"the disk of {path} is {used:.1%} full ({usage.free / 2**30:.1f} GiB free): Apache Pulsar's "
+            f"storage (BookKeeper) turns read-only above {BOOKIE_DISK_THRESHOLD:.0%} of a disk, and producers "
+            "then time out; free space there, or give the broker a data directory on another disk"
         )
 
 

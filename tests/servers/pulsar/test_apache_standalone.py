@@ -55,6 +55,24 @@ def test_a_broker_that_dies_at_start_up_fails_with_its_output(tmp_path: Path, mo
     assert not broker.running
 
 
+def test_a_disk_the_bookie_takes_as_full_is_named_before_the_broker_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk is not made here: the disk's figures are replaced (96% used: the bookie's limit is 95%)."""
+    from types import SimpleNamespace
+
+    from cdc.servers.pulsar import standalone
+
+    gib = 2**30
+    monkeypatch.setattr(standalone.shutil, "disk_usage",
+                        lambda path: SimpleNamespace(total=100 * gib, used=96 * gib, free=4 * gib))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))  # started, it would fail otherwise
+    broker = ApachePulsar(tmp_path / "data")
+    with pytest.raises(BrokerError, match=r"the disk of .*data is 96\.0% full \(4\.0 GiB free\).*read-only above 95%"):
+        broker.start(timeout=30)
+    assert not broker.running
+
+
 def _admin_get(p: ApachePulsar, path: str) -> object:
     with urllib.request.urlopen(p.admin_url + path, timeout=30) as r:
         return json.loads(r.read())
