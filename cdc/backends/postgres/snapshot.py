@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+import secrets
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -203,6 +203,7 @@ class PostgresChunkedSnapshot:
         self._live: tuple[Cut, connection.ExportedSlot] | None = None
         self._replays: dict[int, tuple[Cut, connection.ExportedSlot]] = {}
         self._made = 0
+        self._token = secrets.token_hex(4)
 
     # ------------------------------------------------------------------ start
     def start(self) -> SnapshotStart:
@@ -231,7 +232,9 @@ class PostgresChunkedSnapshot:
     # ------------------------------------------------------------------ cuts
     def _create(self, wait: bool) -> tuple[Cut, connection.ExportedSlot] | None:
         self._made += 1
-        name = f"{self.slot[:36]}_cut_{os.getpid()}_{self._made}"
+        # Unique per object, not per process: a restarted driver may have the pid of the one before (a
+        # container's), and the temporary slot of that one's session lives until the server sees it end.
+        name = f"{self.slot[:36]}_cut_{self._token}_{self._made}"
         held = connection.create_exported_slot(self.dsn, name, temporary=True, timeout=None if wait else self.timeout)
         return None if held is None else (cut_at(held.lsn), held)
 
