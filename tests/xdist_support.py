@@ -27,18 +27,11 @@ from typing import Any
 import pytest
 
 _crashed: set[str] = set()
-_config: pytest.Config | None = None
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    global _config
-    _config = config
-
-
-def _stopping() -> bool:
+def _stopping(config: pytest.Config) -> bool:
     """Whether the run is stopping: a worker that received a keyboard interrupt makes pytest-xdist stop it."""
-    dsession = _config.pluginmanager.getplugin("dsession") if _config is not None else None
-    return bool(getattr(dsession, "shouldstop", False))
+    return bool(getattr(config.pluginmanager.getplugin("dsession"), "shouldstop", False))
 
 
 @pytest.hookimpl(trylast=True)
@@ -71,7 +64,7 @@ def pytest_handlecrashitem(crashitem: str, report: Any, sched: Any) -> None:
     prints its summary), and report its first crash as ``rerun``. A worker ended by a keyboard interrupt
     (Ctrl-C; a controller started in the background ignores it, its workers do not) did not crash: the run is
     stopping, and pytest-xdist's own report stands."""
-    if _stopping():
+    if _stopping(sched.config):
         return
     if crashitem in _crashed:
         print(
