@@ -566,8 +566,12 @@ def drop_subscription(options: PulsarOptions) -> list[str]:
     try:
         done = []
         for topic in backend.topics():
-            consumer = backend.client.subscribe(topic, options.subscription(), receiver_queue_size=1)
-            consumer.unsubscribe()
+            # One consumer per partition, never one on the partitioned topic: the C++ client's multi-topic
+            # consumer crashed the process (SIGSEGV in Consumer.unsubscribe) when unsubscribed right after it
+            # subscribed, before all its partitions had connected.
+            for channel in partitions_of(backend.client, topic, options):
+                consumer = backend.client.subscribe(channel.id, options.subscription(), receiver_queue_size=1)
+                consumer.unsubscribe()
             done.append(topic)
         return done
     finally:

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc.backends.pulsar import PulsarOptions, StallError, drop_subscription
+from cdc.backends.pulsar.admin import AdminClient
 from cdc.backends.pulsar.connection import open_client
 from cdc.backends.pulsar.errors import SequenceRangeError
 from cdc.backends.pulsar.records import sequence_of
@@ -286,6 +287,10 @@ def test_acknowledge_advances_the_subscription_and_cleanup_removes_it(
         client.close()
     opts = PulsarOptions.model_validate({"service.url": broker.url, "topic": topic, "subscription.name": sub})
     assert drop_subscription(opts) == [topic]
+    admin = AdminClient(broker.admin_url)
+    channels = list(end["channels"])
+    assert channels and all(sub not in admin.get(f"/admin/v2/persistent/{c.split('://', 1)[1]}/subscriptions")
+                            for c in channels)  # gone from every partition
 
 
 def test_module_commands_start_a_broker_and_drop_a_subscription(lite_topic: str) -> None:
