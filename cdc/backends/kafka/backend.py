@@ -232,12 +232,18 @@ class KafkaBackend(Backend):
             doc = json.loads(value)
             if isinstance(doc.get("payload"), dict) and doc["payload"].get("op") == "t":
                 return None  # a truncate's schema has no row
-            return record_schema_of(doc["schema"]), True
+            if "schema" in doc or "op" not in doc:  # else an envelope without schema: see below
+                return record_schema_of(doc["schema"]), True
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise OptionError(
                 f"option 'valueSchema' is required: {part.id} offset {offset} carries no row schema ({exc}); give "
                 "option valueSchema, or write events with schemas (converter schemas.enable=true)", "valueSchema"
             ) from None
+        raise OptionError(
+            f"option 'valueSchema' is required: {part.id} offset {offset} is a Debezium event without a schema (JSON "
+            "converter with schemas.enable=false), so nothing gives its columns' types; give option valueSchema, the "
+            'row\'s record schema ({"type": "record", "name": ..., "fields": [{"name": ..., "type": ...}, ...]}), or '
+            "write events with schemas (schemas.enable=true)", "valueSchema")
 
     def close(self) -> None:
         try:
