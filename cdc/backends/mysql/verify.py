@@ -25,16 +25,22 @@ with ``exclude``). A chunk's digest is one ``MD5`` over ``GROUP_CONCAT`` of its 
 key (the server's order, collations included).
 
 **Sessions.** MariaDB cannot hand a read view to another connection, so :meth:`MySQLRead.shared` is the same
-session, its queries taken in turn. Key values are bound parameters (``JSON_TABLE`` over one JSON parameter
-when the server sorts or places many keys); nothing from the data becomes SQL text.
+session, its queries taken in turn. Delta keys are sorted and placed into chunks in Python by sort keys that
+order as the server does: numbers, dates and times by value, binary keys by their bytes, text keys by their
+collation's ``WEIGHT_STRING``, which the server computes for a few thousand distinct texts per query (a
+``JSON_TABLE`` over one JSON parameter). Key values are bound parameters; nothing from the data becomes SQL
+text.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -74,6 +80,7 @@ _BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblo
                            "tinytext", "text", "mediumtext", "longtext"})
 """The data types whose bytes MariaDB shows as the backend carries them (a text type of the binary charset)."""
 _KEY_KINDS = frozenset({INT, YEAR, DECIMAL, DATE, DATETIME, TIMESTAMP, TEXT, BINARY})
+_WEIGHTS_PER_QUERY = 5_000
 
 
 def _float_bits(c: str, mantissa: int, bias: int, width: int) -> str:
@@ -368,16 +375,39 @@ class MySQLVerifySource:
         finally:
             conn.close()
 
-    def _server_keys(self, keys_: pa.Table) -> list[list[str]]:
-        return [[c.text(v) for c, v in zip(self.key_columns, row, strict=True)]
-                for row in zip(*(keys_.column(i).to_pylist() for i in range(len(self.key_columns))), strict=True)]
+    def _sort_keys(self, texts: Sequence[Sequence[str]]) -> list[tuple[Any, ...]]:
+        """Keys (their columns' text forms) as tuples Python orders as the server orders the keys: numbers, dates
+        and times as their values, binary strings as their bytes, text as its collation's sort key (the server's
+        ``WEIGHT_STRING``)."""
+        columns: list[list[Any]] = []
+        for i, c in enumerate(self.key_columns):
+            values = [t[i] for t in texts]
+            if c.kind == TEXT:
+                columns.append(self._weights(c, values))
+            elif c.kind in (INT, YEAR):
+                columns.append([int(v) for v in values])
+            elif c.kind == DECIMAL:
+                columns.append([Decimal(v) for v in values])
+            elif c.kind in (DATE, DATETIME, TIMESTAMP):  # dates as midnight: one column is of one kind
+                columns.append([datetime.fromisoformat(v).replace(tzinfo=None) for v in values])
+            else:
+                columns.append([bytes.fromhex(v) for v in values])
+        return list(zip(*columns, strict=True))
 
-    def _json_table(self, alias: str) -> str:
-        columns = ", ".join(f"k{i} LONGTEXT PATH '$[{i}]'" for i in range(len(self.key_columns)))
-        return f"JSON_TABLE(%s, '$[*]' COLUMNS(ord FOR ORDINALITY, {columns})) AS {alias}"
+    def _weights(self, c: KeyColumn, values: Sequence[str]) -> list[bytes]:
+        """Each text's sort key under ``c``'s collation, from the server, a few thousand distinct texts a query."""
+        distinct = sorted(set(values))
+        found: dict[str, bytes] = {}
+        for lo in range(0, len(distinct), _WEIGHTS_PER_QUERY):
+            part = distinct[lo:lo + _WEIGHTS_PER_QUERY]
+            got = self._query(f"SELECT j.ord, WEIGHT_STRING({_typed(c, 'j.v')}) FROM JSON_TABLE(%s, '$[*]' COLUMNS("
+                              "ord FOR ORDINALITY, v LONGTEXT PATH '$')) AS j", [json.dumps(part)])
+            found.update((part[int(o) - 1], bytes(w)) for o, w in got)
+        return [found[v] for v in values]
 
-    def _row(self, alias: str) -> str:
-        return "(" + ", ".join(_typed(c, f"{alias}.k{i}") for i, c in enumerate(self.key_columns)) + ")"
+    def _texts(self, keys_: pa.Table) -> list[tuple[str, ...]]:
+        columns = [[c.text(v) for v in keys_.column(i).to_pylist()] for i, c in enumerate(self.key_columns)]
+        return list(zip(*columns, strict=True))
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self.lock:
@@ -390,22 +420,18 @@ class MySQLVerifySource:
             values = keys_.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
             placed: np.ndarray = np.searchsorted(bounds, values, side="left").astype(np.int64)
             return placed
-        # Any other key: the server places each key among the bounds (its chunk is the number of bounds below it),
-        # both cast to the key columns' types and collations.
-        got = self._query(f"SELECT (SELECT COUNT(*) FROM {self._json_table('b')} WHERE {self._row('b')} < "
-                          f"{self._row('k')}) FROM {self._json_table('k')} ORDER BY k.ord",
-                          [json.dumps([list(u) for u in uppers]), json.dumps(self._server_keys(keys_))])
-        return np.array([int(_text(r[0])) for r in got], dtype=np.int64)
+        # Any other key: its chunk is the number of bounds below it, in the server's order.
+        sorted_bounds = self._sort_keys(uppers)
+        return np.array([bisect.bisect_left(sorted_bounds, k) for k in self._sort_keys(self._texts(keys_))],
+                        dtype=np.int64)
 
     def order(self, keys_: pa.Table) -> np.ndarray:
         if self.integer_key:
             values = keys_.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
             ordered: np.ndarray = np.argsort(values, kind="stable")
             return ordered
-        typed = ", ".join(_typed(c, f"k.k{i}") for i, c in enumerate(self.key_columns))
-        got = self._query(f"SELECT k.ord - 1 FROM {self._json_table('k')} ORDER BY {typed}",
-                          [json.dumps(self._server_keys(keys_))])
-        return np.array([int(_text(r[0])) for r in got], dtype=np.int64)
+        sort_keys = self._sort_keys(self._texts(keys_))
+        return np.array(sorted(range(len(sort_keys)), key=sort_keys.__getitem__), dtype=np.int64)
 
     def range_filter(self, ranges: Sequence[Range]) -> ds.Expression | None:
         if not self.integer_key or not ranges:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from cdc.cli import main
 from cdc.testing import batches
 from cdc.verify.compare import _Bisect
 from sinks.delta import DeltaUpsertSink
-from tests.backends.mysql.harness import MySQLHarness
+from tests.backends.mysql.harness import MySQLHarness, connect
 
 _TYPES = """CREATE TABLE typed (
     k VARCHAR(40) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci PRIMARY KEY,
@@ -149,5 +150,97 @@ def test_every_streamed_type_hashes_alike_and_tampered_keys_are_named(
         assert bad.exit_code == 2 and "--slot is for --backend postgres" in bad.output
         bad = _verify(table, path, "--dsn", dsn, "--checkpoint", str(tmp_path / "nock"))
         assert bad.exit_code == 2 and "--checkpoint: " in bad.output and "no committed batch" in bad.output, bad.output
+    finally:
+        h.close()
+
+
+def test_untampered_is_equal_while_a_writer_runs(mysql_dsn: str, tmp_path: Path) -> None:
+    """Reads at consistent snapshots, compared once the checkpoint's committed batch has passed their position:
+    a table under writes, followed by the pipeline, is equal (chunks that differed while the pipeline was behind
+    are settled by re-checks)."""
+    h = MySQLHarness(mysql_dsn)
+    stop = threading.Event()
+    try:
+        h.execute("INSERT INTO items SELECT seq, CONCAT('v', seq), seq FROM seq_0_to_1499")
+        path, ck = str(tmp_path / "items"), tmp_path / "checkpoint"
+        sink = DeltaUpsertSink(path, keys=["id"])
+        backend = h.backend()
+        state: dict[str, Any] = {}
+        state["offset"], state["batch"] = _pipeline(backend, sink, ck)
+        failures: list[BaseException] = []
+
+        def writer() -> None:
+            rng = random.Random(3)
+            conn = connect(mysql_dsn)
+            try:
+                while not stop.is_set():
+                    conn.begin()
+                    with conn.cursor() as cur:
+                        for _ in range(5):
+                            k = rng.randrange(1800)
+                            if rng.random() < 0.8:
+                                cur.execute("INSERT INTO items VALUES (%s, %s, %s) ON DUPLICATE KEY UPDATE "
+                                            "v = VALUES(v), n = VALUES(n)", (k, f"w'\\{rng.random()}", k))
+                            else:
+                                cur.execute("DELETE FROM items WHERE id = %s", (k,))
+                    conn.commit()
+            finally:
+                conn.close()
+
+        def pipeline() -> None:
+            try:
+                while not stop.is_set():
+                    state["offset"], state["batch"] = _pipeline(backend, sink, ck, state["offset"], state["batch"])
+            except BaseException as e:  # surfaced below
+                failures.append(e)
+
+        threads = [threading.Thread(target=writer), threading.Thread(target=pipeline)]
+        for t in threads:
+            t.start()
+        table = f"{h.database}.items"
+        outcomes = [_verify(table, path, "--dsn", mysql_dsn, "--checkpoint", str(ck), "--chunk-rows", "300",
+                            "--rechecks", "5", "--json") for _ in range(3)]
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not failures, failures
+        for got in outcomes:
+            assert got.exit_code == 0, got.output
+            assert json.loads(got.output)["equal"] is True
+        # The writer kept the pipeline behind: chunks differed at the first read and were settled by re-checks.
+        assert any(json.loads(got.output)["rechecks"] for got in outcomes), [got.output for got in outcomes]
+    finally:
+        stop.set()
+        h.close()
+
+
+def test_a_composite_key_of_every_key_type(mysql_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key of BIGINT UNSIGNED (a decimal in Delta), text under a collation, DATE, DATETIME, binary and DECIMAL
+    columns: chunks, sub-ranges and the Delta rows' order and placement follow the server's order."""
+    monkeypatch.setattr(_Bisect, "LEAF", 3)
+    h = MySQLHarness(mysql_dsn, tables=("multi",), create=False)
+    try:
+        h.execute("CREATE TABLE multi (bu BIGINT UNSIGNED, t VARCHAR(10) COLLATE utf8mb4_general_ci, day DATE, "
+                  "at DATETIME(3), raw VARBINARY(4), d DECIMAL(6, 2), v INT, PRIMARY KEY (bu, t, day, at, raw, d))")
+        rng = random.Random(5)
+        rows = {(rng.choice([1, 2**63 + 5, 2**64 - 1]), rng.choice(["a", "B", "c", "É", "e"]),
+                 rng.choice(["1999-01-01", "2026-11-27"]), rng.choice(["2026-01-01 00:00:00", "2026-01-01 00:00:00.5"]),
+                 bytes([rng.randrange(256)]), rng.choice(["-1.50", "0.05", "10.00"])) for _ in range(80)}
+        for n, row in enumerate(sorted(rows)):
+            h.execute("INSERT INTO multi VALUES (%s, %s, %s, %s, %s, %s, %s)", (*row, n))
+        path, ck = str(tmp_path / "multi"), tmp_path / "checkpoint"
+        _pipeline(h.backend(), DeltaUpsertSink(path, keys=["bu", "t", "day", "at", "raw", "d"]), ck)
+        table, at = f"{h.database}.multi", ["--dsn", mysql_dsn, "--checkpoint", str(ck), "--chunk-rows", "7"]
+        equal = _verify(table, path, *at)
+        assert equal.exit_code == 0 and ", 0 re-checks" in equal.output, equal.output
+        delta = DeltaTable(path).to_pyarrow_table()
+        picked = delta.slice(len(rows) // 2, 1).to_pylist()[0]
+        changed = pc.if_else(pc.equal(delta.column("v"), picked["v"]), -1, delta.column("v"))
+        write_deltalake(path, delta.set_column(delta.schema.get_field_index("v"), "v", changed), mode="overwrite")
+        got = _verify(table, path, *at, "--json")
+        assert got.exit_code == 1, got.output
+        [diff] = [r for c in json.loads(got.output)["differences"] for r in c["rows"]]
+        assert diff["kind"] == "changed" and diff["source"]["v"] == picked["v"] and diff["delta"]["v"] == -1
+        assert diff["key"][:2] == [str(picked["bu"]), picked["t"]] and diff["key"][4] == picked["raw"].hex()
     finally:
         h.close()
