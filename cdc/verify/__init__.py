@@ -2,7 +2,7 @@
 
 :mod:`.canonical` is the row encoding and hash both sides compute; :mod:`.compare` the reconciliation and the
 interface a backend implements (:class:`~.compare.VerifySource`); :mod:`.cli` the command. PostgreSQL's side is
-:mod:`cdc.backends.postgres.verify`.
+:mod:`cdc.backends.postgres.verify`, MariaDB's :mod:`cdc.backends.mysql.verify`.
 """
 
 from __future__ import annotations

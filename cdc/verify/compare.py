@@ -8,8 +8,8 @@ version of the table.
 
 **A consistent point while writes continue.** A source read at a snapshot names two positions: ``before``,
 below every change it may not see, and ``after``, above every change it sees. When the pipeline's committed
-position is known (``VerifySource.pipeline_position``: PostgreSQL reads the query's replication slot), a
-re-check reads the Delta table only once the pipeline has passed ``after`` (or has not moved for ``idle``
+position is known (``VerifySource.pipeline_position``: PostgreSQL reads the query's replication slot, MariaDB
+the query's checkpoint), a re-check reads the Delta table only once the pipeline has passed ``after`` (or has not moved for ``idle``
 seconds: a query whose tables see no changes runs no batch, so its position stays put): every change the
 source read sees is then in the Delta table. The first read of all chunks does not wait. Changes the Delta table holds that the source read did not see yet are told by the row's
 sequence column (``_seq``): a Delta row with a sequence at or above ``before`` was written by a change newer
@@ -103,7 +103,7 @@ class SourceRead(Protocol):
 
 class VerifySource(Protocol):
     """What a backend provides for ``cdc verify`` (PostgreSQL: :class:`cdc.backends.postgres.verify.
-    PostgresVerifySource`)."""
+    PostgresVerifySource`; MariaDB: :class:`cdc.backends.mysql.verify.MySQLVerifySource`)."""
 
     table: str
     columns: tuple[str, ...]
