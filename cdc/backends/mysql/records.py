@@ -41,6 +41,7 @@ from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import TableMapEvent
 
 from cdc.backends.mysql.catalog import (
+    BINARY,
     ColumnType,
     TableInfo,
     binlog_type,
@@ -109,6 +110,9 @@ class ColumnSpec:
     labels: tuple[str, ...] = ()
     """``ENUM``: the labels, with ``''`` (MySQL's value for an invalid label) first; ``SET``: the labels."""
     fsp: int = 0
+    width: int = 0
+    """``BINARY(n)``: n. The binary log drops a fixed-length binary value's trailing zero bytes, which the column
+    holds (and a ``SELECT`` returns): they are put back."""
 
 
 class _Ctl:
@@ -166,8 +170,10 @@ def map_table(table: Any, keys: Sequence[str]) -> MappedTable:
             raise ServerSettingError(
                 f"the binary log does not name the columns of {table.schema}.{table.table}: set "
                 "binlog_row_metadata=FULL (a table map written before the setting changed)", "binlog_row_metadata")
-        specs.append(ColumnSpec(name, binlog_type(column), column.type, column.character_set_name, labels,
-                                getattr(column, "fsp", 0) or 0))
+        kind = binlog_type(column)
+        width = column.max_length if column.type == FIELD_TYPE.STRING and kind.kind == BINARY else 0
+        specs.append(ColumnSpec(name, kind, column.type, column.character_set_name, labels,
+                                getattr(column, "fsp", 0) or 0, width))
         op, arg = _reader(column)
         readers.append((1 << j, op, arg))
     index = {s.name: j for j, s in enumerate(specs)}

@@ -237,6 +237,8 @@ def convert(spec: ColumnSpec, raw: Sequence[Any], target: pa.DataType) -> pa.Arr
     if kind == TEXT:
         return _text(raw, spec.encoding)
     if kind == BINARY:
+        if spec.width:
+            return pa.array([None if v is None else v.ljust(spec.width, b"\0") for v in raw], pa.binary())
         return pa.array(raw, pa.binary())
     if kind == DATETIME:
         if t == FIELD_TYPE.DATETIME:

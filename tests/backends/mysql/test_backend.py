@@ -128,7 +128,7 @@ KINDS = """CREATE TABLE kinds (
   b1 BIT(1), b12 BIT(12), yr YEAR,
   day DATE, dtm DATETIME, dtm6 DATETIME(6), dtm3 DATETIME(3), ts TIMESTAMP(6) NULL DEFAULT NULL,
   tm TIME, tm6 TIME(6), e ENUM('a','b','c'), st SET('x','y','z'),
-  j JSON, bl BLOB, tx TEXT, vb VARBINARY(10), ch CHAR(5), lt VARCHAR(10) CHARACTER SET latin1, big LONGTEXT
+  j JSON, bl BLOB, tx TEXT, vb VARBINARY(10), fb BINARY(4), ch CHAR(5), lt VARCHAR(10) CHARACTER SET latin1, big LONGTEXT
 )"""
 TEXT_KEY = 'max "q" \\ \'é'
 BIG = "".join(chr(65 + (i * 7919) % 26) for i in range(100_000))
@@ -143,7 +143,8 @@ MAX_ROW = {
     "dtm3": dt.datetime(1000, 1, 1, 0, 0, 0, 500000, tzinfo=dt.UTC),
     "ts": dt.datetime(2024, 1, 2, 1, 4, 5, 500000, tzinfo=dt.UTC),  # written at +02:00
     "tm": "-838:59:59", "tm6": "12:34:56.000001", "e": "b", "st": "x,z", "j": '{"a": [1, "é"]}',
-    "bl": b"\x00\xff\x10", "tx": "😀 utf8mb4", "vb": b"\x01\x02", "ch": "ab", "lt": "café", "big": BIG,
+    "bl": b"\x00\xff\x10", "tx": "😀 utf8mb4", "vb": b"\x01\x02", "fb": b"a\x00b\x00", "ch": "ab", "lt": "café",
+    "big": BIG,
 }
 
 
