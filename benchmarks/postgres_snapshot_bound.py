@@ -7,9 +7,9 @@ see ``cdc/backends/postgres/snapshot.py``). The design that could be faster woul
 executors read PostgreSQL directly. This script measures that design's upper bound, stripped of everything
 the real source must add: no exported snapshot, no replication slot, no chunk file kept for replays, no
 change-model columns, no planning round trips: a minimal Python data source whose tasks each run
-``COPY (SELECT ... WHERE ctid in their page range) TO STDOUT (FORMAT csv)`` and yield the rows parsed by
-Arrow's CSV reader, through the snapshot's own chunk read (``chunks.copy_csv``: the parse overlapping the
-COPY), into Spark's ``noop`` sink, with 2 and 4
+``COPY (SELECT ... WHERE ctid in their page range) TO STDOUT (FORMAT binary)`` and yield the rows as Arrow
+columns, through the snapshot's own chunk read (``chunks.read_arrow``: the ADBC PostgreSQL driver), into
+Spark's ``noop`` sink, with 2 and 4
 tasks, twice each. ``COPY`` is measured before and after (the mean is the reference).
 
 Last line: ``ratio <best direct read rows/s / COPY rows/s>``. If it is below 0.5, no overlap of export and
@@ -48,18 +48,16 @@ class DirectReader(DataSourceReader):
         return [InputPartition((i * step, (i + 1) * step if i < tasks - 1 else None)) for i in range(tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        import psycopg
         from psycopg import sql
 
-        from cdc.backends.postgres.chunks import copy_csv
+        from cdc.backends.postgres.chunks import read_arrow
 
         lo, hi = partition.value  # type: ignore[attr-defined]
         where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({lo},0)"))
         if hi is not None:
             where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({hi},0)"))
-        # The snapshot's own chunk read: COPY ... (FORMAT csv) parsed by Arrow while PostgreSQL still sends.
-        with psycopg.connect(self.options["dsn"]) as conn:
-            data = copy_csv(conn, self.table, where, self.table.arrow_schema())
+        # The snapshot's own chunk read: COPY's binary format turned into Arrow columns by the ADBC driver.
+        data = read_arrow(self.options["dsn"], None, self.table, where, (), self.table.arrow_schema())
         yield from data.to_batches(65_536)
 
 

@@ -60,12 +60,11 @@ def delta_copy(dsn: str, path: str) -> None:
     from psycopg import sql
 
     from cdc.backends.postgres import catalog
-    from cdc.backends.postgres.chunks import copy_csv
+    from cdc.backends.postgres.chunks import read_arrow
 
     with psycopg.connect(dsn) as conn:
         info = catalog.describe(conn, "public.bench")
-        with conn.transaction():
-            table = copy_csv(conn, info, sql.SQL("true"), info.arrow_schema())
+    table = read_arrow(dsn, None, info, sql.SQL("true"), (), info.arrow_schema())
     table = table.append_column("_seq", pa.array([0] * table.num_rows, pa.int64()))
     write_deltalake(path, table, mode="overwrite")
 

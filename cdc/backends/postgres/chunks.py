@@ -1,29 +1,29 @@
 """Reading a table's rows at an exported snapshot: the executor side of both snapshot modes.
 
 A connection imports the snapshot (``SET TRANSACTION SNAPSHOT`` in a ``REPEATABLE READ READ ONLY``
-transaction: one chunk's read long) and reads the rows of a condition: a typed table without ``bytea`` columns
-through ``COPY ... TO STDOUT (FORMAT csv)`` parsed by Arrow's C++ CSV reader (no Python per row or value),
-others through a binary cursor whose values psycopg's C loaders decode. The rows become change records
+transaction: one chunk's read long) and reads the rows of a condition: a typed table through the ADBC PostgreSQL
+driver, which turns ``COPY``'s binary format into Arrow columns in C (no Python per row or value), a table of
+the JSON layout through a cursor. The rows become change records
 ``_op = snapshot`` with the ``_seq`` their snapshot's rule gives.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
 from cdc.backends.postgres import connection
-from cdc.backends.postgres.catalog import BYTEA, TIMESTAMP, TableInfo, arrow_type
+from cdc.backends.postgres.catalog import TIMESTAMP, TableInfo, arrow_type
 from cdc.backends.postgres.pgoutput import Column, Relation
 from cdc.backends.postgres.records import Layout, Record
+from cdc.errors import MalformedRecordError
 from cdc.model import Op
 from cdc.snapshots.rows import meta_column as _column
 
@@ -44,55 +44,56 @@ def select_column(column: tuple[str, int, int], typed: bool) -> sql.Composable:
     return ident
 
 
-def copy_csv(conn: Any, table: TableInfo, where: sql.Composable, schema: pa.Schema) -> pa.Table:
-    """A chunk of a typed table through ``COPY ... TO STDOUT (FORMAT csv)``, parsed by Arrow's C++ CSV reader
-    with the columns' types: no Python per row or value."""
-    import pyarrow.csv as pacsv
+# The earliest day and microsecond PostgreSQL stores (4714-11-24 BC) in Arrow's units since 1970. The ADBC
+# driver moves PostgreSQL's binary values (counted from 2000) to 1970 without an overflow check, so 'infinity',
+# '-infinity' and values past Arrow's range (a timestamp after 294247 AD) arrive wrapped around, below these.
+_FIRST_DAY = -2_440_588
+_FIRST_MICROSECOND = _FIRST_DAY * 86_400_000_000
 
-    types: dict[str, pa.DataType] = {}
-    for name, oid, _ in table.columns:
-        # Timestamps travel in ISO text, which Arrow parses: with offsets (the session is in UTC) for
-        # timestamptz, naive ones cast as UTC below (extract(epoch) would compute a numeric per value).
-        types[name] = pa.timestamp("us") if oid == TIMESTAMP else schema.field(name).type
-    conn.execute("SET LOCAL timezone = 'UTC'")
-    conn.execute("SET LOCAL datestyle = 'ISO, YMD'")
-    query = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT csv)").format(
-        sql.SQL(", ").join(sql.Identifier(c[0]) for c in table.columns),
-        sql.Identifier(*table.name.split(".", 1)), where)
-    names = [c[0] for c in table.columns]
-    options = {
-        "read_options": pacsv.ReadOptions(column_names=names, block_size=1 << 20),
-        # PostgreSQL's CSV writes NULL as an unquoted empty field and an empty string as "": only the former
-        # is null (Arrow's default markers would turn the texts 'NULL', 'NaN' or 'N/A' into nulls).
-        "convert_options": pacsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=True,
-                                                quoted_strings_can_be_null=False, true_values=["t"],
-                                                false_values=["f"]),
-    }
-    # Arrow parses while PostgreSQL still sends: the CSV flows through a pipe into the reader's own threads
-    # (which release the GIL), so a chunk costs about max(COPY, parse) rather than their sum (parsing is
-    # ~40% of the COPY's time: measured).
-    read_end, write_end = os.pipe()
 
-    def parse() -> pa.Table:
-        with os.fdopen(read_end, "rb") as stream:  # closing it on a parse error stops the COPY below
-            return pacsv.read_csv(pa.PythonFile(stream, mode="r"), **options)
+def read_arrow(dsn: str, snapshot: str | None, table: TableInfo, where: sql.Composable, settings: Sequence[tuple[str, str]],
+               schema: pa.Schema) -> pa.Table:
+    """The rows of ``where`` in a typed table as of the exported ``snapshot`` (None: as of the read's start),
+    through the ADBC PostgreSQL driver:
+    the server sends ``COPY``'s binary format and the driver builds the Arrow columns in C (no text to format
+    or parse, no Python per row or value). ``where`` reads its bounds from the transaction-local ``settings``
+    (name, value), bound as parameters: a ``COPY`` takes none, and values never become SQL text."""
+    import adbc_driver_postgresql.dbapi as adbc
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        parsed_future = pool.submit(parse)
-        sent = 0
-        try:
-            with os.fdopen(write_end, "wb") as pipe, conn.cursor() as cur, cur.copy(query) as copy:
-                for block in copy:
-                    pipe.write(block)
-                    sent += len(block)
-        except BrokenPipeError:
-            parsed_future.result()  # the parser's error
-            raise
-        if not sent:
-            parsed_future.cancel()
-            return pa.table({n: pa.array([], type=schema.field(n).type) for n in names})
-        parsed = parsed_future.result()
-    return pa.table({n: parsed.column(n).cast(schema.field(n).type) for n in names})
+    cols = sql.SQL(", ").join(sql.SQL("{} AS {}").format(select_column(c, True), sql.Identifier(c[0]))
+                              for c in table.columns)
+    query = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, sql.Identifier(*table.name.split(".", 1)), where)
+    pairs = [("application_name", "cdc-tunnel"), *settings]
+    with adbc.connect(dsn) as conn, conn.cursor() as cur:  # not autocommit: the statements share a transaction
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        if snapshot is not None:
+            cur.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)).as_string(None))
+        calls = ", ".join(f"set_config(${2 * i + 1}, ${2 * i + 2}, true)" for i in range(len(pairs)))
+        cur.execute(f"SELECT {calls}", parameters=[v for pair in pairs for v in pair])
+        cur.fetchall()
+        cur.execute(query.as_string(None))
+        data = cur.fetch_arrow_table()
+        conn.rollback()
+    return pa.table({name: _typed(table, name, data.column(name), schema.field(name).type) for name in data.column_names})
+
+
+def _typed(table: TableInfo, name: str, column: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    """A column as the driver gave it, in the layout's type; a value the type cannot hold fails naming it."""
+    if isinstance(column.type, pa.ExtensionType):  # numeric: text the driver marks as PostgreSQL's
+        column = pa.chunked_array([c.storage for c in column.chunks], column.type.storage_type)
+    first = _FIRST_DAY if pa.types.is_date32(column.type) else (
+        _FIRST_MICROSECOND if pa.types.is_timestamp(column.type) else None)
+    if first is not None and column.null_count < len(column):
+        low = pc.min(column.cast(pa.int32() if pa.types.is_date32(column.type) else pa.int64())).as_py()
+        if low < first:
+            raise MalformedRecordError(
+                f"column {name!r} of table {table.name} holds 'infinity', '-infinity' or a value past the range "
+                f"of {target} (Arrow's, and Spark's): exclude the column or cap its values")
+    try:
+        return column.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise MalformedRecordError(f"column {name!r} of table {table.name}: a value does not fit {target} "
+                                   f"({exc})") from None
 
 
 def typed_batch(
@@ -127,9 +128,9 @@ def at_snapshot(dsn: str, snapshot: str) -> Iterator[psycopg.Connection[Any]]:
                 conn.execute("COMMIT")
 
 
-def copies(layout: Layout, table: TableInfo) -> bool:
-    """Whether the table's rows are read through ``COPY`` (typed, no ``bytea``) rather than a cursor."""
-    return layout.typed and not any(oid == BYTEA for _, oid, _ in table.columns)
+def reads_arrow(layout: Layout, table: TableInfo) -> bool:
+    """Whether the table's rows are read through :func:`read_arrow` (the typed layout) rather than a cursor."""
+    return layout.typed
 
 
 def fetch_rows(

@@ -38,7 +38,7 @@ from psycopg import sql
 
 from cdc.backends.postgres import connection
 from cdc.backends.postgres.catalog import TableInfo
-from cdc.backends.postgres.chunks import copies, copy_csv, relation, select_column, typed_batch
+from cdc.backends.postgres.chunks import read_arrow, reads_arrow, relation, select_column, typed_batch
 from cdc.backends.postgres.positions import pack
 from cdc.backends.postgres.records import Layout, Record
 from cdc.model import Op
@@ -144,20 +144,19 @@ def _read_chunk(
     cols = sql.SQL(", ").join(select_column(c, typed) for c in table.columns)
     query = sql.SQL("SELECT {} FROM {} WHERE " + cond).format(cols, sql.Identifier(*table.name.split(".", 1)))
     rel = relation(table)
+    if reads_arrow(layout, table):
+        where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({lo},0)"))
+        if hi is not None:
+            where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({hi},0)"))
+        data = read_arrow(dsn, exported, table, where, (), schema)
+        with pa.OSFile(str(path) + ".tmp", "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            writer.write_table(with_meta(schema, data, channel, seq, when), max_chunksize=65_536)
+        os.replace(str(path) + ".tmp", path)
+        return channel, data.num_rows
     rows = 0
     with connection.connect(dsn) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(exported)))
-        if copies(layout, table):
-            where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({lo},0)"))
-            if hi is not None:
-                where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({hi},0)"))
-            data = copy_csv(conn, table, where, schema)
-            with pa.OSFile(str(path) + ".tmp", "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-                writer.write_table(with_meta(schema, data, channel, seq, when), max_chunksize=65_536)
-            conn.execute("COMMIT")
-            os.replace(str(path) + ".tmp", path)
-            return channel, data.num_rows
         with conn.cursor(binary=typed) as cur, pa.OSFile(str(path) + ".tmp", "wb") as sink:
             with pa.ipc.new_file(sink, schema) as writer:
                 cur.execute(query, params)

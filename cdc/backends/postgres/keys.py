@@ -108,7 +108,7 @@ def range_condition(
     columns: Sequence[KeyColumn], after: Key | None, upto: Key | None, *, as_settings: bool = False
 ) -> tuple[sql.Composable, list[str]]:
     """``(key) > (after) AND (key) <= (upto)`` and its parameters (the keys' texts in order); with
-    ``as_settings`` the bounds are read from settings that :func:`apply_settings` sets from the same values."""
+    ``as_settings`` the bounds are read from the settings :func:`setting_values` names."""
     parts: list[sql.Composable] = []
     params: list[str] = []
     n = len(columns)
@@ -121,11 +121,10 @@ def range_condition(
     return (sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")), params
 
 
-def apply_settings(conn: psycopg.Connection[Any], after: Key | None, upto: Key | None) -> None:
-    """Set the transaction-local settings :func:`range_condition` reads with ``as_settings``."""
-    for prefix, key in (("after", after), ("upto", upto)):
-        for i, value in enumerate(key or ()):
-            conn.execute("SELECT set_config(%s, %s, true)", (f"cdc.{prefix}_{i}", value))
+def setting_values(after: Key | None, upto: Key | None) -> list[tuple[str, str]]:
+    """The (name, value) of each transaction-local setting :func:`range_condition` reads with ``as_settings``."""
+    return [(f"cdc.{prefix}_{i}", value) for prefix, key in (("after", after), ("upto", upto))
+            for i, value in enumerate(key or ())]
 
 
 def next_bounds(

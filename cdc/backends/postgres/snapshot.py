@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import adbc_driver_manager as adbc_errors
 import psycopg
 import pyarrow as pa
 from psycopg import sql
@@ -46,7 +47,7 @@ from cdc.backend import PlannedRange
 from cdc.backends.postgres import connection, keys
 from cdc.backends.postgres.catalog import TableInfo
 from cdc.backends.postgres.changes import decode_changes
-from cdc.backends.postgres.chunks import at_snapshot, copies, copy_csv, fetch_rows, now
+from cdc.backends.postgres.chunks import at_snapshot, fetch_rows, now, read_arrow, reads_arrow
 from cdc.backends.postgres.errors import CutLostError
 from cdc.backends.postgres.keys import KeyColumn
 from cdc.backends.postgres.positions import CHANGES, boundary_after, lsn_of, pack
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
     from cdc.backends.postgres.backend import PostgresBackend
 
 log = logging.getLogger(__name__)
+
+INVALID_PARAMETER_VALUE = "22023"  # SQLSTATE of SET TRANSACTION SNAPSHOT when the snapshot is gone
 
 START_FILE = "chunked.json"
 REKEYED = "rekeyed"
@@ -113,19 +116,22 @@ class ChunkedReads:
         columns = self.key_columns[table]
         channel = CHUNK_PREFIX + table
         schema = self.layout.arrow_schema()
+        dsn = self.dsn.get_secret_value()
         try:
-            with at_snapshot(self.dsn.get_secret_value(), snapshot) as conn:
-                if copies(self.layout, info):
-                    keys.apply_settings(conn, after, upto)  # COPY takes no parameters: the bounds are settings
-                    cond, _ = keys.range_condition(columns, after, upto, as_settings=True)
-                    rows = with_meta(schema, copy_csv(conn, info, cond, schema), channel, cut.seq, now())
-                else:
+            if reads_arrow(self.layout, info):  # the bounds are settings: the driver's COPY takes no parameters
+                cond, _ = keys.range_condition(columns, after, upto, as_settings=True)
+                data = read_arrow(dsn, snapshot, info, cond, keys.setting_values(after, upto), schema)
+                rows = with_meta(schema, data, channel, cut.seq, now())
+            else:
+                with at_snapshot(dsn, snapshot) as conn:
                     cond, params = keys.range_condition(columns, after, upto)
                     rows = fetch_rows(conn, self.layout, info, cond, params, channel, cut.seq, now())
-        except psycopg.OperationalError as exc:
+        except (psycopg.OperationalError, adbc_errors.OperationalError) as exc:
             raise CutLostError(f"reading chunk {channel} at its cut failed: {exc}") from exc
-        except psycopg.errors.InvalidParameterValue as exc:  # the exported snapshot is gone
-            raise CutLostError(f"the cut of chunk {channel} is gone: {exc}") from exc
+        except (psycopg.errors.InvalidParameterValue, adbc_errors.DataError) as exc:
+            if getattr(exc, "sqlstate", INVALID_PARAMETER_VALUE) != INVALID_PARAMETER_VALUE:
+                raise
+            raise CutLostError(f"the cut of chunk {channel} is gone: {exc}") from exc  # the exported snapshot
         return store.put_once(int(planned.pos), name, rows, {"cut": json.dumps(cut.to_json())})[0]
 
     def read_changes(self, slot: str, publication: str, start: int, end: int,

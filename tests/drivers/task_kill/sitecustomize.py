@@ -13,17 +13,17 @@ if _FLAG:
     import sys
 
     def _patch(module):  # type: ignore[no-untyped-def]
-        copy_csv = module.copy_csv
+        read_arrow = module.read_arrow
 
-        def dying_copy(*args, **kwargs):  # type: ignore[no-untyped-def]
-            rows = copy_csv(*args, **kwargs)
+        def dying_read(*args, **kwargs):  # type: ignore[no-untyped-def]
+            rows = read_arrow(*args, **kwargs)
             try:
                 os.remove(_FLAG)
             except FileNotFoundError:
                 return rows
             os._exit(1)
 
-        module.copy_csv = dying_copy
+        module.read_arrow = dying_read
 
     class _Hook(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
