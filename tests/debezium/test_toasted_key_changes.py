@@ -3,9 +3,10 @@ tests/backends/postgres/test_toasted_key_changes.py (inserts, updates touching t
 changes once and twice, swaps, deletes, re-inserts) run on PostgreSQL under ``REPLICA IDENTITY DEFAULT``
 (Debezium sends its ``__debezium_unavailable_value`` placeholder for the unchanged text, and a key change as
 a delete, a tombstone and a create) and ``FULL`` (Debezium sends the values); Debezium's embedded engine
-(3.4.3, pgoutput) captures them, they go to Apache Pulsar as Debezium Server's Pulsar sink sends them, and a
-streaming query (``valueFormat=debezium``) applies them with ``DeltaUpsertSink`` on both engines and both
-SCD types. The Delta table must equal ``SELECT *``: never the placeholder, never a null PostgreSQL did not
+(pgoutput) captures them, they go to Apache Pulsar as Debezium Server's Pulsar sink sends them, and a
+streaming query (``valueFormat=debezium``) applies them with ``DeltaUpsertSink`` (delta-rs) under both SCD
+types; the placeholders become the change model's ``_unchanged`` columns, which the delta-spark engine meets
+from PostgreSQL's own stream in tests/backends/postgres/test_toasted_key_changes.py. The Delta table must equal ``SELECT *``: never the placeholder, never a null PostgreSQL did not
 hold.
 
 One engine captures one table for the whole module; each example works on keys of its own and publishes
@@ -97,27 +98,6 @@ def test_debezium_key_changes_keep_unchanged_toasted_values_in_delta(
     history: tuple[int, list[list[list[Op]]]], identity: str, scd_type: int,
 ) -> None:
     _stream(capture, apache_pulsar, spark, tmp_path_factory, "delta-rs", history, identity, scd_type)
-
-
-# delta-spark: one history, written out, with every kind of statement in one transaction phase under
-# REPLICA IDENTITY DEFAULT (the placeholder case), so that one batch holds an unchanged TOASTed value, a key
-# change, a chain of two, a swap, a delete and a re-insert. An example there costs a minute or more on 2 busy
-# cores; what is the engine's own is the merge of a batch the shared key-change rule resolved, the same
-# whichever source sent it (tests/backends/postgres/test_toasted_key_changes.py draws histories on delta-spark).
-EVERY_KIND = (4, [[
-    [Op("touch", 0, 11), Op("rekey", 1, 5)],
-    [Op("rekey_twice", 2, 1), Op("big", 3, 12)],
-    [Op("swap", 0, 2)],
-    [Op("delete", 1, 0), Op("delete_reinsert", 2, 13), Op("insert", 0, 7)],
-    [Op("rekey_touch", 3, 6), Op("touch", 1, 14)],
-]])
-
-
-@pytest.mark.spark
-def test_debezium_key_changes_keep_unchanged_toasted_values_in_delta_spark(
-    capture: Capture, apache_pulsar: ApachePulsar, spark: Any, tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    _stream(capture, apache_pulsar, spark, tmp_path_factory, "delta-spark", EVERY_KIND, "DEFAULT", 1)
 
 
 def _stream(capture: Capture, apache_pulsar: ApachePulsar, spark: Any, tmp_path_factory: pytest.TempPathFactory,

@@ -49,6 +49,16 @@ TRANSACTIONS = st.lists(st.lists(OPS, min_size=1, max_size=4), min_size=1, max_s
 #: draining after each phase.
 HISTORIES = st.tuples(st.integers(1, KEYS - 2), st.lists(TRANSACTIONS, min_size=1, max_size=2))
 
+# One history, written out: every kind of statement in one transaction phase, so that one batch holds an
+# unchanged TOASTed value, a key change, a chain of two, a swap, a delete and a re-insert.
+EVERY_KIND: tuple[int, list[list[list[Op]]]] = (4, [[
+    [Op("touch", 0, 11), Op("rekey", 1, 5)],
+    [Op("rekey_twice", 2, 1), Op("big", 3, 12)],
+    [Op("swap", 0, 2)],
+    [Op("delete", 1, 0), Op("delete_reinsert", 2, 13), Op("insert", 0, 7)],
+    [Op("rekey_touch", 3, 6), Op("touch", 1, 14)],
+]])
+
 
 @dataclass
 class History:
