@@ -459,7 +459,7 @@ class Planner:
         start = begin.to_json()
         ranges: list[ChannelRange] = []
         try:
-            for _ in range(1_000_000):
+            while True:  # every batch moves a cursor or the channel, towards fixed bounds
                 end = self.next(start, None, bounds)
                 if end == start:
                     break
