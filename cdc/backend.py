@@ -251,6 +251,14 @@ class Backend(ABC):
         and the options choose it; ``None`` (the default): :meth:`snapshot` takes an exported one."""
         return None
 
+    def chunked_batch_snapshot(self) -> ChunkedSnapshot | None:
+        """The chunked snapshot a *batch* read with ``startingOffsets=snapshot`` takes, where the backend's chunks
+        are read on the driver while their cut is held (:meth:`ChunkedSnapshot.prepare`), so that no cut has to
+        outlive planning (PySpark plans a batch read in a worker that exits before the tasks run). It keeps its
+        files apart from any streaming query's, and :meth:`chunked_snapshot` returns it from then on. ``None``
+        (the default): a batch read takes :meth:`snapshot`'s exported one."""
+        return None
+
     def average_record_bytes(self) -> float | None:
         """The average size of a record, in bytes, as far as the backend can tell now (``None``: it cannot).
 

@@ -8,7 +8,9 @@ pure function of its (start, end) offsets: a replay never has to ask the backend
 :meth:`~cdc.backend.Backend.chunked_snapshot`): the offset holds one cursor per table (:mod:`cdc.snapshots`);
 a batch that reads chunks opens a cut, ends its change range there and reads the next chunks at it, and
 every batch's change range holds back the keys no chunk has emitted yet. Changes flow between and alongside
-the chunks. **Exported** (:class:`~cdc.backend.SnapshotInfo`, and every batch read): its chunks enter the
+the chunks. A batch read plans such batches all at once where the driver reads the chunks
+(:meth:`Planner.chunked_batch`). **Exported** (:class:`~cdc.backend.SnapshotInfo`, and every other batch
+read): its chunks enter the
 offset as channels marked ``"snapshot": true``, and the change channels start at the cut. No change channel
 takes part in a batch until every snapshot chunk is ``done`` in the batch's start offset, so the full data
 arrives first, then every change after the cut: no gap (the cut is consistent), no duplicate (a change is
@@ -45,7 +47,7 @@ from cdc.backend import Backend, ChannelInfo
 from cdc.channels import ChannelRange, Position
 from cdc.errors import DataLossError, OptionError, PositionError
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
-from cdc.snapshots.planning import ChunkedSnapshot, advance, chunk_ranges, expire, hold_window
+from cdc.snapshots.planning import CHUNK_PREFIX, ChunkedSnapshot, advance, chunk_ranges, expire, hold_window
 from cdc.snapshots.state import SnapshotState, TableCursor, with_late
 
 log = logging.getLogger(__name__)
@@ -329,7 +331,8 @@ class Planner:
         """The offset a new query starts from: ``earliest``, ``latest``, ``snapshot`` or JSON per channel; or,
         given ``at`` (``startingTimestamp``), each channel's first record committed at or after it. A ``batch``
         read takes an exported snapshot even where the backend offers chunked ones: its plan cannot hold a cut
-        while the executors read (PySpark plans a batch read in a worker that exits before they run).
+        while the executors read (PySpark plans a batch read in a worker that exits before they run); a backend
+        whose driver reads the chunks plans its batch read with :meth:`chunked_batch` instead.
 
         A snapshot start asks the backend for nothing before :meth:`~cdc.backend.Backend.snapshot`, which
         sets the change log's start up itself (PostgreSQL creates its slot there, with the export); every
@@ -432,6 +435,46 @@ class Planner:
                 f"a batch read cannot end before it starts (option {option!r}): {'; '.join(backwards)}", option
             )
         return end
+
+    def chunked_batch(self, chunked: ChunkedSnapshot, ending: str, at: datetime | None = None) -> list[ChannelRange]:
+        """The ranges of a batch read from ``startingOffsets=snapshot`` through a chunked snapshot whose chunks the
+        driver reads (:meth:`~cdc.backend.Backend.chunked_batch_snapshot`): exactly the batches a streaming query
+        started with the snapshot would run, without a record budget, until the snapshot is done and its change
+        channel reached ``ending`` (``endingOffsets``, or ``at``: ``endingTimestamp``). Each of them reads up to
+        ``chunks_per_batch`` chunks at its own cut, read here (:meth:`ChunkedSnapshot.prepare`) while the cut is
+        held; the change ranges between cuts hold back the keys not emitted yet, as a stream's do.
+
+        The read ends at the later of ``ending`` and the last cut: the rows read at a cut hold every change
+        before it, so the changes up to it belong to the read. An ``ending`` position before the snapshot's start
+        is refused, naming both."""
+        begin = self._initial_chunked(chunked)
+        cid = chunked.channel
+        first = begin.channels[cid].pos
+        bounds, given = self._bounds(ending, at, batch=True)
+        if cid in given and int(bounds[cid]) < int(first):
+            option = "endingOffsets" if at is None else "endingTimestamp"
+            raise OptionError(
+                f"a batch read cannot end before it starts (option {option!r}): channel {cid!r}: {option} position "
+                f"{bounds[cid]!r} is before the snapshot's position {first!r}", option)
+        start = begin.to_json()
+        ranges: list[ChannelRange] = []
+        try:
+            while True:  # every batch moves a cursor or the channel, towards fixed bounds
+                end = self.next(start, None, bounds)
+                if end == start:
+                    break
+                batch = self.ranges(start, end)
+                chunked.prepare(batch)  # at the cut the planning just opened, before the next one replaces it
+                ranges += batch
+                start = end
+        finally:
+            chunked.close_cut()
+        state = Offset.from_json(start).snapshot
+        if state is not None and state.pending:
+            raise PositionError(f"the snapshot of {sorted(state.tables)} stopped before its last chunk")
+        log.info("batch read of a chunked snapshot: %d ranges, %d of them chunks, up to %s", len(ranges),
+                 sum(1 for r in ranges if r.channel.startswith(CHUNK_PREFIX)), Offset.from_json(start).positions())
+        return ranges
 
     # ------------------------------------------------------------------ planning
     def next(

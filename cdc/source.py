@@ -121,6 +121,9 @@ class _ReaderBase:
             chunked = self.backend.chunked_snapshot()
             if chunked is not None:
                 chunked.prepare(ranges)  # a replayed batch whose cut is gone gets one to read at
+        return self._pieces(ranges)
+
+    def _pieces(self, ranges: list[ChannelRange]) -> list[ChannelPartition]:
         pieces = split_ranges(ranges, self._config.source.min_partitions, self.backend)
         reader = self.backend.reader()
         return [ChannelPartition(r, reader) for r in pieces]
@@ -250,6 +253,11 @@ class CdcBatchReader(_ReaderBase, DataSourceReader):
                 "option 'startingOffsets': 'latest' is not allowed for batch reads; accepted values: earliest, JSON",
                 "startingOffsets",
             )
+        if source.starting_time is None and source.starting_offsets.strip().lower() == "snapshot":
+            chunked = self.backend.chunked_batch_snapshot()
+            if chunked is not None:  # the driver reads the chunks here, at their cuts; the tasks read its files
+                ranges = self.planner.chunked_batch(chunked, source.ending_offsets, source.ending_time)
+                return self._pieces(ranges)
         start = self.planner.initial(source.starting_offsets, source.starting_time, batch=True)
         return self._partitions(start, self.planner.batch_end(start, source.ending_offsets, source.ending_time))
 

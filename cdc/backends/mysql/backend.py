@@ -259,6 +259,15 @@ class MySQLBackend(Backend):
             self._chunked = MySQLChunkedSnapshot(self)
         return self._chunked
 
+    def chunked_batch_snapshot(self) -> MySQLChunkedSnapshot:
+        """A batch read's chunked snapshot: the driver reads every chunk in its cut's transaction anyway, so a batch
+        read plans the whole snapshot at once (:meth:`cdc.planner.Planner.chunked_batch`), in a directory of its own
+        under ``snapshot.path``."""
+        if self._chunked is not None:
+            self._chunked.close_cut()
+        self._chunked = MySQLChunkedSnapshot(self, batch_read=True)
+        return self._chunked
+
     def reader(self) -> RangeReader:
         chunked = None if self._chunked is None else self._chunked.reads()
         return MySQLRangeReader(self.endpoint, self.layout, self.server, chunked=chunked)

@@ -110,7 +110,7 @@ class MySQLOptions(BackendOptions):
     snapshot_chunks_per_batch: int = Field(
         8, ge=1, le=10_000, alias="snapshot.chunksPerBatch",
         description="Chunks one batch reads at most (fewer under `maxRecordsPerTrigger`); the batch's cut (a "
-        "consistent-snapshot transaction) is held while they are read.",
+        "consistent-snapshot transaction) is held while they are read. A batch read reads as many per cut.",
     )
 
     @field_validator("ssl_mode")

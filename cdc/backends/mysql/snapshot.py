@@ -28,6 +28,12 @@ change at or after ``P`` above it. A replayed batch whose cut is gone (the drive
 chunks at a new consistent snapshot ``Q`` (exact as well), which the file records: the next batch's planning
 learns it and holds back those keys' changes up to ``Q`` (:class:`cdc.snapshots.Late`).
 
+**Batch reads.** Since the driver reads every chunk anyway, a batch read (``spark.read``) plans the whole
+snapshot when Spark plans it (:meth:`cdc.planner.Planner.chunked_batch`): the batches a streaming query would
+run, each cut's chunks read and kept before the next cut opens, in a directory of the read's own under
+``snapshot.path/batch-reads`` (never a streaming query's start or files). The tasks read the kept files, and
+a file missing there fails the read (no later batch could hold back what a read at a new cut includes).
+
 Every row event carries the whole row (``binlog_row_image=FULL``), so a key change's insert is always whole:
 no key is ever re-keyed (:mod:`cdc.snapshots.holdback`), and a batch without a cut plans its changes as usual.
 """
@@ -38,6 +44,7 @@ import hashlib
 import json
 import logging
 import shutil
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -57,7 +64,7 @@ from cdc.backends.mysql.positions import file_number, file_of, pack
 from cdc.backends.mysql.records import JSON_KEY, JSON_ROW, JSON_TABLE, Layout, json_texts
 from cdc.backends.mysql.values import from_text
 from cdc.channels import ChannelRange, Position
-from cdc.errors import OptionError
+from cdc.errors import DataLossError, OptionError
 from cdc.model import Op
 from cdc.snapshots.holdback import HoldBack, LayoutKeys
 from cdc.snapshots.planning import CHUNK_PREFIX, SnapshotStart
@@ -71,6 +78,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 START_FILE = "start.json"
+BATCH_READS = "batch-reads"
+"""Under ``snapshot.path``: one directory per batch read's snapshot, apart from every streaming query's."""
 FETCH_ROWS = 50_000
 
 after_snapshot_start: Callable[[], None] | None = None
@@ -146,6 +155,9 @@ class ChunkedReads:
     layout: Layout
     store_root: str
     key_columns: Mapping[str, tuple[KeyColumn, ...]]
+    batch_read: bool = False
+    """The chunks belong to a batch read, whose driver read and kept every one before any task ran: a chunk not
+    found was removed since, and no later batch could hold back what a read at a new cut would include."""
 
     def store(self) -> ChunkStore:
         return ChunkStore(self.store_root)
@@ -170,6 +182,10 @@ class ChunkedReads:
         kept = self.store().get(int(planned.pos), entry_name(table, after, upto))
         if kept is not None:
             return kept[0]
+        if self.batch_read:
+            raise DataLossError(
+                f"chunk ({after}, {upto}] of {table}: the batch read's snapshot files under {self.store_root} were "
+                "removed while the read ran; run the read again", CHUNK_PREFIX + table)
         conn, position = open_snapshot(self.endpoint)
         try:
             cut = cut_at(position)
@@ -214,7 +230,7 @@ def query_id(endpoint: Endpoint, tables: Sequence[str]) -> str:
 class MySQLChunkedSnapshot:
     """The driver side (:class:`cdc.snapshots.planning.ChunkedSnapshot`); one per backend instance."""
 
-    def __init__(self, backend: MySQLBackend) -> None:
+    def __init__(self, backend: MySQLBackend, batch_read: bool = False) -> None:
         options = backend.options
         if not options.snapshot_path:
             raise OptionError(
@@ -234,12 +250,17 @@ class MySQLChunkedSnapshot:
         self.chunk_rows = options.snapshot_chunk_rows
         self.chunks_per_batch = options.snapshot_chunks_per_batch
         self.root = Path(options.snapshot_path) / query_id(self.endpoint, options.table_list)
+        self.batch_read = batch_read
+        if batch_read:  # a start of its own, never a streaming query's (nor its files)
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+            self.root = Path(options.snapshot_path) / BATCH_READS / f"{self.root.name}-{stamp}-{uuid.uuid4().hex[:8]}"
         self.store = ChunkStore(self.root / "cuts")
         self.key_columns = {t.name: keys.key_columns(backend.conn, t) for t in backend.layout.tables}
         self._live: tuple[Cut, Any] | None = None
 
     def reads(self) -> ChunkedReads:
-        return ChunkedReads(self.endpoint, self.backend.layout, str(self.store.root), self.key_columns)
+        return ChunkedReads(self.endpoint, self.backend.layout, str(self.store.root), self.key_columns,
+                            self.batch_read)
 
     # ------------------------------------------------------------------ start
     def start(self) -> SnapshotStart:
