@@ -112,6 +112,12 @@ class MySQLOptions(BackendOptions):
         description="Chunks one batch reads at most (fewer under `maxRecordsPerTrigger`); the batch's cut (a "
         "consistent-snapshot transaction) is held while they are read. A batch read reads as many per cut.",
     )
+    snapshot_batch_read_retention_hours: float = Field(
+        24.0, ge=0, alias="snapshot.batchReadRetentionHours",
+        description="A batch read with `startingOffsets=snapshot` keeps the table's rows in a directory of its own "
+        "under `snapshot.path/batch-reads` (every action on its DataFrame reads them); a new batch read removes "
+        "the directories older than this many hours. 0 keeps them all.",
+    )
 
     @field_validator("ssl_mode")
     @classmethod

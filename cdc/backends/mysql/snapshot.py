@@ -44,6 +44,7 @@ import hashlib
 import json
 import logging
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -227,6 +228,21 @@ def query_id(endpoint: Endpoint, tables: Sequence[str]) -> str:
     return hashlib.sha1(json.dumps([endpoint.host, endpoint.port, sorted(tables)]).encode()).hexdigest()[:16]
 
 
+def prune_batch_reads(reads: Path, hours: float) -> None:
+    """Remove the batch reads' directories under ``reads`` last written more than ``hours`` ago (0: none)."""
+    if hours <= 0 or not reads.is_dir():
+        return
+    horizon = time.time() - hours * 3600
+    for entry in reads.iterdir():
+        try:
+            old = entry.is_dir() and entry.stat().st_mtime < horizon
+        except FileNotFoundError:
+            continue
+        if old:
+            log.info("removing batch read snapshot %s (older than snapshot.batchReadRetentionHours=%s)", entry, hours)
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 class MySQLChunkedSnapshot:
     """The driver side (:class:`cdc.snapshots.planning.ChunkedSnapshot`); one per backend instance."""
 
@@ -253,7 +269,9 @@ class MySQLChunkedSnapshot:
         self.batch_read = batch_read
         if batch_read:  # a start of its own, never a streaming query's (nor its files)
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-            self.root = Path(options.snapshot_path) / BATCH_READS / f"{self.root.name}-{stamp}-{uuid.uuid4().hex[:8]}"
+            reads = Path(options.snapshot_path) / BATCH_READS
+            prune_batch_reads(reads, options.snapshot_batch_read_retention_hours)
+            self.root = reads / f"{self.root.name}-{stamp}-{uuid.uuid4().hex[:8]}"
         self.store = ChunkStore(self.root / "cuts")
         self.key_columns = {t.name: keys.key_columns(backend.conn, t) for t in backend.layout.tables}
         self._live: tuple[Cut, Any] | None = None

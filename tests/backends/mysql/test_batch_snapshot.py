@@ -196,3 +196,21 @@ def test_spark_batch_read_refuses_an_early_end_and_a_table_without_key(
             _spark_read(spark, {**h.options, "tables": "nokey"}).collect()
     finally:
         h.close()
+
+
+def test_a_new_batch_read_removes_the_batch_reads_older_than_the_retention(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from cdc.backends.mysql.snapshot import prune_batch_reads
+
+    reads = tmp_path / "batch-reads"
+    for name, age_h in (("old", 30), ("recent", 2)):
+        (reads / name / "cuts").mkdir(parents=True)
+        then = time.time() - age_h * 3600
+        os.utime(reads / name, (then, then))
+    prune_batch_reads(reads, 0)  # 0 keeps them all
+    assert sorted(p.name for p in reads.iterdir()) == ["old", "recent"]
+    prune_batch_reads(reads, 24)
+    assert sorted(p.name for p in reads.iterdir()) == ["recent"]
+    prune_batch_reads(tmp_path / "none", 24)  # nothing there yet
