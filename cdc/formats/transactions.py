@@ -172,7 +172,8 @@ class TransactionLog:
             self._ends.append(end[1])
 
     def saw(self, topic: str, data: bytes) -> str | None:
-        """Count a data message just indexed; returns its transaction key (``None``: outside any)."""
+        """Count a data message just indexed; returns its transaction key (``None``: outside any). ``topic``
+        names what the backend reads again as one piece (:meth:`forget`): a Pulsar topic, a Kafka partition."""
         found = transaction_of(data)
         if found is None:
             return None
@@ -182,7 +183,8 @@ class TransactionLog:
         return tx
 
     def forget(self, topic: str) -> None:
-        """The counts of a topic whose index is read again from its start (they would be counted twice)."""
+        """The counts of a topic (see :meth:`saw`) whose index is read again from its start (they would be
+        counted twice)."""
         for counts in self._seen.values():
             for k in [k for k in counts if k[0] == topic]:
                 del counts[k]

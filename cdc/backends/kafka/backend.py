@@ -168,9 +168,10 @@ class KafkaBackend(Backend):
         (see :mod:`cdc.formats.transactions`)."""
         index = self._transaction_index()
         if not index.covers(part, s):
-            log.info("re-reading the offsets of %s: planning from %s, below what the index still holds", part.topic, s)
-            index.forget(part.topic)
-            self._window = None
+            log.info("re-reading %s: planning from %s, below what the index still holds", part.id, s)
+            index.forget(part)  # its counts too; the frontier and this round's window stay
+            if self._window is not None:
+                index.catch_up({part: self._watermarks(part)})
         if self._window is None:
             if not self._partitions:
                 self.list_channels()  # a plan before any round (a replayed batch): the transaction topic first

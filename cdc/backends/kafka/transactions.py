@@ -128,7 +128,7 @@ class TransactionIndex:
                 raise OptionError(f"option 'debezium.transactionTopic': {part.id} offset {offset} is an Avro value; "
                                   "transaction blocks are read from JSON envelopes (JSON converter)",
                                   "debezium.transactionTopic")
-            tx = self.log.saw(part.topic, value)
+            tx = self.log.saw(part.id, value)  # counted per partition: one is read again alone
         entries.keys.append(offset)
         if tx is not None:
             tx = sys.intern(tx)
@@ -143,11 +143,10 @@ class TransactionIndex:
         entries = self.parts.get(part)
         return entries is None or start >= entries.floor
 
-    def forget(self, topic: str) -> None:
-        """Read a topic's partitions again from their start (a plan starts below what the index still holds)."""
-        self.log.forget(topic)
-        for part in [p for p in self.parts if p.topic == topic]:
-            del self.parts[part]
+    def forget(self, part: Partition) -> None:
+        """Read a partition again from its start (a plan starts below what the index still holds)."""
+        self.log.forget(part.id)
+        self.parts.pop(part, None)
 
     def trim(self, part: Partition, below: int) -> None:
         """Drop the entries below ``below`` (planned) once there are many: memory stays bounded."""
