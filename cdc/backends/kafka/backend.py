@@ -17,6 +17,10 @@ older partitions, so it follows them (:attr:`cdc.backend.ChannelInfo.follows`): 
 read the older partitions up to their heads at the moment it appeared, so a key's records stay in order
 across the move.
 
+With ``debezium.transactionTopic`` batches end between source transactions (see
+:mod:`cdc.backends.kafka.transactions`): the driver then reads every message once more to index it, and a
+range's ``records`` are the messages it holds (``maxRecordsPerTrigger`` counts messages, not offsets).
+
 After a batch commits, its end offsets are committed to the query's consumer group (``commitOffsets``): lag
 tools see the query; Spark's checkpoint stays the source of truth.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -39,8 +44,10 @@ from cdc.backends.kafka.positions import Partition, from_spark_offsets, to_offse
 from cdc.backends.kafka.reader import KafkaRangeReader
 from cdc.backends.kafka.records import confluent_schema_id
 from cdc.backends.kafka.registry import SchemaRegistry
+from cdc.backends.kafka.transactions import TransactionIndex
 from cdc.errors import CdcError, DataLossError, OptionError, requires_extra
 from cdc.formats.debezium import record_schema_of, record_schema_of_avro
+from cdc.formats.transactions import IndexedMessages, transaction_cut
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,10 @@ class KafkaBackend(Backend):
         if options.value_format == "debezium" and not options.value_schema:
             self._value_schema, self._events_schema = self._schema_from_topics()
         self._reader = KafkaRangeReader(options, self._value_schema, self._events_schema)
+        # debezium.transactionTopic: the transaction log and offset index, and this round's window of transaction
+        # orders the cut may take (None: not opened yet this round). See cdc.backends.kafka.transactions.
+        self._transactions: TransactionIndex | None = None
+        self._window: tuple[float, float] | None = None
 
     def __repr__(self) -> str:
         topics = self.options.subscribe or self.options.subscribe_pattern or self.options.assign
@@ -83,6 +94,11 @@ class KafkaBackend(Backend):
         """Every partition of the query's topics; starts a planning round (offsets are asked again)."""
         self._partitions = self.cluster.partitions()
         self._marks_at = 0.0
+        if self.options.debezium_transaction_topic is not None:
+            # Before the data partitions: every data event of a transaction whose END is read now is then indexed
+            # in this round (Debezium publishes a transaction's events before its END).
+            self._transaction_index().catch_up_log()
+            self._window = None
         # Partitions are added with increasing numbers: a partition follows the topic's lower-numbered ones, so
         # several partitions added between two batches take part one after another (never waiting on each other).
         by_topic: dict[str, list[Partition]] = {}
@@ -134,10 +150,46 @@ class KafkaBackend(Backend):
                 channel,
             )
         end = head if until is None else min(head, to_offset(until, channel))
+        if self.options.debezium_transaction_topic is not None:
+            return self._transaction_plan(part, s, max(end, s), max_records)
         if max_records is not None:
             end = min(end, s + max_records)
         end = max(end, s)
         return PlannedRange(end, end - s)
+
+    def _transaction_index(self) -> TransactionIndex:
+        if self._transactions is None:
+            self._transactions = TransactionIndex(self.options, self.cluster)
+        return self._transactions
+
+    def _transaction_plan(self, part: Partition, s: int, bound: int, max_records: int | None) -> PlannedRange:
+        """A range from ``s`` that ends at a transaction boundary consistent with the round's other partitions,
+        before ``bound`` (the head, endingOffsets, an AvailableNow target); ``max_records`` counts messages
+        (see :mod:`cdc.formats.transactions`)."""
+        index = self._transaction_index()
+        if not index.covers(part, s):
+            log.info("re-reading %s: planning from %s, below what the index still holds", part.id, s)
+            index.forget(part)  # its counts too; the frontier and this round's window stay
+            if self._window is not None:
+                index.catch_up({part: self._watermarks(part)})
+        if self._window is None:
+            if not self._partitions:
+                self.list_channels()  # a plan before any round (a replayed batch): the transaction topic first
+            parts = sorted({*self._partitions, part})
+            # every partition caught up before the frontier is taken
+            index.catch_up({p: self._watermarks(p) for p in parts})
+            self._window = (-1.0, float(index.log.advance()))
+        entries = index.entries(part)
+        upto = min(bound, entries.upto)
+        keys = entries.keys
+        i = bisect_left(keys, s)
+        limit = bisect_left(keys, upto)
+        j = limit if max_records is None else min(limit, i + max_records)
+        cut, self._window = transaction_cut(IndexedMessages(entries, index.log.order), i, j, limit, self._window)
+        # offsets after the last message taken hold no message the range could miss (gaps) when it takes all
+        end = upto if cut == limit else s if cut == i else keys[cut]
+        index.trim(part, s)
+        return PlannedRange(end, cut - i)
 
     def split_points(self, channel: str, start: Position, end: Position, parts: int) -> Sequence[Position]:
         """Offsets that cut a partition's range into ``parts`` pieces of about equal width, as Spark's Kafka source
@@ -246,6 +298,9 @@ class KafkaBackend(Backend):
             "write events with schemas (schemas.enable=true)", "valueSchema")
 
     def close(self) -> None:
+        if self._transactions is not None:
+            self._transactions.close()
+            self._transactions = None
         try:
             self.cluster.close()
         except CdcError:  # pragma: no cover - closing never fails the caller

@@ -25,6 +25,7 @@ ValueFormat = Literal["bytes", "debezium"]
 OnMalformed = Literal["fail", "quarantine"]
 OnTruncate = Literal["fail", "apply"]
 
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _SECRET = re.compile(r"password|secret|jaas|(^|\.)key\.pem$|token", re.IGNORECASE)
 """librdkafka settings whose values are credentials (``sasl.password``, ``ssl.key.password``,
 ``sasl.oauthbearer.client.secret``, ``ssl.key.pem``, a JAAS config...)."""
@@ -163,6 +164,15 @@ class KafkaOptions(BackendOptions):
         "`apply` it: it becomes a change record with _op `truncate`, which DeltaUpsertSink applies in order with the "
         "changes of its partition (Debezium writes a table to one partition unless told otherwise).",
     )
+    debezium_transaction_topic: str | None = Field(
+        None,
+        alias="debezium.transactionTopic",
+        description="valueFormat=debezium: Debezium's transaction topic (provide.transaction.metadata=true; "
+        "`<topic.prefix>.transaction`, one partition). Batches then never end inside a source transaction, over "
+        "every partition and topic of the query: a budget (maxRecordsPerTrigger, then counted in messages) ending "
+        "inside one takes the rest of it, a transaction whose END event or events have not all arrived waits. "
+        "Planning then reads every message once more on the driver (see From Debezium for the cost).",
+    )
     debezium_unavailable_value_placeholder: str = Field(
         DEFAULT_PLACEHOLDER, alias="debezium.unavailableValuePlaceholder", description=PLACEHOLDER_DESCRIPTION
     )
@@ -228,6 +238,8 @@ class KafkaOptions(BackendOptions):
                 raise ValueError(f"option 'valueSchema' is not JSON: {exc}") from None
         if self.on_malformed == "quarantine" and not self.quarantine_topic:
             raise ValueError("option 'quarantineTopic' is required with onMalformed=quarantine")
+        if self.debezium_transaction_topic is not None:
+            self._check_transaction_topic(self.debezium_transaction_topic)
         if self.include_headers and self.value_format != "bytes":
             raise ValueError("option 'includeHeaders' applies to valueFormat=bytes")
         level = str(self.setting("isolation.level") or "read_committed")
@@ -235,6 +247,18 @@ class KafkaOptions(BackendOptions):
             raise ValueError(f"option 'kafka.isolation.level': accepted values: read_committed, read_uncommitted "
                              f"(got {level!r})")
         return self
+
+    def _check_transaction_topic(self, topic: str) -> None:
+        what = "option 'debezium.transactionTopic'"
+        if self.value_format != "debezium":
+            raise ValueError(f"{what} needs valueFormat=debezium (got valueFormat={self.value_format})")
+        if not _TOPIC_NAME.fullmatch(topic):
+            raise ValueError(f"{what}: accepted values: a Kafka topic name (letters, digits, '.', '_', '-'; at most "
+                             f"249), Debezium's <topic.prefix>.transaction; got {topic!r}")
+        read = set(self.topic_list()) | set(self.assignment() if self.assign else ())
+        if topic in read or (self.subscribe_pattern and re.fullmatch(self.subscribe_pattern, topic)):
+            raise ValueError(f"{what}: {topic!r} is one of the topics the query reads; accepted values: Debezium's "
+                             "transaction topic (<topic.prefix>.transaction), not a data topic")
 
     def setting(self, name: str) -> str | None:
         """A ``kafka.*`` setting's value (a secret's too: for the client only)."""
