@@ -47,6 +47,7 @@ from sinks.delta.batch import (
 from sinks.delta.keyrange import KeyRange, Rows, prunable
 from sinks.delta.layout import (
     ACTION,
+    AT,
     DEFAULT_DELETE_CONDITION,
     DELETED_AT,
     DROPPED_METADATA,
@@ -343,31 +344,40 @@ def _fresh(spec: SinkSpec, changes: Any, heads: Any) -> Any:
     return joined.where(newer).select(*[F.col(quote(c)) for c in changes.columns])
 
 
-def _output_schema(spec: SinkSpec, checked: Checked) -> Any:
-    """The Spark schema of what :func:`batch.prepare` and the staging step return for a checked batch."""
+def _output_schema(spec: SinkSpec, checked: Checked, table: pa.Schema | None = None) -> Any:
+    """The Spark schema of what :func:`batch.prepare` and the staging step return for a checked batch (SCD
+    type 2: with the value columns of the main table, of schema ``table``, the batch does not carry, which
+    a version re-inserted by a back-fill keeps)."""
     from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import from_arrow_type
 
     fields = [f for f in checked.df.schema.fields if f.name != UNCHANGED]
+    if spec.scd_type == 2 and table is not None:
+        bookkeeping = (*spec.keys, VALID_FROM, VALID_TO, IS_CURRENT)
+        fields += [T.StructField(f.name, from_arrow_type(normalise_type(f.type))) for f in table
+                   if f.name not in checked.df.columns and f.name not in bookkeeping]
     seq_type = checked.df.schema[spec.sequence_by].dataType
     if spec.scd_type == 1:
         fields += [T.StructField(SET_PREFIX + c, seq_type) for c in _values(spec, checked.df.columns)]
         fields += [T.StructField(NOW, T.TimestampType())]
     else:
         fields += [T.StructField(NOW, T.TimestampType()), T.StructField(ACTION, T.StringType()),
-                   T.StructField(FROM, seq_type), T.StructField(TO, seq_type)]
+                   T.StructField(FROM, seq_type), T.StructField(TO, seq_type), T.StructField(AT, seq_type)]
     return T.StructType([T.StructField(f.name, f.dataType, True) for f in fields])
 
 
-def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: Any) -> Any:
+def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: Any, history: Any = None,
+                      table: pa.Schema | None = None) -> Any:
     """The main table's MERGE source from the sink's Arrow staging, run per bucket of keys on the executors,
-    each bucket's changes cogrouped with its keys' heads."""
+    each bucket's changes cogrouped with its keys' heads (SCD type 2: and the stored versions of its keys with
+    a late change, ``history``, marked ``__cdc_version``)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
 
     df = checked.df
     spark = df.sparkSession
     buckets = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 1))
-    schema = _output_schema(spec, checked)
+    schema = _output_schema(spec, checked, table)
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
     def bucket(frame: Any) -> Any:
@@ -379,6 +389,8 @@ def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: An
         for f in arrow_schema:
             if f.name not in staged.column_names and f.name.startswith(SET_PREFIX):
                 staged = staged.append_column(f.name, staged.column(spec.sequence_by).cast(f.type))
+            elif f.name not in staged.column_names:  # a table column the batch lacks (SCD type 2): null
+                staged = staged.append_column(f.name, pa.nulls(staged.num_rows, f.type))
         return staged.select(arrow_schema.names).cast(arrow_schema)
 
     def stage(changes: pa.Table, head_rows: pa.Table) -> pa.Table:
@@ -391,9 +403,36 @@ def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: An
             head_rows = head_rows.drop_columns([BUCKET])
         if spec.scd_type == 1:
             return conform(stage_scd1(spec, prepared, head_rows))
-        return conform(main_source(stage_scd2(spec, prepared, head_rows)))
+        versions = None
+        if VERSION in head_rows.column_names:
+            marks = pc.fill_null(head_rows.column(VERSION), False)
+            versions = head_rows.filter(marks).drop_columns([VERSION])
+            head_rows = head_rows.filter(pc.invert(marks)).drop_columns([VERSION])
+        return conform(main_source(stage_scd2(spec, prepared, head_rows, versions)))
 
+    if history is not None:
+        from pyspark.sql import functions as F
+
+        heads = heads.withColumn(VERSION, F.lit(False)).unionByName(
+            history.withColumn(VERSION, F.lit(True)), allowMissingColumns=True)
     return bucket(df).groupBy(BUCKET).cogroup(bucket(heads).groupBy(BUCKET)).applyInArrow(stage, schema)
+
+
+#: Marks the stored versions among the rows cogrouped with a bucket's changes (SCD type 2 back-fill).
+VERSION = "__cdc_version"
+
+
+def _history(spec: SinkSpec, main: DeltaSparkEngine, checked: Checked, heads: Any) -> Any:
+    """The stored versions of the batch's keys with a change not newer than their head
+    (:func:`sinks.delta.backfill.late_keys` in Spark): only those keys read their history."""
+    from pyspark.sql import functions as F
+
+    keys = list(spec.keys)
+    seq = spec.sequence_by
+    head = heads.select(*_keys(spec), F.col(quote(seq)).alias(HEAD_SEQ))
+    late = checked.df.select(*_keys(spec), F.col(quote(seq))).join(head, keys).where(
+        F.col(quote(seq)) <= F.col(HEAD_SEQ)).select(*_keys(spec)).distinct()
+    return main.rows(Rows(checked.key_range)).join(late, keys, "left_semi")
 
 
 def _heads(spec: SinkSpec, state: DeltaSparkEngine, main_schema: pa.Schema, main: DeltaSparkEngine,
@@ -521,7 +560,8 @@ def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: i
             log.info("adding columns %s to %s", [f.name for f in added], main.path)
             main.add_columns(added)
             schema = pa.schema([*schema, *added])
-        source = staged if staged is not None else _stage_in_buckets(spec, checked, now, heads)
+        history = _history(spec, main, checked, heads) if spec.scd_type == 2 and not ordered else None
+        source = staged if staged is not None else _stage_in_buckets(spec, checked, now, heads, history, schema)
         plan = merge_plan(spec, source.columns, schema, checked.key_range, ordered=ordered)
         try:
             main.merge_frame(source, plan, app_id, batch_id)

@@ -67,6 +67,8 @@ NOW = "__cdc_now"
 ACTION = "__cdc_action"
 FROM = "__cdc_from"  # SCD type 2 staging: a version's valid-from / valid-to
 TO = "__cdc_to"
+#: SCD type 2 back-fill: the stored ``_valid_from`` of the version a ``reshape`` or ``replace`` action changes
+AT = "__cdc_at"
 #: Prefix of the per-column source columns a batch with partial changes carries: ``__cdc_set_<column>`` is
 #: the sequence of the change that last set the column in the batch (null: no change of the batch set it).
 SET_PREFIX = "__cdc_set_"
@@ -83,6 +85,9 @@ TIMESTAMP = pa.timestamp("us", tz="UTC")
 MATCHED_ACTIONS = ("close", "closeupd", "inplace", "retomb", "revive")
 INSERT_ACTIONS = ("open", "tombstone")
 MAIN_MATCHED_ACTIONS = ("close", "closeupd", "inplace")
+# Back-fill (a late change placed into history, see sinks.delta.backfill): a stored version, matched by its
+# valid-from (``__cdc_at``), gets new validity (``reshape``) or new values too (``replace``).
+HISTORY_ACTIONS = ("reshape", "replace")
 
 #: The state table's folder inside the main table's (see the module docstring for why there).
 STATE_DIR = "_cdc_state"

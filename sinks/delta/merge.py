@@ -19,8 +19,10 @@ import pyarrow as pa
 from sinks.delta.keyrange import KeyRange
 from sinks.delta.layout import (
     ACTION,
+    AT,
     DELETED_AT,
     FROM,
+    HISTORY_ACTIONS,
     IS_CURRENT,
     IS_DELETE,
     MAIN_MATCHED_ACTIONS,
@@ -118,10 +120,23 @@ def merge_plan(
     else:
         action = col(s, ACTION)
         matched = ", ".join(f"'{a}'" for a in MAIN_MATCHED_ACTIONS)
-        predicate += f" AND {action} IN ({matched}) AND {col(t, VALID_TO)} IS NULL"
         valid_from, valid_to = col(s, FROM), col(s, TO)
         closed = {VALID_TO: valid_to, IS_CURRENT: "false"}
+        current = f"{action} IN ({matched}) AND {col(t, VALID_TO)} IS NULL"
+        history: tuple[Clause, ...] = ()
+        if AT in present:  # a back-fill's actions match a stored version by its valid-from
+            backfilled = ", ".join(f"'{a}'" for a in HISTORY_ACTIONS)
+            same = _equal(col(t, VALID_FROM), col(s, AT), table.field(VALID_FROM).type)
+            current = f"({current} OR ({action} IN ({backfilled}) AND {same}))"
+            span = {VALID_FROM: valid_from, VALID_TO: valid_to, IS_CURRENT: f"{valid_to} IS NULL"}
+            reshaped = {**span, spec.sequence_by: col(s, spec.sequence_by)}
+            history = (
+                Clause("update", f"{action} = 'reshape'", {quote(k): v for k, v in reshaped.items() if k in table.names}),
+                Clause("update", f"{action} = 'replace'", row(span, keys=False)),
+            )
+        predicate += f" AND {current}"
         clauses = (
+            *history,
             Clause("update", f"{action} = 'close'", {quote(k): v for k, v in closed.items() if k in table.names}),
             Clause("update", f"{action} = 'closeupd'", row(closed, keys=False)),
             Clause("update", f"{action} = 'inplace'", row({}, keys=False)),
@@ -132,6 +147,13 @@ def merge_plan(
             ),
         )
     return MergePlan(predicate, clauses, _pruning(spec, key_range))
+
+
+def _equal(a: str, b: str, t: pa.DataType) -> str:
+    """``a = b`` for two columns of type ``t``; a struct field by field (DataFusion compares no structs)."""
+    if not pa.types.is_struct(t):
+        return f"{a} = {b}"
+    return " AND ".join(_equal(f"{a}.{quote(f.name)}", f"{b}.{quote(f.name)}", f.type) for f in t)
 
 
 def _pruning(spec: SinkSpec, key_range: KeyRange) -> KeyRange:

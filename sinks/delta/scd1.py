@@ -27,7 +27,7 @@ def stage_scd1(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
 
 def purge_predicate(spec: SinkSpec, now: datetime) -> str | None:
     """Deletes (from the state table) tombstones older than the retention; None for SCD type 2, whose tombstones are kept with the
-    history (a purged SCD2 tombstone would let a late, older change open a version overlapping history)."""
+    history (a late change before an SCD2 tombstone is placed into history against it)."""
     if spec.scd_type == 2:
         return None
     # A string literal with an explicit UTC offset: both engines coerce it to the column's timestamp type

@@ -1,8 +1,8 @@
 """SCD type 2: which key heads a batch may touch, and what the batch does to each key's history.
 
 Every change of a batch (replays dropped) newer than the key's head becomes a version, or updates the
-version before it in place when it changes no tracked column; a change older than the key's current
-version or tombstone is ignored (history is not back-filled). :func:`stage_scd2` turns a prepared batch
+version before it in place when it changes no tracked column; a key with a change not newer than its head
+is back-filled instead (:mod:`sinks.delta.backfill`: the late change placed into the key's stored history). :func:`stage_scd2` turns a prepared batch
 and the key heads (:func:`key_heads`: the state table's rows with the current versions' values) into one
 row per action; :func:`main_source` keeps those that touch the main table, and
 :func:`sinks.delta.merge.merge_plan` turns them into WHEN clauses.
@@ -15,10 +15,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc.model import COMMIT_TS
+from sinks.delta.backfill import late_mask, stage_late
 from sinks.delta.batch import join_left, key_starts
 from sinks.delta.keyrange import KeyRange, Rows
 from sinks.delta.layout import (
     ACTION,
+    AT,
     DELETED_AT,
     FROM,
     IS_CURRENT,
@@ -29,8 +31,10 @@ from sinks.delta.layout import (
     VALID_FROM,
     VALID_TO,
 )
+from sinks.delta.schema import normalise_type
 from sinks.delta.sequence import greater
 from sinks.delta.spec import SinkSpec
+from sinks.delta.state import conform
 
 
 def current_rows(spec: SinkSpec, prepared: pa.Table) -> Rows:
@@ -61,13 +65,44 @@ def main_source(staged: pa.Table) -> pa.Table:
     return out.set_column(out.column_names.index(ACTION), ACTION, opened)
 
 
-def stage_scd2(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
+def stage_scd2(spec: SinkSpec, prepared: pa.Table, heads: pa.Table, history: pa.Table | None = None) -> pa.Table:
+    """Decide what SCD type 2 does with every change of a prepared batch, given each key's head row (its
+    current version or its tombstone) and, for the keys with a change not newer than their head
+    (:func:`sinks.delta.backfill.late_keys`), ``history``: their stored versions in the main table. Those
+    keys are back-filled by :func:`sinks.delta.backfill.stage_late`; the others walked by
+    :func:`_stage_fresh`. Returns the MERGE source, one row per action, with ``__cdc_at`` (the stored
+    valid-from of a version a back-fill changes; null for every other action)."""
+    late = late_mask(spec, prepared, heads)
+    if not pc.any(late).as_py():
+        out = _stage_fresh(spec, prepared, heads)
+        return out.append_column(pa.field(AT, out.schema.field(FROM).type), pa.nulls(out.num_rows, out.schema.field(FROM).type))
+    if history is None:
+        raise ValueError("stage_scd2: the batch has late changes and no history of their keys was read")
+    out = _stage_fresh(spec, prepared.filter(pc.invert(late)), heads)
+    history = conform(history, prepared.schema)
+    # The table's columns this batch does not carry: a version the back-fill re-inserts keeps its stored values.
+    bookkeeping = (*spec.keys, VALID_FROM, VALID_TO, IS_CURRENT)
+    for f in history.schema:
+        if f.name not in out.column_names and f.name not in bookkeeping:
+            t = normalise_type(f.type)
+            history = history.set_column(history.column_names.index(f.name), f.name, history.column(f.name).cast(t))
+            out = out.append_column(pa.field(f.name, t), pa.nulls(out.num_rows, t))
+    # Tracked: every value column of the table or the batch (a column the batch lacks is null in its changes).
+    value_cols = [c for c in out.column_names
+                  if c not in spec.keys and c not in (IS_DELETE, NOW, spec.sequence_by, COMMIT_TS, ACTION, FROM, TO)]
+    tracked = list(spec.track_history_columns) if spec.track_history_columns is not None else value_cols
+    tracked = [c for c in tracked if c in value_cols]
+    back = stage_late(spec, prepared.filter(late), heads, history, tracked, out.schema)
+    out = out.append_column(back.schema.field(AT), pa.nulls(out.num_rows, back.schema.field(AT).type))
+    return pa.concat_tables([out, back])
+
+
+def _stage_fresh(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
     """Decide what SCD type 2 does with every change of a prepared batch, given each key's head row in the
     table (its current version or its tombstone). Returns the MERGE source, one row per action.
 
     ``prepared`` holds every change of the batch, sorted by key and sequence (see
-    :func:`sinks.delta.batch.prepare`). Changes not newer than the key's head are dropped (a late change is
-    not back-filled into history). Per key, walking the remaining changes in sequence order: a change that alters a tracked column (or
+    :func:`sinks.delta.batch.prepare`), of keys with no late change. Per key, walking the remaining changes in sequence order: a change that alters a tracked column (or
     follows a delete, or has no version before it) opens a version; one that alters no tracked column
     updates the version before it in place; a delete closes the open version. A version is valid from its
     first change's sequence to the next version's (or the delete's); the last one stays current unless

@@ -16,9 +16,10 @@ import pyarrow as pa
 
 from cdc.errors import OptionError
 from cdc.model import CHANNEL, POSITION
+from sinks.delta.backfill import late_keys
 from sinks.delta.batch import after_last_truncate, check_ops, complete_key_changes, prepare
 from sinks.delta.engine import Engine
-from sinks.delta.keyrange import KeyRange
+from sinks.delta.keyrange import KeyRange, Rows
 from sinks.delta.layout import (
     DEFAULT_DELETE_CONDITION,
     DELETED_AT,
@@ -40,7 +41,7 @@ from sinks.delta.sequence import with_sequence, with_sequence_frame
 from sinks.delta.session import collect_arrow, connect_query_id, is_connect
 from sinks.delta.spec import SinkSpec
 from sinks.delta.staging import StagingLog
-from sinks.delta.state import conform, guard, heads_rows, key_change_source, state_source
+from sinks.delta.state import conform, guard, heads_rows, key_change_source, of_keys, state_source
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -531,7 +532,9 @@ class DeltaUpsertSink:
                 source = fresh = stage_scd1(spec, prepared, heads)
             else:
                 current = conform(main.read(current_rows(spec, prepared)), prepared.schema)
-                source = main_source(stage_scd2(spec, prepared, key_heads(spec, heads, current)))
+                late = late_keys(spec, prepared, heads)  # only keys with a late change read their history
+                history = of_keys(main, Rows(KeyRange.of(spec.keys, late)), late) if late.num_rows else None
+                source = main_source(stage_scd2(spec, prepared, key_heads(spec, heads, current), history))
             plan = merge_plan(spec, source.column_names, schema, KeyRange.of(spec.keys, source), ordered=ordered)
             metrics = main.merge(source, plan, app, batch_id)
             log.info("batch %d: merged %d changes into %s: %s", batch_id, source.num_rows, self.path, metrics)

@@ -15,8 +15,8 @@ Rules
 * SCD type 1: within a batch only the latest change per key (largest sequence) applies.
 * SCD type 2: every change of a batch (replays dropped) newer than the key's head becomes a version, or
   updates the version before it in place when it changes no tracked column (see
-  :func:`sinks.delta.scd2.stage_scd2`). A change older than the key's current version or tombstone is
-  ignored: history is not back-filled.
+  :func:`sinks.delta.scd2.stage_scd2`). A change not newer than the key's head is back-filled into
+  the key's history at its sequence (see :mod:`sinks.delta.backfill`).
 * Partial changes (``_unchanged``, see :mod:`cdc.model`): a batch holding any is folded per key in sequence
   order by :func:`sinks.delta.batch.fold_partial` instead; the merge keeps the target's value of every column
   no newer change of the batch set. A partial update on a missing key or a tombstone creates the row with the

@@ -46,13 +46,13 @@ def key_change_source(spec: SinkSpec, main: Engine, state: Engine, keys: pa.Tabl
         none = keys.select(list(spec.keys)).slice(0, 0)
         return none.append_column(seq, pa.array([], pa.int64())).append_column(IS_DELETE, pa.array([], pa.bool_()))
     wanted = Rows(KeyRange.of(spec.keys, keys))
-    rows = _of_keys(main, wanted, keys)
+    rows = of_keys(main, wanted, keys)
     if state.schema() is None:  # ordered mode: the table's live rows are the heads (a deleted key has none)
         heads = rows.select(list(spec.keys))
         at = rows.column(seq) if seq in rows.column_names else pa.repeat(pa.scalar(_EARLIEST), rows.num_rows)
         heads = heads.append_column(seq, at).append_column(pa.field(DELETED_AT, TIMESTAMP), pa.nulls(rows.num_rows, TIMESTAMP))
         return key_change_rows(spec, heads, rows)
-    return key_change_rows(spec, _of_keys(state, wanted, keys), rows)
+    return key_change_rows(spec, of_keys(state, wanted, keys), rows)
 
 
 #: Ordered mode with the sequence column hidden: the sequence a live row's head is taken at (any change of
@@ -60,7 +60,7 @@ def key_change_source(spec: SinkSpec, main: Engine, state: Engine, keys: pa.Tabl
 _EARLIEST = -(1 << 63)
 
 
-def _of_keys(engine: Engine, wanted: Rows, keys: pa.Table) -> pa.Table:
+def of_keys(engine: Engine, wanted: Rows, keys: pa.Table) -> pa.Table:
     """The table's rows of exactly ``keys`` (read by their key range, then matched)."""
     from sinks.delta.spark import DeltaSparkEngine
 
@@ -69,7 +69,12 @@ def _of_keys(engine: Engine, wanted: Rows, keys: pa.Table) -> pa.Table:
         table = read.toArrow()
     else:
         table = engine.read(wanted)
-    return conform(table, keys.schema).join(keys, list(keys.column_names), join_type="left semi", use_threads=False)
+    table = conform(table, keys.schema)
+    # Only the keys and a row number go through Acero's join (it carries no struct or list column).
+    tagged = table.select(list(keys.column_names)).append_column(
+        "__cdc_row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    kept = tagged.join(keys, list(keys.column_names), join_type="left semi", use_threads=False)
+    return table.take(kept.column("__cdc_row"))
 
 
 def with_head_seq(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:

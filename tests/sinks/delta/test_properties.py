@@ -9,7 +9,10 @@ evolution), the table is compacted periodically, and the clock jumps past the to
 purged). The model is computed independently: per key, the delivered change with the largest sequence
 decides the row (a delete: no row); after a purge, a purged key's sequence is forgotten. Partial updates
 (Tablestore's UpdateRow: some columns set, the others listed in ``_unchanged`` and carrying junk) are folded by
-the model change by change: per key, the changes newer than the last applied one, in sequence order.
+the model change by change: per key, the changes newer than the last applied one, in sequence order. SCD
+type 2 places the older ones (late changes, partial changes, deletes and re-inserts; a rule delivers the
+newest pending changes first to make them) into the model's history by the back-fill rules
+(:mod:`sinks.delta.backfill`), change by change, before the newer ones.
 
 Every check reads the main table with ``deltalake`` directly (as any Delta reader would, not through
 :func:`sinks.delta.read`): its rows must be exactly the model's live rows (SCD2: versions), with no tombstone;
@@ -102,6 +105,7 @@ class SinkMachine(RuleBasedStateMachine):
         self.applied: dict[tuple[Any, ...], tuple[int, tuple[Any, ...] | None]] = {}
         self.versions: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         self.state_at: dict[tuple[tuple[Any, ...], int], tuple[Any, ...] | None] = {}
+        self.backfilled: set[tuple[Any, ...]] = set()  # SCD2: keys a late change went into the history of
         self.purged = False
         self.any_partial = False
         self.lossy = False  # a partial history delivered out of order across batches: the table may lag the source
@@ -143,6 +147,60 @@ class SinkMachine(RuleBasedStateMachine):
             open_["to"] = seq
         if row is not None:
             versions.append({"from": seq, "to": None, "seq": seq, "row": row})
+
+    def _model_late(self, key: tuple[Any, ...], ch: dict[str, Any], head: int, tomb: bool) -> None:
+        """SCD type 2 model of a late change (sequence not above the key's head), by the back-fill rules: it
+        splits the version it falls into (which resumes at its last change when that was later), updates
+        it in place (no tracked change, later than its last change), closes it (a delete), or opens a
+        version in a gap until the next version (or the tombstone); a new version with the tracked values of
+        the version right after it joins it; a stored change's sequence again is a redelivery."""
+        q = ch["_seq"]
+        vs = self.versions.setdefault(key, [])
+        tracked = [VALUE_COLS.index(c) for c in (self.track or VALUE_COLS)]
+
+        def same(r1: tuple[Any, ...], r2: tuple[Any, ...]) -> bool:
+            return all(r1[i] == r2[i] for i in tracked)
+
+        def add(v: dict[str, Any]) -> None:
+            after = [w for w in vs if w["from"] > v["from"]]
+            nxt = min(after, key=lambda w: w["from"]) if after else None
+            if nxt is not None and v["to"] == nxt["from"] and same(v["row"], nxt["row"]):
+                nxt["from"] = v["from"]
+            else:
+                vs.append(v)
+            vs.sort(key=lambda w: w["from"])
+
+        x = next((v for v in vs if v["from"] <= q and (v["to"] is None or q < v["to"])), None)
+        if x is None:
+            if ch["_op"] == "delete":
+                return
+            assert not (tomb and q == head), "the generator makes no ties"
+            after = [w["from"] for w in vs if w["from"] > q]
+            end = min(after) if after else (head if tomb else None)
+            add({"from": q, "to": end, "seq": q, "row": fold(None, ch, self.ignore_nulls)})
+            return
+        if q in (x["from"], x["seq"]):
+            return
+        resumes = q < x["seq"] and (x["to"] is None or x["seq"] < x["to"])
+        tail = {**x, "from": x["seq"], "row": x["row"]} if resumes else None
+        if ch["_op"] == "delete":
+            x["to"] = q
+        else:
+            row = fold(x["row"], ch, self.ignore_nulls)
+            assert row is not None
+            if same(row, x["row"]):
+                if q > x["seq"]:
+                    x.update(row=row, seq=q)
+                return
+            new = {"from": q, "to": tail["from"] if tail else x["to"], "seq": q, "row": row}
+            x["to"] = q
+            if tail:
+                vs.append(tail)
+            add(new)
+            return
+        if tail:
+            vs.append(tail)
+            vs.sort(key=lambda w: w["from"])
 
     # ------------------------------------------------------------------ the source
     @rule(ops=st.lists(st.tuples(st.sampled_from(KINDS), KEYS, VALUES, st.sets(st.sampled_from(VALUE_COLS), min_size=1)),
@@ -207,6 +265,10 @@ class SinkMachine(RuleBasedStateMachine):
                 self.lossy = True
         for key, changes in by_key.items():
             last_seq, row = self.applied.get(key, (None, None))
+            if self.scd_type == 2 and last_seq is not None:  # late changes go into history, in sequence order
+                for q in sorted(q for q in changes if q <= last_seq):
+                    self._model_late(key, changes[q], last_seq, row is None)
+                    self.backfilled.add(key)
             fresh = [changes[q] for q in sorted(changes) if last_seq is None or q > last_seq]
             for ch in fresh:
                 row = fold(row, ch, self.ignore_nulls)
@@ -327,6 +389,17 @@ class SCD2Machine(SinkMachine):
     scd_type = 2
     track = ("a", "c")
 
+    @precondition(lambda self: len(self.pending) > 1)
+    @rule(data=st.data(), n=st.integers(1, 4), crash_between=st.booleans())
+    def deliver_newest_first(self, data: st.DataObject, n: int, crash_between: bool) -> None:
+        """The newest pending changes first: the older ones, delivered later, are late (changes, partial
+        changes, deletes and re-inserts older than their key's head), and go into the history."""
+        self.pending.reverse()
+        try:
+            self.deliver(data, n, 0, 0, crash_between)
+        finally:
+            self.pending.reverse()
+
     @invariant()
     def history_is_consistent(self) -> None:
         versions = self.rows()
@@ -342,10 +415,11 @@ class SCD2Machine(SinkMachine):
             for r in vs:
                 assert (r[VALID_TO] is None) == r[IS_CURRENT], f"{key}: only the current version is open"
                 assert r[VALID_TO] is None or r[VALID_FROM] < r[VALID_TO]
-                assert r[VALID_FROM] <= r["_seq"], f"{key}: a version's last change is inside it"
+                assert r[VALID_FROM] <= r["_seq"], f"{key}: a version's last change is not before it"
                 src = self.by_seq[r["_seq"]]
                 assert (src["k1"], src["k2"]) == key
-                assert self.state_at[(key, r["_seq"])] == (r["a"], r["b"], r.get("c")), f"{key}: version values"
+                if key not in self.backfilled:  # (a back-filled version holds its late change's values)
+                    assert self.state_at[(key, r["_seq"])] == (r["a"], r["b"], r.get("c")), f"{key}: version values"
             model = [(v["from"], v["to"], v["seq"], v["row"]) for v in self.versions.get(key, [])]
             assert [(r[VALID_FROM], r[VALID_TO], r["_seq"], (r["a"], r["b"], r.get("c"))) for r in vs] == model, (
                 f"{key}: the history equals the model's versions"

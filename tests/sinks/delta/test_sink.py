@@ -290,7 +290,7 @@ def test_scd2_history_and_tracked_columns(tmp_path: Path) -> None:
     s.write(changes([("update", 2, 1, "a", 2)]), 1)  # only an untracked column: in place
     s.write(changes([("update", 3, 1, "b", 3)]), 2)  # tracked: a new version
     s.write(changes([("delete", 4, 1, None, None)]), 3)
-    s.write(changes([("insert", 2, 1, "stale", 0)]), 4)  # older than the delete: ignored
+    s.write(changes([("update", 2, 1, "a", 2)]), 4)  # a redelivery of a stored change: nothing changes
     s.write(changes([("insert", 6, 1, "c", 6)]), 5)
     rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
     versions = sorted(
@@ -300,7 +300,7 @@ def test_scd2_history_and_tracked_columns(tmp_path: Path) -> None:
     assert versions == [("a", 2, 1, 3, False), ("b", 3, 3, 4, False), ("c", 6, 6, None, True)]
 
 
-def test_scd2_every_change_of_a_batch_is_a_version_and_late_changes_are_ignored(tmp_path: Path) -> None:
+def test_scd2_every_change_of_a_batch_is_a_version_and_late_changes_are_back_filled(tmp_path: Path) -> None:
     s = sink(tmp_path / "t", scd_type=2, track_history_columns=["name"])
     s.write(changes([("insert", 1, 1, "a", 1), ("insert", 1, 2, "x", 1)]), 0)
     s.write(changes([
@@ -309,8 +309,19 @@ def test_scd2_every_change_of_a_batch_is_a_version_and_late_changes_are_ignored(
         ("delete", 5, 1, None, None), ("insert", 6, 1, "c", 6), ("delete", 7, 1, None, None),
         ("insert", 8, 1, "d", 8), ("update", 2, 2, "late", 0),  # key 2: seq 2 is newer than its head (1)
     ]), 1)
-    # Late changes older than the current version (or the tombstone) are ignored, not back-filled.
-    s.write(changes([("update", 7, 1, "late", 0), ("delete", 1, 2, None, None)]), 2)
+    s.write(changes([("insert", q, 4, name, q) for q, name in ((10, "a"), (20, "b"), (30, "c"), (50, "d"))]), 2)
+    # Late changes (older than the key's head) go into history at their sequence.
+    s.write(changes([
+        ("update", 0, 1, "w", 0),  # before key 1's first version: a version until it
+        ("update", 65, 1, "e", 65),  # newer than key 1's head: a version as ever
+        ("update", 5, 4, "z", 5),  # before key 4's first version
+        ("update", 15, 4, "q", 15),  # splits [10, 20)
+        ("delete", 25, 4, None, None),  # closes [20, 30) at 25; the versions after it remain
+        ("update", 40, 4, "c", 40),  # untracked only, after [30, 50)'s last change: that version in place
+        ("update", 45, 4, "e", 45),  # splits it again
+        ("update", 20, 4, "b", 20),  # a redelivery of a stored change: nothing
+        ("update", 60, 4, "f", 60),
+    ]), 3)
     rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
     versions = sorted(
         ((r["id"], r["name"], r["qty"], r["_seq"], r["_valid_from"], r["_valid_to"], r["_is_current"])
@@ -318,14 +329,29 @@ def test_scd2_every_change_of_a_batch_is_a_version_and_late_changes_are_ignored(
         key=lambda v: (v[0], v[4]),
     )
     assert versions == [
+        (1, "w", 0, 0, 0, 1, False),
         (1, "a", 2, 2, 1, 3, False),  # seq 2 changed only qty: in place of the version from seq 1
         (1, "b", 4, 4, 3, 5, False),
         (1, "c", 6, 6, 6, 7, False),
-        (1, "d", 8, 8, 8, None, True),
+        (1, "d", 8, 8, 8, 65, False),
+        (1, "e", 65, 65, 65, None, True),
         (2, "x", 1, 1, 1, 2, False),
         (2, "late", 0, 2, 2, None, True),
+        (4, "z", 5, 5, 5, 10, False),
+        (4, "a", 10, 10, 10, 15, False),
+        (4, "q", 15, 15, 15, 20, False),
+        (4, "b", 20, 20, 20, 25, False),
+        (4, "c", 40, 40, 30, 45, False),
+        (4, "e", 45, 45, 45, 50, False),
+        (4, "d", 50, 50, 50, 60, False),
+        (4, "f", 60, 60, 60, None, True),
     ]
-    assert state(tmp_path / "t") == {1: (8, False), 2: (2, False)}, "no tombstone: each key's last change is live"
+    assert state(tmp_path / "t") == {1: (65, False), 2: (2, False), 4: (60, False)}, "late changes move no head"
+    # A late change with a stored change's sequence and other values cannot be placed: nothing is written.
+    before = DeltaTable(str(tmp_path / "t")).version()
+    with pytest.raises(MalformedRecordError, match=r"key id=4 have the same sequence \(_seq 30\) .*\['name'\]"):
+        s.write(changes([("update", 30, 4, "X", 30), ("update", 70, 4, "g", 70)]), 4)
+    assert DeltaTable(str(tmp_path / "t")).version() == before
 
 
 def test_delta_spark_engine_reports_missing_jars(tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -480,7 +506,7 @@ COMPOSITE = [
     [("insert", 1, 1, 5, "a"), ("update", 1, 1, 7, "b"), ("insert", 1, 0, 9, "z"),  # (0, 9) < (1, 5) < (1, 7)
      ("insert", 2, 2, 0, "x"), ("insert", 2, 2, 0, "x")],  # a redelivery: counted once
     [("update", 1, 1, 6, "stale"), ("update", 1, 2, 0, "c"), ("delete", 2, 2, 1, None)],
-    [("insert", 2, 2, 0, "older than the delete")],
+    [("insert", 2, 1, 9, "older than the delete")],
 ]
 
 
@@ -505,12 +531,15 @@ def check_composite(path: str, mode: str, form: str, write: Any, engine: str = "
             assert versions == [(1, "a", (1, 5), (1, 7)), (1, "b", (1, 7), None), (1, "z", (0, 9), (1, 5)),
                                 (2, "x", (2, 0), None)]
             return
-        assert versions == [(1, "a", (1, 5), (1, 7)), (1, "b", (1, 7), (2, 0)), (1, "c", (2, 0), None),
-                            (1, "z", (0, 9), (1, 5)), (2, "x", (2, 0), (2, 1))]
+        # The late changes are back-filled: "stale" splits the version of (1, 5), "older than the delete" is
+        # a version before key 2's first.
+        assert versions == [(1, "a", (1, 5), (1, 6)), (1, "b", (1, 7), (2, 0)), (1, "c", (2, 0), None),
+                            (1, "stale", (1, 6), (1, 7)), (1, "z", (0, 9), (1, 5)),
+                            (2, "older than the delete", (1, 9), (2, 0)), (2, "x", (2, 0), (2, 1))]
         return
     table = sorted((r["id"], r["name"], tuple(r[seq].values())) for r in got)
     if mode == "ordered" and batches == 3:  # no tombstone: the change older than the delete brings the key back
-        assert table == [(1, "c", (2, 0)), (2, "older than the delete", (2, 0))]
+        assert table == [(1, "c", (2, 0)), (2, "older than the delete", (1, 9))]
         return
     assert table == [(1, "c", (2, 0))]
     if mode == "ordered":
