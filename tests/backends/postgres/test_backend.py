@@ -368,3 +368,25 @@ def test_a_fresh_snapshot_query_exports_one_snapshot(postgres_dsn: str, tmp_path
         assert [p.name for p in (tmp_path / "snap").iterdir()] == ["snap_once"]
     finally:
         h.close()
+
+
+def test_chunk_reads_share_one_driver_database_and_leave_no_connection(postgres_dsn: str) -> None:
+    # The ADBC driver's database object reads the server's type catalog when made (~25 ms): one per process,
+    # shared by every chunk's connection, none of which outlives its read.
+    from psycopg import sql
+
+    from cdc.backends.postgres import catalog, chunks
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE shared_db (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO shared_db SELECT g, 'v' || g FROM generate_series(1, 10) g")
+        info = catalog.describe(conn, "public.shared_db")
+        open_before = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()").fetchone()
+        reads = [chunks.read_arrow(postgres_dsn, None, info, sql.SQL("id <= 5"), (), info.arrow_schema())]
+        made = chunks._DATABASES[postgres_dsn]
+        reads += [chunks.read_arrow(postgres_dsn, None, info, sql.SQL("id <= 5"), (), info.arrow_schema())
+                  for _ in range(2)]
+        open_after = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()").fetchone()
+    assert [r.num_rows for r in reads] == [5, 5, 5]
+    assert open_after == open_before
+    assert chunks._DATABASES[postgres_dsn] is made  # made once
