@@ -44,19 +44,29 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 TOPIC = "persistent://public/default/split-reads"
 
 
-def rows_scanned(spark: Any) -> int:
-    """The rows the last SQL execution's scan of ``format("cdc")`` output, from Spark's own metrics (its UI's
-    REST API): a count that adds no work to the measured read (an ``observe()`` would aggregate every row)."""
+def _executions(spark: Any) -> list[dict[str, Any]]:
     url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/sql?details=true"
     with urllib.request.urlopen(url, timeout=30) as answer:
-        executions = json.load(answer)
-    last = max(executions, key=lambda e: e["id"])
-    for node in last["nodes"]:
-        if node["nodeName"].startswith("BatchScan"):
-            for metric in node["metrics"]:
-                if metric["name"] == "number of output rows":
-                    return int(metric["value"].replace(",", ""))
-    raise SystemExit(f"no scan row count in Spark's metrics of execution {last['id']}: the figures are void")
+        return json.load(answer)
+
+
+def rows_scanned(spark: Any, after: int) -> int:
+    """The rows the scan of ``format("cdc")`` output in the first SQL execution after id ``after``, from Spark's
+    own metrics (its UI's REST API): a count that adds no work to the measured read (an ``observe()`` would
+    aggregate every row). The UI learns of an execution's end a moment after it: wait for it (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while True:
+        for execution in sorted(_executions(spark), key=lambda e: e["id"]):
+            if execution["id"] <= after or execution.get("status") != "COMPLETED":
+                continue
+            for node in execution["nodes"]:
+                if node["nodeName"].startswith("BatchScan"):
+                    for metric in node["metrics"]:
+                        if metric["name"] == "number of output rows":
+                            return int(metric["value"].replace(",", ""))
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no scan row count in Spark's metrics after execution {after}: the figures are void")
+        time.sleep(0.1)
 
 
 def timed_read(spark: Any, options: Mapping[str, str], expected: int) -> float:
@@ -64,10 +74,11 @@ def timed_read(spark: Any, options: Mapping[str, str], expected: int) -> float:
     reader = spark.read.format("cdc")
     for k, v in options.items():
         reader = reader.option(k, v)
+    after = max((e["id"] for e in _executions(spark)), default=-1)
     start = time.perf_counter()
     reader.load().write.format("noop").mode("overwrite").save()
     elapsed = time.perf_counter() - start
-    got = rows_scanned(spark)
+    got = rows_scanned(spark, after)
     if got != expected:
         raise SystemExit(f"a read with {dict(options)} gave {got} rows, not {expected}: the figures are void")
     return elapsed
