@@ -90,8 +90,7 @@ def stage_scd2(spec: SinkSpec, prepared: pa.Table, heads: pa.Table, history: pa.
     # Tracked: every value column of the table or the batch (a column the batch lacks is null in its changes).
     value_cols = [c for c in out.column_names
                   if c not in spec.keys and c not in (IS_DELETE, NOW, spec.sequence_by, COMMIT_TS, ACTION, FROM, TO)]
-    tracked = list(spec.track_history_columns) if spec.track_history_columns is not None else value_cols
-    tracked = [c for c in tracked if c in value_cols]
+    tracked = [c for c in spec.tracked(value_cols) if c in value_cols]
     back = stage_late(spec, prepared.filter(late), heads, history, tracked, out.schema)
     out = out.append_column(back.schema.field(AT), pa.nulls(out.num_rows, back.schema.field(AT).type))
     return pa.concat_tables([out, back])
@@ -118,8 +117,7 @@ def _stage_fresh(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Tabl
         c for c in prepared.column_names
         if c not in spec.keys and c not in (IS_DELETE, NOW, seq, COMMIT_TS) and not c.startswith(SET_PREFIX)
     ]
-    tracked = list(spec.track_history_columns) if spec.track_history_columns is not None else value_cols
-    tracked = [c for c in tracked if c in prepared.column_names]
+    tracked = [c for c in spec.tracked(value_cols) if c in prepared.column_names]
     on_heads = [c for c in value_cols if c in heads.column_names]
     head_cols = [*on_heads, seq, IS_CURRENT, DELETED_AT]
     heads = heads.select([*spec.keys, *head_cols]).rename_columns([*spec.keys, *(f"__h_{c}" for c in head_cols)])

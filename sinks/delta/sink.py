@@ -88,7 +88,10 @@ class DeltaUpsertSink:
     except_columns : the former name of ``except_column_list`` (deprecated).
     scd_type : 1 (keep the latest row; default) or 2 (keep history rows with ``_valid_from``/``_valid_to``/
         ``_is_current``).
-    track_history_columns : SCD type 2 only: changes to other columns update the current version in place.
+    track_history_column_list : SCD type 2 only: a change to these columns opens a version; a change to
+        other columns only updates the version before it in place. Default: every value column.
+    track_history_except_column_list : SCD type 2 only: every value column but these opens a version.
+    track_history_columns : the former name of ``track_history_column_list`` (deprecated).
     tombstone_retention : how long a delete's tombstone keeps older changes of the key from resurrecting it.
     prune_by_key_range : restrict each MERGE and each read of the tables to the batch's range of every key
         column, so files whose statistics lie outside it are skipped.
@@ -132,6 +135,8 @@ class DeltaUpsertSink:
         *,
         apply_as_deletes: str = DEFAULT_DELETE_CONDITION,
         scd_type: int = 1,
+        track_history_column_list: Sequence[str] | None = None,
+        track_history_except_column_list: Sequence[str] | None = None,
         track_history_columns: Sequence[str] | None = None,
         apply_as_truncates: str | Column | None = None,
         ignore_null_updates: bool = False,
@@ -160,6 +165,14 @@ class DeltaUpsertSink:
             warnings.warn("option 'except_columns' is deprecated; use 'except_column_list' (the same meaning)",
                           DeprecationWarning, stacklevel=2)
             except_column_list = except_columns
+        if track_history_columns is not None:
+            if track_history_column_list is not None:
+                raise OptionError("options 'track_history_columns' and 'track_history_column_list' were both "
+                                  "given; give 'track_history_column_list' (the former's new name)",
+                                  "track_history_columns")
+            warnings.warn("option 'track_history_columns' is deprecated; use 'track_history_column_list' (the same "
+                          "meaning)", DeprecationWarning, stacklevel=2)
+            track_history_column_list = track_history_columns
         #: apply_as_truncates as given (text or a Column), evaluated by Spark in the foreachBatch wrapper
         self.truncate_condition = apply_as_truncates
         try:
@@ -168,7 +181,8 @@ class DeltaUpsertSink:
                 sequence_by=sequence_by,  # type: ignore[arg-type]  # (a list: normalised by SinkSpec)
                 apply_as_deletes=apply_as_deletes,
                 scd_type=scd_type,
-                track_history_columns=None if track_history_columns is None else tuple(track_history_columns),
+                track_history_columns=track_history_column_list,  # type: ignore[arg-type]
+                track_history_except_column_list=track_history_except_column_list,  # type: ignore[arg-type]
                 except_column_list=() if except_column_list is None else except_column_list,  # type: ignore[arg-type]
                 column_list=None if column_list is None else column_list,  # type: ignore[arg-type]
                 ignore_null_updates=ignore_null_updates,

@@ -72,7 +72,10 @@ class SinkSpec:
     sequence_by: str = "_seq"
     apply_as_deletes: str = DEFAULT_DELETE_CONDITION
     scd_type: int = 1
+    #: SCD type 2: the columns whose change opens a version (``track_history_column_list``; None: see below).
     track_history_columns: tuple[str, ...] | None = None
+    #: SCD type 2: every value column but these opens a version (``track_history_except_column_list``).
+    track_history_except_column_list: tuple[str, ...] | None = None
     except_column_list: tuple[str, ...] = ()
     #: The value columns the table keeps (None: every one but ``except_column_list``).
     column_list: tuple[str, ...] | None = None
@@ -89,6 +92,14 @@ class SinkSpec:
     sequence_columns: tuple[str, ...] = field(default=(), init=False)
     hidden: frozenset[str] = field(default=frozenset(), init=False)
     reserved: tuple[str, ...] = field(default=(), init=False)
+
+    def tracked(self, value_columns: list[str]) -> list[str]:
+        """SCD type 2: the columns among ``value_columns`` whose change opens a version."""
+        if self.track_history_columns is not None:
+            return list(self.track_history_columns)
+        if self.track_history_except_column_list is not None:
+            return [c for c in value_columns if c not in self.track_history_except_column_list]
+        return value_columns
 
     def __post_init__(self) -> None:
         if isinstance(self.keys, str) or not self.keys:
@@ -147,16 +158,23 @@ class SinkSpec:
             if not isinstance(self.apply_as_truncates, str) or not self.apply_as_truncates.strip():
                 raise OptionError("option 'apply_as_truncates': give a SQL condition or a Column, e.g. "
                                   "\"_op = 'truncate'\"", "apply_as_truncates")
-        if self.track_history_columns is not None:
+        for name in ("track_history_columns", "track_history_except_column_list"):
+            listed = getattr(self, name)
+            if listed is None:
+                continue
+            option = "track_history_column_list" if name == "track_history_columns" else name
             if self.scd_type != 2:
-                raise OptionError("option 'track_history_columns' applies only to scd_type=2", "track_history_columns")
-            tracked = tuple(self.track_history_columns)
-            object.__setattr__(self, "track_history_columns", tracked)
-            bad = [c for c in tracked if c in self.keys or c in excepted]
+                raise OptionError(f"option {option!r} applies only to scd_type=2", option)
+            if isinstance(listed, str):
+                raise OptionError(f"option {option!r}: give a list of column names, not one name", option)
+            listed = tuple(listed)
+            object.__setattr__(self, name, listed)
+            bad = [c for c in listed if c in self.keys or (name == "track_history_columns" and c in excepted)]
             if bad:
-                raise OptionError(
-                    f"option 'track_history_columns': {bad} are key or excluded columns", "track_history_columns"
-                )
+                raise OptionError(f"option {option!r}: {bad} are key or excluded columns", option)
+        if self.track_history_columns is not None and self.track_history_except_column_list is not None:
+            raise OptionError("options 'track_history_column_list' and 'track_history_except_column_list' were "
+                              "both given; give one of them", "track_history_column_list")
         if self.tombstone_retention < timedelta(0):
             raise OptionError("option 'tombstone_retention' must not be negative", "tombstone_retention")
         accepted = BOOKKEEPING if self.scd_type == 2 else BOOKKEEPING[:2]

@@ -119,7 +119,7 @@ class SinkMachine(RuleBasedStateMachine):
 
     def _new_sink(self) -> DeltaUpsertSink:
         return DeltaUpsertSink(
-            self.path, keys=["k1", "k2"], scd_type=self.scd_type, track_history_columns=self.track,
+            self.path, keys=["k1", "k2"], scd_type=self.scd_type, track_history_column_list=self.track,
             app_id="prop-test", compact_every=4, tombstone_retention=timedelta(hours=1), clock=lambda: self.now,
             ignore_null_updates_column_list=self.ignore_nulls or None, sequence_by=self.sequence_by,
         )

@@ -90,7 +90,7 @@ class Twin:
     def _new_sink(self) -> Any:
         def make(path: str, engine: str) -> DeltaUpsertSink:
             return DeltaUpsertSink(
-                path, keys=["k1", "k2"], scd_type=self.scd_type, track_history_columns=self.track, app_id="prop-test",
+                path, keys=["k1", "k2"], scd_type=self.scd_type, track_history_column_list=self.track, app_id="prop-test",
                 compact_every=4, tombstone_retention=timedelta(hours=1), clock=lambda: self.now, engine=engine,
             )
 

@@ -63,7 +63,14 @@ def sink(path: Path, **kw: Any) -> DeltaUpsertSink:
         ({"scd_type": 3}, "scd_type"),
         ({"except_columns": ["id"]}, "except_columns"),
         ({"except_columns": ["_seq"]}, "except_columns"),
-        ({"track_history_columns": ["name"]}, "track_history_columns"),  # needs scd_type=2
+        ({"track_history_column_list": ["name"]}, "track_history_column_list"),  # needs scd_type=2
+        ({"track_history_except_column_list": ["name"]}, "track_history_except_column_list"),  # the same
+        ({"scd_type": 2, "track_history_except_column_list": ["id"]}, "track_history_except_column_list"),  # a key
+        ({"scd_type": 2, "track_history_column_list": "name"}, "track_history_column_list"),  # a list
+        ({"scd_type": 2, "track_history_column_list": ["name"], "track_history_except_column_list": ["qty"]},
+         "track_history_column_list"),
+        ({"scd_type": 2, "track_history_columns": ["name"], "track_history_column_list": ["name"]},
+         "track_history_columns"),
         ({"engine": "duckdb"}, "engine"),
         ({"compact_every": 0}, "compact_every"),
         ({"sequence_by": "id"}, "sequence_by"),
@@ -284,8 +291,11 @@ def test_key_range_prunes_files(tmp_path: Path) -> None:
         assert "210" not in merge["operationParameters"]["mergePredicate"], merge["operationParameters"]
 
 
-def test_scd2_history_and_tracked_columns(tmp_path: Path) -> None:
-    s = sink(tmp_path / "t", scd_type=2, track_history_columns=["name"])
+@pytest.mark.parametrize("tracking", [{"track_history_column_list": ["name"]},
+                                      {"track_history_except_column_list": ["qty"]},
+                                      {"track_history_columns": ["name"]}])  # the deprecated name
+def test_scd2_history_and_tracked_columns(tmp_path: Path, tracking: dict[str, list[str]]) -> None:
+    s = sink(tmp_path / "t", scd_type=2, **tracking)
     s.write(changes([("insert", 1, 1, "a", 1)]), 0)
     s.write(changes([("update", 2, 1, "a", 2)]), 1)  # only an untracked column: in place
     s.write(changes([("update", 3, 1, "b", 3)]), 2)  # tracked: a new version
@@ -301,7 +311,7 @@ def test_scd2_history_and_tracked_columns(tmp_path: Path) -> None:
 
 
 def test_scd2_every_change_of_a_batch_is_a_version_and_late_changes_are_back_filled(tmp_path: Path) -> None:
-    s = sink(tmp_path / "t", scd_type=2, track_history_columns=["name"])
+    s = sink(tmp_path / "t", scd_type=2, track_history_column_list=["name"])
     s.write(changes([("insert", 1, 1, "a", 1), ("insert", 1, 2, "x", 1)]), 0)
     s.write(changes([
         ("update", 3, 1, "b", 3), ("update", 2, 1, "a", 2),  # out of order inside the batch: both apply
