@@ -36,6 +36,18 @@ machine's load drifts between rounds, much less within one). The modes of the si
 * **safe delta-spark**: ``engine="delta-spark", ordered=False`` (the state table's MERGE too);
 * **ordered delta-rs**: ``engine="delta-rs"`` (pipelined unless ``--sync``) with the source's mark.
 
+With ``--scd 2`` the run measures SCD type 2 instead (delta-rs, merging inside foreachBatch), on changes that
+carry their own sequence column ``ver`` (``sequence_by="ver"``): the table's rows are the warm-up batch, then
+the same change batches go, in each paired round, through
+
+* **SCD type 1**: ``DeltaUpsertSink(scd_type=1, sequence_by="ver")``;
+* **SCD type 2 in order**: ``scd_type=2``, every change newer than its key's head;
+* **SCD type 2 with 1% late changes**: the same batches but 1% of each batch's changes (after the first) are
+  updates of keys changed in the batch before, with a ``ver`` between the key's first version and its head:
+  each is placed into the key's history, splitting a version (back-fill);
+
+and prints ``scd2 late/in-order <r>`` (target >= 0.8) and ``scd2/scd1 <r>``, then ``ratio`` (the first).
+
 Prints changes/s for each variant, the labelled ratios, last among them ``ordered delta-spark/hand-written
 <r>``, ``safe delta-spark/hand-written <r>`` and ``ordered delta-rs/delta-rs-alone <r>``, then ``ratio <r>``
 (ordered delta-spark / hand-written; with ``--engine delta-rs``: ordered delta-rs / delta-rs alone).
@@ -56,6 +68,7 @@ from typing import Any
 import click
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from record import append_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,6 +203,7 @@ def hand_written(path: str) -> Callable[[object, int], None]:
 def stream(
     spark: object, work: Path, name: str, apply: Callable[[object, int], None], warmup: pa.Table, batches: list[pa.Table],
     batch: int, verbose: bool, flush: Callable[[], None] = lambda: None,
+    schema: list[tuple[str, pa.DataType]] = SCHEMA,
 ) -> tuple[float, float, list[int]]:
     """Streaming queries from a fresh local change log into ``apply``: (seconds for ``batches``, seconds of the
     warm-up run, the micro-batches' sizes).
@@ -201,7 +215,7 @@ def stream(
     twice (without caching it)."""
     from cdc.backends.local import LocalLog
 
-    log = LocalLog.create(work / f"log-{name}", SCHEMA, ["id"])
+    log = LocalLog.create(work / f"log-{name}", schema, ["id"])
     log.append(warmup)
     ends: list[float] = []
     sizes: list[int] = []
@@ -240,6 +254,98 @@ def stream(
     return elapsed, startup, sizes
 
 
+def versioned(batches: list[pa.Table], late_share: float, seed: int) -> list[pa.Table]:
+    """The batches with a sequence column ``ver`` (10 per change, in delivery order: room for late values), and
+    with ``late_share`` of each batch's changes after the first replaced by late updates: keys updated in the
+    batch before, at a ``ver`` between the key's first version (0) and its head."""
+    rng = np.random.default_rng(seed)
+    out: list[pa.Table] = []
+    counter = 1
+    previous_updates: tuple[np.ndarray, np.ndarray] | None = None
+    for b in batches:
+        n = b.num_rows
+        ver = np.arange(counter, counter + n, dtype=np.int64) * 10
+        counter += n
+        t = b.append_column("ver", pa.array(ver))
+        is_update = np.asarray(pc.equal(t.column("_op"), "update").to_numpy(zero_copy_only=False))
+        if late_share > 0 and previous_updates is not None:
+            k = int(n * late_share)
+            ids, vers = previous_updates
+            pick = rng.choice(len(ids), k, replace=False)
+            late_ids, late_vers = ids[pick], vers[pick] - 5  # older than the head, newer than version 0
+            replace_rows = rng.choice(np.flatnonzero(is_update), k, replace=False)
+            keep = np.ones(n, dtype=bool)
+            keep[replace_rows] = False
+            kept_ids = set(t.column("id").to_numpy()[keep].tolist())
+            late_ids_ok = np.array([i for i in late_ids if i not in kept_ids], dtype=np.int64)
+            late_vers = late_vers[np.isin(late_ids, late_ids_ok)]
+            late = pa.table({"_op": pa.array(["update"] * len(late_ids_ok), pa.string()),
+                             **rows(late_ids_ok, rng), "ver": pa.array(late_vers, pa.int64())})
+            t = pa.concat_tables([t.filter(pa.array(keep)), late.select(t.column_names)])
+        mask = np.asarray(pc.equal(b.column("_op"), "update").to_numpy(zero_copy_only=False))
+        previous_updates = (b.column("id").to_numpy()[mask], ver[mask])
+        out.append(t)
+    return out
+
+
+def scd_main(table_rows: int, batch: int, n: int, r_count: int, verbose: bool) -> None:
+    """``--scd 2``: SCD type 2 in order and with 1% late changes, and SCD type 1, on the same batches."""
+    from sinks.delta import DeltaUpsertSink
+
+    rng = np.random.default_rng(7)
+    initial = pa.table({"_op": pa.array(["insert"] * table_rows, pa.string()),
+                        **rows(np.arange(table_rows, dtype=np.int64), rng),
+                        "ver": pa.array(np.zeros(table_rows, dtype=np.int64))})
+    changes = make_batches(table_rows, batch, n, seed=11)
+    in_order, late = versioned(changes, 0.0, 3), versioned(changes, 0.01, 3)
+    late_count = sum(int((b.column("ver").to_numpy() % 10 != 0).sum()) for b in late)  # late: ver % 10 == 5
+    total = n * batch
+    variants = {"scd1": (1, in_order), "scd2": (2, in_order), "scd2-late": (2, late)}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    work = Path(tempfile.mkdtemp(prefix="cdc-to-delta-scd-"))
+    load = os.getloadavg()
+    try:
+        spark = spark_session()
+        for r in range(r_count):
+            names = list(variants)
+            order = names[r % len(names):] + names[:r % len(names)]
+            for v in order:
+                scd_type, batches = variants[v]
+                table = str(work / f"{v}-{r}")
+                apply = DeltaUpsertSink(table, keys=["id"], sequence_by="ver", scd_type=scd_type, compact_every=None,
+                                        engine="delta-rs")
+                t, _, sizes = stream(spark, work, f"{v}-{r}", apply, initial, batches, batch, verbose,
+                                     schema=[*SCHEMA, ("ver", pa.int64())])
+                times[v].append(t)
+                if verbose:
+                    print(f"round {r} {v}: {t:.2f} s (micro-batches {sizes})")
+        spark.stop()  # type: ignore[attr-defined]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"table {table_rows} rows, {n} batches x {batch} changes (50% update, 40% insert, 10% delete; the late "
+          f"run: {late_count} late updates in all), {r_count} paired round(s), delta-rs; load average at start "
+          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, at end {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
+    labels = {"scd1": "SCD type 1 (sequence_by='ver')", "scd2": "SCD type 2, in order",
+              "scd2-late": "SCD type 2, 1% late changes (back-filled)"}
+    figures: dict[str, tuple[float, str]] = {}
+    for key, ts in times.items():
+        rate = total / float(np.median(ts))
+        figures[labels[key]] = (rate, "changes/s")
+        print(f"{labels[key]}: median {np.median(ts):.2f} s ({', '.join(f'{t:.2f}' for t in ts)}), {rate:,.0f} changes/s")
+
+    def ratio(reference: str, ours: str) -> float:
+        return float(np.median([a / b for a, b in zip(times[reference], times[ours], strict=True)]))
+
+    ratios = {"scd2/scd1": ratio("scd1", "scd2"), "scd2 late/in-order": ratio("scd2", "scd2-late")}
+    for name, value in ratios.items():
+        print(f"{name} {value:.3f}")
+    figures.update({name: (value, "ratio") for name, value in ratios.items()})
+    last = ratios["scd2 late/in-order"]
+    append_record("cdc_to_delta", figures, ratio=last, target=">= 0.8",
+                  params={"scd": 2, "changes": total, "rounds": r_count, "late": late_count})
+    print(f"ratio {last:.3f}")
+
+
 @click.command()
 @click.option("--engine", type=click.Choice(["delta-rs", "delta-spark"]), default="delta-spark", show_default=True,
               help="delta-rs: only the delta-rs variants (no io.delta jars needed).")
@@ -250,15 +356,20 @@ def stream(
 @click.option("--rounds", type=int, default=None, help="Paired rounds (default 3; 1 with --quick).")
 @click.option("--table-rows", type=int, default=1_000_000, show_default=True)
 @click.option("--batch", type=int, default=100_000, show_default=True)
+@click.option("--scd", type=click.Choice(["1", "2"]), default="1", show_default=True,
+              help="2: SCD type 2 in order and with 1% late changes, and SCD type 1, on the same batches (delta-rs).")
 @click.option("--cluster", is_flag=True,
               help="Run the driver on a Spark standalone cluster started here (master and 2 one-core workers on "
                    "loopback, as tests/cluster) instead of local[2].")
 def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | None, rounds: int | None,
-         table_rows: int, batch: int, cluster: bool) -> None:
+         table_rows: int, batch: int, scd: str, cluster: bool) -> None:
     from sinks.delta import DeltaUpsertSink
 
     n = batches or (2 if quick else 10)
     r_count = rounds or (1 if quick else 3)
+    if scd == "2":
+        scd_main(table_rows, batch, n, r_count, verbose)
+        return
     rng = np.random.default_rng(7)
     initial = pa.table(rows(np.arange(table_rows, dtype=np.int64), rng))
     warmup, *changes = make_batches(table_rows, batch, n + 1, seed=11)
