@@ -104,7 +104,10 @@ def stage_late(spec: SinkSpec, rows: pa.Table, heads: pa.Table, history: pa.Tabl
              "row": {c: r.get(c) for c in values}}
         v["seq"], v["s"] = (r[seq], hist_ord[seq][i]) if seq in hist_ord and r.get(seq) is not None else (None, None)
         by_key.setdefault(tuple(r[k] for k in keys), []).append(v)
-    tombs = {tuple(r[k] for k in keys): r[DELETED_AT] is not None for r in heads.to_pylist()}
+    # Only the late keys' heads become Python values (the batch's heads are every key it touches).
+    late_heads = join_left(rows.select(keys), heads.select([*keys, DELETED_AT]), keys)
+    tombs = dict(zip(zip(*(late_heads.column(k).to_pylist() for k in keys), strict=True),
+                     pc.is_valid(late_heads.column(DELETED_AT)).to_pylist(), strict=True))
     now = ch_rows[0][NOW] if ch_rows else None
     out: list[dict[str, Any]] = []
     i, n = 0, len(ch_rows)
