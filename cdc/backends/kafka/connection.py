@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -125,6 +126,10 @@ def _passing(exc: BaseException) -> bool:
     return getattr(error, "name", lambda: "")() in _PASSING or bool(getattr(error, "retriable", lambda: False)())
 
 
+#: librdkafka's codes for a cluster it cannot reach (yet): asked again until the metadata timeout.
+_UNREACHABLE = frozenset({-195, -187})  # KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN
+
+
 def _unavailable(what: str, exc: object, options: KafkaOptions) -> BackendUnavailableError:
     return BackendUnavailableError(f"{what} from {options.setting('bootstrap.servers')}: {exc}")
 
@@ -152,14 +157,25 @@ class Cluster:
         return self._admin
 
     def metadata(self, topic: str | None = None) -> Any:
+        """The cluster's metadata (of ``topic``), waited for up to ``metadataTimeoutMs``: a broker that cannot be
+        reached yet (restarting: the client reports a transport failure at once) is asked again meanwhile."""
         import confluent_kafka
 
-        try:
-            return self.consumer.list_topics(topic, timeout=self.timeout_s)
-        except confluent_kafka.KafkaException as exc:
-            self.consumer.poll(0)  # serves the client's error callbacks (_note)
-            refused(self.refusal)  # what the broker said, when it refused the credentials or the certificate
-            raise _unavailable("listing topics", exc, self.options) from None
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return self.consumer.list_topics(topic, timeout=max(deadline - time.monotonic(), 0.1))
+            except confluent_kafka.KafkaException as exc:
+                self.consumer.poll(0)  # serves the client's error callbacks (_note)
+                refused(self.refusal)  # what the broker said, when it refused the credentials or the certificate
+                error: Any = exc.args[0] if exc.args else None
+                code = error.code() if hasattr(error, "code") else None
+                if code in _UNREACHABLE and time.monotonic() < deadline - 1:
+                    log.info("listing topics from %s: %s; asking again", self.options.setting("bootstrap.servers"),
+                             error)
+                    time.sleep(1)
+                    continue
+                raise _unavailable("listing topics", exc, self.options) from None
 
     def _note(self, error: Any) -> None:
         """The client's error callback: keeps the last refusal (authentication, TLS) for :meth:`metadata`."""
