@@ -20,9 +20,11 @@ server still has the binary log it needs; else a new start is taken).
 **Cuts and chunks.** A batch that reads chunks opens a cut ``P`` on the driver (a consistent-snapshot
 transaction, held until the next batch is planned): the batch's change range ends exactly at ``P`` and its
 chunk bounds are found in it, an index scan of ``snapshot.chunkRows`` keys each. MariaDB cannot hand a read
-view to another connection, so the chunks of the batch are read on the driver in that same transaction when
-Spark asks for the batch's partitions, and kept in :class:`cdc.snapshots.store.ChunkStore` (write-once
-files); the tasks yield the kept rows. Rows carry ``_seq = P - 1``: a record's position is its rows event's
+view to another connection, so the chunks of the batch are read on the driver when Spark asks for the batch's
+partitions, and kept in :class:`cdc.snapshots.store.ChunkStore` (write-once files); the tasks yield the kept
+rows. A table with an integer key is read by ``connectorx`` (:mod:`.arrowread`) at a consistent snapshot of
+its own, whose position the file records as a late read's (below); any other, or when ``connectorx`` cannot
+(TLS, an error), in the cut's own transaction. Rows carry ``_seq = P - 1``: a record's position is its rows event's
 offset, which lies below the end of its transaction, so every change before ``P`` is below ``P - 1`` and every
 change at or after ``P`` above it. A replayed batch whose cut is gone (the driver restarted) reads its missing
 chunks at a new consistent snapshot ``Q`` (exact as well), which the file records: the next batch's planning
@@ -56,7 +58,7 @@ import pyarrow as pa
 import pymysql
 
 from cdc.backend import PlannedRange
-from cdc.backends.mysql import connection, keys
+from cdc.backends.mysql import arrowread, connection, keys
 from cdc.backends.mysql.catalog import TableInfo
 from cdc.backends.mysql.errors import ServerSettingError
 from cdc.backends.mysql.keys import KeyColumn
@@ -120,9 +122,9 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
 
-def read_rows(conn: Any, layout: Layout, info: TableInfo, columns: Sequence[KeyColumn], cond: str,
-              params: Sequence[Any], channel: str, seq: int) -> pa.Table:
-    """The rows of ``info`` meeting ``cond`` in the connection's transaction, as snapshot records of the layout."""
+def fetch_rows(conn: Any, info: TableInfo, cond: str, params: Sequence[Any]) -> pa.Table:
+    """The rows of ``info`` meeting ``cond`` in the connection's transaction, as its columns' Arrow types
+    (PyMySQL: every value decoded in Python)."""
     names = [n for n, _ in info.columns]
     select = ", ".join(keys.quote(n) for n in names)
     raw: list[list[Any]] = [[] for _ in names]
@@ -134,18 +136,35 @@ def read_rows(conn: Any, layout: Layout, info: TableInfo, columns: Sequence[KeyC
                 break
             for j, values in enumerate(zip(*got, strict=True)):
                 raw[j].extend(values)
-    arrays = [from_text(t, raw[j], t.arrow()) for j, (_, t) in enumerate(info.columns)]
+    return pa.table([from_text(t, raw[j], t.arrow()) for j, (_, t) in enumerate(info.columns)], names=names)
+
+
+def as_records(layout: Layout, info: TableInfo, data: pa.Table, channel: str, seq: int) -> pa.Table:
+    """A table's rows (its columns' Arrow types) as snapshot records of the layout."""
+    names = [n for n, _ in info.columns]
     schema = layout.arrow_schema()
     when = datetime.now(UTC)
-    if layout.typed:
-        data = pa.table(dict(zip(names, arrays, strict=True)))
-    else:
-        n = len(raw[0]) if raw else 0
-        texts = [a.to_pylist() for a in arrays]
+    if not layout.typed:
+        n = data.num_rows
+        texts = [data.column(name).to_pylist() for name in names]
         key_texts, rows = json_texts(names, texts, info.keys, [Op.INSERT.value] * n)
         data = pa.table({JSON_TABLE: pa.repeat(pa.scalar(info.name, pa.string()), n),
                          JSON_KEY: pa.array(key_texts, pa.string()), JSON_ROW: pa.array(rows, pa.string())})
     return with_meta(schema, data, channel, seq, when)
+
+
+def read_rows(conn: Any, layout: Layout, info: TableInfo, columns: Sequence[KeyColumn], cond: str,
+              params: Sequence[Any], channel: str, seq: int) -> pa.Table:
+    """The rows of ``info`` meeting ``cond`` in the connection's transaction, as snapshot records of the layout."""
+    return as_records(layout, info, fetch_rows(conn, info, cond, params), channel, seq)
+
+
+def _plain(endpoint: Endpoint, conn: Any) -> bool:
+    """The driver's connection runs without TLS, as a ``connectorx`` one would (it is given no TLS settings)."""
+    if endpoint.ssl_mode not in ("disabled", "preferred"):
+        return False
+    cipher = connection.query(conn, "SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+    return not cipher or not _text(cipher[0][1])
 
 
 @dataclass
@@ -166,13 +185,25 @@ class ChunkedReads:
     def table(self, name: str) -> TableInfo:
         return next(t for t in self.layout.tables if t.name == name)
 
-    def read_at(self, conn: Any, cut: Cut, table: str, after: Key | None, upto: Key) -> pa.Table:
-        """The rows of ``(after, upto]`` in ``conn``'s consistent snapshot, whose position is ``cut``'s."""
-        cond, params = keys.range_condition(self.key_columns[table], after, upto)
-        return read_rows(conn, self.layout, self.table(table), self.key_columns[table], cond, params,
-                         CHUNK_PREFIX + table, cut.seq)
+    def read_at(self, conn: Any, cut: Cut, table: str, after: Key | None, upto: Key) -> tuple[pa.Table, Cut]:
+        """The rows of ``(after, upto]`` and the cut they were read at: by ``connectorx`` at a consistent snapshot
+        of its own when it can read the table exactly (:mod:`.arrowread`), else in ``conn``'s consistent snapshot,
+        whose position is ``cut``'s."""
+        info, columns = self.table(table), self.key_columns[table]
+        if arrowread.usable(columns) and _plain(self.endpoint, conn):
+            try:
+                data, position = arrowread.read(self.endpoint, info, columns, after, upto)
+            except Exception as exc:  # noqa: BLE001 - any failure of the fast path falls back to the exact one
+                log.warning("chunk (%s, %s] of %s: connectorx could not read it (%s: %s); reading it with PyMySQL",
+                            after, upto, table, type(exc).__name__, str(exc)[:300])
+            else:
+                at = cut_at(position)
+                return as_records(self.layout, info, data, CHUNK_PREFIX + table, at.seq), at
+        cond, params = keys.range_condition(columns, after, upto)
+        return read_rows(conn, self.layout, info, columns, cond, params, CHUNK_PREFIX + table, cut.seq), cut
 
-    def keep(self, planned: Cut, cut: Cut, table: str, after: Key | None, upto: Key, rows: pa.Table) -> pa.Table:
+    def keep(self, planned: Cut, table: str, after: Key | None, upto: Key, read: tuple[pa.Table, Cut]) -> pa.Table:
+        rows, cut = read
         return self.store().put_once(int(planned.pos), entry_name(table, after, upto), rows,
                                      {"cut": json.dumps(cut.to_json())})[0]
 
@@ -192,7 +223,7 @@ class ChunkedReads:
             cut = cut_at(position)
             log.warning("chunk (%s, %s] of %s was not kept by the driver: reading it at %d", after, upto, table,
                         position)
-            return self.keep(planned, cut, table, after, upto, self.read_at(conn, cut, table, after, upto))
+            return self.keep(planned, table, after, upto, self.read_at(conn, cut, table, after, upto))
         finally:
             conn.close()
 
@@ -332,7 +363,7 @@ class MySQLChunkedSnapshot:
                         planned.pos, len(missing), position)
         try:
             for table, after, upto in missing:
-                reads.keep(planned, cut, table, after, upto, reads.read_at(conn, cut, table, after, upto))
+                reads.keep(planned, table, after, upto, reads.read_at(conn, cut, table, after, upto))
         finally:
             if own is not None:
                 own.close()
