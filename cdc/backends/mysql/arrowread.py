@@ -105,7 +105,13 @@ def read(endpoint: Endpoint, info: TableInfo, columns: Sequence[KeyColumn], afte
     exprs = [f"{expression(n, t)} AS c{j}" for j, (n, t) in enumerate(info.columns)]
     sql = (f"SELECT s.f, s.p, {', '.join(exprs)} FROM (SELECT {_STATUS.format('BINLOG_SNAPSHOT_FILE')} AS f, "
            f"{_STATUS.format('BINLOG_SNAPSHOT_POSITION')} AS p) AS s LEFT JOIN {table_name(info)} AS t ON {cond}")
-    got = connectorx.read_sql(_url(endpoint), sql, return_type="arrow", pre_execution_query=list(PRE_QUERIES))
+    url = _url(endpoint)
+    try:
+        got = connectorx.read_sql(url, sql, return_type="arrow", pre_execution_query=list(PRE_QUERIES))
+    except Exception as e:  # its message may quote the connection string, password included: never passed on
+        password = str(endpoint.connect_args().get("password") or "")
+        text = str(e).replace(url, "mysql://***")
+        raise RuntimeError(text.replace(password, "***") if password else text) from None
     if got.num_rows == 0 or got.column(0)[0].as_py() in (None, ""):
         raise RuntimeError("the server did not report the consistent snapshot's binary log position")
     name, offset = got.column(0)[0].as_py(), got.column(1)[0].as_py()
