@@ -59,6 +59,31 @@ class Range:
     upto: Key | None
 
 
+def ranges_between(bounds: Sequence[Key], last: Key | None) -> list[Range]:
+    """The chunks a source's sorted upper ``bounds`` cut its keys into: one per bound, then one after the
+    ``last`` key (new keys land there); one open range for an empty table (``last`` None)."""
+    if last is None:
+        return [Range(None, None)]
+    out, after = [], None
+    for upto in bounds:
+        out.append(Range(after, upto))
+        after = upto
+    return [*out, Range(last, None)]
+
+
+def integer_range_filter(name: str, ranges: Sequence[Range]) -> ds.Expression | None:
+    """A filter of the Delta rows inside ``ranges`` (adjacent, in order) on a single integer key ``name``."""
+    if not ranges:
+        return None
+    field = ds.field(name)
+    where = ds.scalar(True)
+    if ranges[0].after is not None:
+        where = where & (field > pa.scalar(int(ranges[0].after[0]), pa.int64()))
+    if ranges[-1].upto is not None:
+        where = where & (field <= pa.scalar(int(ranges[-1].upto[0]), pa.int64()))
+    return where
+
+
 @dataclass(frozen=True)
 class SourceRow:
     """A row as a report shows it: its key's text forms and its values."""

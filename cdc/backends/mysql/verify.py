@@ -73,7 +73,7 @@ from cdc.backends.mysql.options import parse_dsn
 from cdc.backends.mysql.snapshot import open_snapshot
 from cdc.errors import OptionError
 from cdc.verify.canonical import PREFIXED, SHORT, Kind, kind_of
-from cdc.verify.compare import Range, SourceRow, VerifyError
+from cdc.verify.compare import Range, SourceRow, VerifyError, integer_range_filter, ranges_between
 
 CHANNEL = "changes"
 _BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "char", "varchar",
@@ -184,14 +184,9 @@ class MySQLRead:
         s = self.source
         with self.lock:
             last = keys.last_key(self.conn, s.info, s.key_columns)
-            if last is None:
-                return [Range(None, None)]
-            bounds = keys.next_bounds(self.conn, s.info, s.key_columns, None, last, chunk_rows, 1 << 62)
-        out, after = [], None
-        for upto in bounds:
-            out.append(Range(after, upto))
-            after = upto
-        return [*out, Range(last, None)]
+            bounds = [] if last is None else keys.next_bounds(self.conn, s.info, s.key_columns, None, last,
+                                                              chunk_rows, 1 << 62)
+        return ranges_between(bounds, last)
 
     def checksum(self, chunk: Range, columns: Sequence[tuple[str, Kind]], keys_: Sequence[str]) -> tuple[int, int]:
         order = ", ".join(quote(k) for k in keys_)
@@ -436,13 +431,7 @@ class MySQLVerifySource:
     def range_filter(self, ranges: Sequence[Range]) -> ds.Expression | None:
         if not self.integer_key or not ranges:
             return None
-        field = ds.field(self.keys[0])
-        where = ds.scalar(True)
-        if ranges[0].after is not None:
-            where = where & (field > pa.scalar(int(ranges[0].after[0]), pa.int64()))
-        if ranges[-1].upto is not None:
-            where = where & (field <= pa.scalar(int(ranges[-1].upto[0]), pa.int64()))
-        return where
+        return integer_range_filter(self.keys[0], ranges)
 
     def _checkpoint_position(self) -> int:
         from cdc.checkpoint import CheckpointError, last_committed

@@ -33,7 +33,7 @@ from cdc.backends.postgres.errors import NoPrimaryKeyError
 from cdc.backends.postgres.positions import pack, parse_lsn
 from cdc.errors import OptionError
 from cdc.verify.canonical import MOD, PREFIXED, SHORT, Kind, kind_of
-from cdc.verify.compare import Range, SourceRow, VerifyError
+from cdc.verify.compare import Range, SourceRow, VerifyError, integer_range_filter, ranges_between
 
 
 def _value(column: str, kind: Kind, type_oid: int) -> sql.Composable:
@@ -116,14 +116,9 @@ class PostgresRead:
     def ranges(self, chunk_rows: int) -> list[Range]:
         s = self.source
         last = keys.last_key(self.conn, s.info, s.key_columns)
-        if last is None:
-            return [Range(None, None)]
-        bounds = keys.next_bounds(self.conn, s.info, s.key_columns, None, last, chunk_rows, 1 << 62)
-        out, after = [], None
-        for upto in bounds:
-            out.append(Range(after, upto))
-            after = upto
-        return [*out, Range(last, None)]
+        bounds = [] if last is None else keys.next_bounds(self.conn, s.info, s.key_columns, None, last, chunk_rows,
+                                                          1 << 62)
+        return ranges_between(bounds, last)
 
     def split(self, chunk: Range, rows: int, columns: Sequence[tuple[str, Kind]],
               keys_: Sequence[str]) -> list[tuple[Range, int, int]]:
@@ -334,13 +329,7 @@ class PostgresVerifySource:
         # Only a single integer key is ordered by Arrow as PostgreSQL orders it (text sorts by a collation).
         if not (keys.python_ordered(self.key_columns) and len(self.key_columns) == 1) or not ranges:
             return None
-        field = ds.field(self.keys[0])
-        where = ds.scalar(True)
-        if ranges[0].after is not None:
-            where = where & (field > pa.scalar(int(ranges[0].after[0]), pa.int64()))
-        if ranges[-1].upto is not None:
-            where = where & (field <= pa.scalar(int(ranges[-1].upto[0]), pa.int64()))
-        return where
+        return integer_range_filter(self.keys[0], ranges)
 
     def pipeline_position(self) -> int | None:
         if self.slot is None:
