@@ -32,13 +32,15 @@ __all__ = ["CHANGES", "PostgresRangeReader", "read_chunk"]
 
 class PostgresRangeReader(RangeReader):
     def __init__(self, dsn: SecretStr, slot: str, publication: str, layout: Layout, snapshot_dir: str | None,
-                 chunked: ChunkedReads | None = None) -> None:
+                 chunked: ChunkedReads | None = None, only: frozenset[str] | None = None) -> None:
         self.dsn = dsn
         self.slot = slot
         self.publication = publication
         self.layout = layout
         self.snapshot_dir = snapshot_dir
         self.chunked = chunked
+        self.only = only
+        """The tables whose changes a read delivers (``None``: the layout's)."""
 
     def read(self, channel: str, start: Position, end: Position) -> Iterator[pa.RecordBatch]:
         if channel.startswith(CHUNK_PREFIX):
@@ -51,7 +53,7 @@ class PostgresRangeReader(RangeReader):
         with connection.connect(self.dsn.get_secret_value()) as conn:
             connection.check_held(conn, self.slot, int(start))
             messages = connection.peek(conn, self.slot, self.publication, lsn_of(int(end)))
-            yield from decode_changes(messages, self.layout, CHANGES, int(start), int(end))
+            yield from decode_changes(messages, self.layout, CHANGES, int(start), int(end), only=self.only)
 
     def read_window(self, channel: str, start: Position, end: Position, window: Any) -> Iterator[pa.RecordBatch]:
         """A chunked snapshot's chunk ``(start, end]`` of keys, or a change range that holds keys back."""
