@@ -50,7 +50,6 @@ from cdc.offsets import ChannelOffset, Offset, OffsetJson
 from cdc.snapshots.planning import (
     CHUNK_PREFIX,
     ChunkedSnapshot,
-    TableAdder,
     add_tables,
     advance,
     chunk_ranges,
@@ -508,7 +507,6 @@ class Planner:
         source = self.backend.source_state()
         if change.removed and begin.snapshot is not None:
             kept = {n: t for n, t in begin.snapshot.tables.items() if n not in change.removed}
-            log.info("tables %s are no longer read: their snapshot stops", sorted(change.removed))
             begin = replace(begin, snapshot=SnapshotState(kept, begin.snapshot.cut)
                             if kept or begin.snapshot.cut is not None else None)
         if begin.snapshot is not None or change.added:
@@ -522,19 +520,16 @@ class Planner:
             end = self._next_chunked(start, begin, chunked, max_records, until, change.added)
         else:
             end = self._next_changes(start, begin, max_records, until, respect_lineage)
-        if source is None or source == begin.source:
+        if source is None or (end is start and (source == begin.source or begin.initial)):
             return end
         if end is start:  # nothing to read, but the set-up changed: a restart must see it recorded
-            if begin.initial:
-                return end
             settled = None if begin.snapshot is None else begin.snapshot.settled()
             return Offset(begin.without_from(), turn=begin.turn, snapshot=settled if settled and settled.tables else None,
                           source=source).to_json()
         return {**end, "source": source}
 
     def prepare_read(self, end: OffsetJson) -> None:
-        """Before the batch that ends at ``end`` is read (maybe a replay after a restart, which plans nothing):
-        the backend takes up the set-up the offset records (:meth:`~cdc.backend.Backend.resume`)."""
+        """Before the batch ending at ``end`` is read (maybe a replay): the backend takes its recorded set-up up."""
         self.backend.resume(Offset.from_json(end).source, planning=False)
 
     def _next_changes(
@@ -599,11 +594,7 @@ class Planner:
         bound = None if until is None else until.get(cid)
         cut: Cut | None
         if added:
-            if not isinstance(chunked, TableAdder):
-                raise OptionError(f"option 'tables': backend {self.backend.name!r} cannot add tables {sorted(added)} "
-                                  "to a running query: start a new query (new checkpoint) with them", "tables")
-            cut, last = chunked.add_tables(added)
-            state = add_tables(state, cut, last)
+            cut, state = add_tables(state, chunked, added)
             log.info("tables %s added to the query: snapshot in chunks from %s=%r, their changes from there on",
                      sorted(added), cid, cut.pos)
         else:

@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 
 from cdc.backend import PlannedRange
 from cdc.channels import ChannelRange, Position
+from cdc.errors import OptionError
 from cdc.snapshots.state import Chunk, Cut, Key, Late, SnapshotState, TableCursor
 
 CHUNK_PREFIX = "chunk:"
@@ -99,14 +100,18 @@ class TableAdder(Protocol):
         is in the change log; their snapshot starts at the cut."""
 
 
-def add_tables(state: SnapshotState, cut: Cut, last: Mapping[str, Key | None]) -> SnapshotState:
-    """``state`` with the tables added to a running query, their snapshot starting at ``cut``: each holds back all
-    of its changes before the cut (a late entry for every key) and, unless it was empty, is chunked up to its
-    largest key at the cut."""
+def add_tables(state: SnapshotState, chunked: ChunkedSnapshot, added: Sequence[str]) -> tuple[Cut, SnapshotState]:
+    """The cut the tables added to a running query start at (:meth:`TableAdder.add_tables`), and ``state`` with
+    them: each holds back all of its changes before the cut (a late entry for every key) and, unless it was
+    empty, is chunked up to its largest key at the cut."""
+    if not isinstance(chunked, TableAdder):
+        raise OptionError(f"option 'tables': this backend cannot add tables {sorted(added)} to a running query: "
+                          "start a new query (new checkpoint) with them", "tables")
+    cut, last = chunked.add_tables(added)
     tables = dict(state.tables)
     for name, key in last.items():
         tables[name] = TableCursor(key, done=key is None, late=(Late(cut, every=True),))
-    return SnapshotState(tables, state.cut)
+    return cut, SnapshotState(tables, state.cut)
 
 
 def advance(state: SnapshotState, cut: Cut, bounds: Callable[[str, TableCursor, int], list[Key]], want: int) -> SnapshotState:
