@@ -132,6 +132,16 @@ class SnapshotInfo:
     positions: Mapping[str, Position]
 
 
+@dataclass(frozen=True)
+class SourceChange:
+    """What changed in a backend's set-up since an offset was written (:meth:`Backend.resume`)."""
+
+    added: tuple[str, ...] = ()
+    """Tables to snapshot in chunks and then stream (see :class:`cdc.snapshots.planning.TableAdder`)."""
+    removed: tuple[str, ...] = ()
+    """Tables no longer read (their cursors leave a chunked snapshot in progress)."""
+
+
 class RangeReader(ABC):
     """Reads planned ranges on executors. Picklable; opens its own connections lazily."""
 
@@ -258,6 +268,19 @@ class Backend(ABC):
         files apart from any streaming query's, and :meth:`chunked_snapshot` returns it from then on. ``None``
         (the default): a batch read takes :meth:`snapshot`'s exported one."""
         return None
+
+    def source_state(self) -> dict[str, Any] | None:
+        """What the backend records of its own set-up in every offset the planner writes (JSON ``source``), so
+        that the query restarted with other options can tell what changed (:meth:`resume`). ``None`` (the
+        default): nothing."""
+        return None
+
+    def resume(self, recorded: Mapping[str, Any] | None, *, planning: bool) -> SourceChange:
+        """Called with an offset's ``source`` (``None``: the offset holds none) before the planner plans from it
+        (``planning``) or a batch that ends at it is read (a replay after a restart). The backend adopts what
+        must stay as recorded (PostgreSQL: the query's slot and publication) and returns what changed since;
+        the planner snapshots the added tables. The default: nothing changes."""
+        return SourceChange()
 
     def average_record_bytes(self) -> float | None:
         """The average size of a record, in bytes, as far as the backend can tell now (``None``: it cannot).

@@ -23,7 +23,8 @@ Per channel (:class:`ChannelOffset`):
 Per offset (:class:`Offset`): ``turn`` counts batches planned under a record budget (present only then),
 ``initial`` marks the offset a query starts from (never the end of a batch), ``snapshot`` holds a chunked
 snapshot's cursors while one is in progress (one per table, never one per chunk: see
-:mod:`cdc.snapshots.state`).
+:mod:`cdc.snapshots.state`), ``source`` what the backend records of its own set-up, so that a restart can
+tell what changed (:meth:`cdc.backend.Backend.source_state`; PostgreSQL: its tables, slot and publication).
 
 The JSON written by every release must still load: :meth:`Offset.from_json` accepts exactly these keys
 and :meth:`Offset.to_json` writes them back in the same order, so ``json.dumps`` gives the same text (Spark
@@ -45,7 +46,7 @@ OffsetJson = dict[str, Any]
 """An offset as Spark stores it and hands it to the source."""
 
 _CHANNEL_KEYS = frozenset({"pos", "done", "from", "snapshot", "after"})
-_OFFSET_KEYS = frozenset({"channels", "turn", "initial", "snapshot"})
+_OFFSET_KEYS = frozenset({"channels", "turn", "initial", "snapshot", "source"})
 
 
 def _flag(value: Any, key: str, where: str) -> bool:
@@ -113,6 +114,8 @@ class Offset:
     initial: bool = False
     snapshot: SnapshotState | None = None
     """A chunked snapshot in progress (``snapshot.mode=chunked``)."""
+    source: Mapping[str, Any] | None = None
+    """JSON ``source``: the backend's set-up as of this offset (see :meth:`cdc.backend.Backend.source_state`)."""
 
     def positions(self) -> dict[str, Position]:
         return {cid: e.pos for cid, e in self.channels.items()}
@@ -129,6 +132,8 @@ class Offset:
             out["turn"] = self.turn
         if self.snapshot is not None:
             out["snapshot"] = self.snapshot.to_json()
+        if self.source is not None:
+            out["source"] = dict(self.source)
         return out
 
     @classmethod
@@ -142,9 +147,13 @@ class Offset:
         turn = value.get("turn")
         if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int) or turn < 0):
             raise OffsetError(f"not a cdc offset: 'turn' must be a count, got {turn!r}")
+        source = value.get("source")
+        if source is not None and not isinstance(source, dict):
+            raise OffsetError(f"not a cdc offset: 'source' must be an object, got {json.dumps(source)[:200]}")
         return cls(
             channels={str(cid): ChannelOffset.from_json(str(cid), e) for cid, e in channels.items()},
             turn=turn,
             initial=_flag(value.get("initial", False), "initial", "the offset"),
             snapshot=SnapshotState.from_json(value["snapshot"]) if "snapshot" in value else None,
+            source=source,
         )

@@ -47,8 +47,16 @@ from cdc.backend import Backend, ChannelInfo
 from cdc.channels import ChannelRange, Position
 from cdc.errors import DataLossError, OptionError, PositionError
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
-from cdc.snapshots.planning import CHUNK_PREFIX, ChunkedSnapshot, advance, chunk_ranges, expire, hold_window
-from cdc.snapshots.state import SnapshotState, TableCursor, with_late
+from cdc.snapshots.planning import (
+    CHUNK_PREFIX,
+    ChunkedSnapshot,
+    add_tables,
+    advance,
+    chunk_ranges,
+    expire,
+    hold_window,
+)
+from cdc.snapshots.state import Cut, SnapshotState, TableCursor, with_late
 
 log = logging.getLogger(__name__)
 
@@ -337,6 +345,11 @@ class Planner:
         A snapshot start asks the backend for nothing before :meth:`~cdc.backend.Backend.snapshot`, which
         sets the change log's start up itself (PostgreSQL creates its slot there, with the export); every
         other start lets the backend prepare first (:meth:`~cdc.backend.Backend.prepare_start`)."""
+        out = self._initial(spec, at, batch=batch)
+        source = self.backend.source_state()
+        return out if source is None else {**out, "source": source}
+
+    def _initial(self, spec: str, at: datetime | None, *, batch: bool) -> OffsetJson:
         text = spec.strip()
         default = text.lower()
         if at is None and default == "snapshot":
@@ -490,7 +503,13 @@ class Planner:
         Returns ``start`` itself when there is nothing to read and nothing to record.
         """
         begin = Offset.from_json(start)
-        if begin.snapshot is not None:
+        change = self.backend.resume(begin.source, planning=True)
+        source = self.backend.source_state()
+        if change.removed and begin.snapshot is not None:
+            kept = {n: t for n, t in begin.snapshot.tables.items() if n not in change.removed}
+            begin = replace(begin, snapshot=SnapshotState(kept, begin.snapshot.cut)
+                            if kept or begin.snapshot.cut is not None else None)
+        if begin.snapshot is not None or change.added:
             chunked = self.backend.chunked_snapshot()
             if chunked is None:
                 raise OptionError(
@@ -498,7 +517,25 @@ class Planner:
                     "continue (snapshot.mode changed?): restart it with the options it started with",
                     "snapshot.mode",
                 )
-            return self._next_chunked(start, begin, chunked, max_records, until)
+            end = self._next_chunked(start, begin, chunked, max_records, until, change.added)
+        else:
+            end = self._next_changes(start, begin, max_records, until, respect_lineage)
+        if source is None or (end is start and (source == begin.source or begin.initial)):
+            return end
+        if end is start:  # nothing to read, but the set-up changed: a restart must see it recorded
+            settled = None if begin.snapshot is None else begin.snapshot.settled()
+            return Offset(begin.without_from(), turn=begin.turn, snapshot=settled if settled and settled.tables else None,
+                          source=source).to_json()
+        return {**end, "source": source}
+
+    def prepare_read(self, end: OffsetJson) -> None:
+        """Before the batch ending at ``end`` is read (maybe a replay): the backend takes its recorded set-up up."""
+        self.backend.resume(Offset.from_json(end).source, planning=False)
+
+    def _next_changes(
+        self, start: OffsetJson, begin: Offset, max_records: int | None, until: Mapping[str, Position] | None,
+        respect_lineage: bool,
+    ) -> OffsetJson:
         channels = {c.id: c for c in self.backend.list_channels()}
         new = {
             cid: self.backend.earliest(cid)
@@ -541,20 +578,30 @@ class Planner:
 
     def _next_chunked(
         self, start: OffsetJson, begin: Offset, chunked: ChunkedSnapshot, max_records: int | None,
-        until: Mapping[str, Position] | None,
+        until: Mapping[str, Position] | None, added: Sequence[str] = (),
     ) -> OffsetJson:
         """The next batch of a chunked snapshot (see :mod:`cdc.snapshots.planning`): chunks at a new cut when
-        one opens in time, else changes only; either way the change range holds back the keys not yet emitted."""
-        assert begin.snapshot is not None
+        one opens in time, else changes only; either way the change range holds back the keys not yet emitted.
+        Tables ``added`` to the running query start their snapshot at this batch's cut, which waits for as long
+        as it takes (their changes before it are never delivered, so no batch may end past it without it)."""
         chunked.close_cut()  # the previous batch has run: its cut is no longer read
         cid = chunked.channel
         pos = begin.channels[cid].pos
-        state = expire(with_late(begin.snapshot, chunked.recorded(begin.snapshot)).settled(), int(pos))
+        settled = None if begin.snapshot is None else begin.snapshot.settled()
+        state = SnapshotState()
+        if begin.snapshot is not None:
+            state = expire(with_late(begin.snapshot, chunked.recorded(begin.snapshot)).settled(), int(pos))
         bound = None if until is None else until.get(cid)
-        # A cut also while only late entries hold keys back: a key change out of a held key into one that is not
-        # held leaves its unchanged values to a read of the new key's row, which needs a cut (without one, the
-        # change range stops before such a change: plan_uncut).
-        cut = chunked.open_cut(wait=until is not None) if state.tables else None
+        cut: Cut | None
+        if added:
+            cut, state = add_tables(state, chunked, added)
+            log.info("tables %s added to the query: snapshot in chunks from %s=%r, their changes from there on",
+                     sorted(added), cid, cut.pos)
+        else:
+            # A cut also while only late entries hold keys back: a key change out of a held key into one that is
+            # not held leaves its unchanged values to a read of the new key's row, which needs a cut (without one,
+            # the change range stops before such a change: plan_uncut).
+            cut = chunked.open_cut(wait=until is not None) if state.tables else None
         entry = begin.channels[cid]
         records = 0
         if cut is not None:
@@ -566,6 +613,7 @@ class Planner:
             records = self.backend.plan(cid, pos, None, cut.pos).records  # the range ends at the cut exactly
 
             def bounds(table: str, cursor: TableCursor, count: int) -> list[Any]:
+                assert cut is not None and cursor.last is not None
                 return chunked.bounds(table, cursor.after, cursor.last, count, cut)
 
             state = advance(state, cut, bounds, want)
@@ -582,7 +630,7 @@ class Planner:
             channels[cid] = replace(channels[cid], from_=entry.pos)
         snapshot = state if state.tables or state.cut is not None else None
         end = Offset(channels, turn=(begin.turn or 0) + 1 if max_records is not None else None, snapshot=snapshot)
-        if end_pos == pos and cut is None and snapshot == begin.snapshot.settled() and not begin.initial:
+        if end_pos == pos and cut is None and snapshot == settled and not begin.initial:
             return start  # nothing to read, nothing learned
         return end.to_json()
 

@@ -115,6 +115,7 @@ class _ReaderBase:
         return self._planner
 
     def _partitions(self, start: OffsetJson, end: OffsetJson) -> list[ChannelPartition]:
+        self.planner.prepare_read(end)
         ranges = Planner.ranges(start, end)
         log.debug("batch ranges: %s", describe(ranges))
         if any(r.window is not None for r in ranges):

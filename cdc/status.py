@@ -98,7 +98,8 @@ def query_status(checkpoint: str, backend: Backend, source_index: int = 0) -> Qu
         for table, cursor in offset.snapshot.tables.items():
             if not cursor.done:
                 after = None if cursor.after is None else list(cursor.after)
-                out.append(ChannelStatus(f"chunk:{table}", "snapshot", after, list(cursor.last), None, None))
+                out.append(ChannelStatus(f"chunk:{table}", "snapshot", after,
+                                           None if cursor.last is None else list(cursor.last), None, None))
     return QueryStatus(checkpoint, batch, out, now)
 
 

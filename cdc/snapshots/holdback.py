@@ -9,7 +9,8 @@ values) could not be applied. For a change at ``_seq`` of key ``k`` of a table w
 * ``after < k <= last`` (in the database's key order; ``after`` absent: from the first key): the chunk holding
   ``k`` is read in this batch or a later one; or
 * a late entry holds ``k`` (its range or key set) with ``_seq <= seq``: ``k``'s row was emitted at a later cut
-  than planned, so it already includes this change; or
+  than planned, so it already includes this change (an entry for every key, with ``_seq <= seq``: the table
+  was added to a running query and its snapshot starts at that cut); or
 * ``k`` was **re-keyed into** earlier in this read (below).
 
 Keys above ``last`` were inserted after the snapshot started: their whole history is in the change log and
@@ -146,9 +147,10 @@ class HoldBack:
             hold = self._tables[table]
             ranges = hold.ranges()
             texts, flags = self.classify(table, keys, ranges)
-            ranged_late = [e for e in hold.late if e.keys is None]
+            ranged_late = [e for e in hold.late if e.keys is None and e.upto is not None]
+            every = max((e.cut.seq for e in hold.late if e.every), default=-np.inf)
             for key, text, inside in zip(keys, texts, flags, strict=True):
-                until = -np.inf
+                until = every
                 offset = 0
                 if hold.last is not None:
                     offset = 1

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from cdc.backend import PlannedRange
 from cdc.channels import ChannelRange, Position
+from cdc.errors import OptionError
 from cdc.snapshots.state import Chunk, Cut, Key, Late, SnapshotState, TableCursor
 
 CHUNK_PREFIX = "chunk:"
@@ -88,6 +89,31 @@ class ChunkedSnapshot(Protocol):
         """Before the executors read ``ranges`` (a batch, or its replay): make sure their cut can be read."""
 
 
+@runtime_checkable
+class TableAdder(Protocol):
+    """A chunked snapshot that can take tables added to a running query (PostgreSQL's)."""
+
+    def add_tables(self, tables: Sequence[str]) -> tuple[Cut, Mapping[str, Key | None]]:
+        """Make the change log carry ``tables`` (PostgreSQL: add them to the query's publication), then open a cut
+        after that, held like :meth:`ChunkedSnapshot.open_cut`'s (waiting as long as it takes), and read each
+        table's largest key at it (``None``: empty). Every change of these tables at or after the cut's position
+        is in the change log; their snapshot starts at the cut."""
+
+
+def add_tables(state: SnapshotState, chunked: ChunkedSnapshot, added: Sequence[str]) -> tuple[Cut, SnapshotState]:
+    """The cut the tables added to a running query start at (:meth:`TableAdder.add_tables`), and ``state`` with
+    them: each holds back all of its changes before the cut (a late entry for every key) and, unless it was
+    empty, is chunked up to its largest key at the cut."""
+    if not isinstance(chunked, TableAdder):
+        raise OptionError(f"option 'tables': this backend cannot add tables {sorted(added)} to a running query: "
+                          "start a new query (new checkpoint) with them", "tables")
+    cut, last = chunked.add_tables(added)
+    tables = dict(state.tables)
+    for name, key in last.items():
+        tables[name] = TableCursor(key, done=key is None, late=(Late(cut, every=True),))
+    return cut, SnapshotState(tables, state.cut)
+
+
 def advance(state: SnapshotState, cut: Cut, bounds: Callable[[str, TableCursor, int], list[Key]], want: int) -> SnapshotState:
     """The state after a batch that reads up to ``want`` chunks at ``cut``, table by table in order: each table's
     chunks come from ``bounds(table, cursor, count)``; a table whose last chunk is read is ``done``."""
@@ -132,6 +158,7 @@ def hold_window(state: SnapshotState) -> dict[str, object] | None:
         entry: dict[str, object] = {}
         if not t.done or t.chunks:
             entry["after"] = None if t.held_after is None else list(t.held_after)
+            assert t.last is not None, "a table with chunks to read has a last key"
             entry["last"] = list(t.last)
         if t.late:
             entry["late"] = [e.to_json() for e in t.late]

@@ -21,7 +21,10 @@ database's order (collations included) and bind back as parameters exactly. Per 
     only in the offset that ends a batch reading chunks: the chunks ``(after, upto]`` it reads, at ``cut``.
 ``late``
     keys whose chunk (or re-read row) was read at a later cut than its batch planned (a replay after that cut
-    was lost): their changes up to ``seq`` are held back, since the rows emitted already include them.
+    was lost): their changes up to ``seq`` are held back, since the rows emitted already include them. An
+    entry with ``"all": true`` holds every key of the table: a table added to a running query, whose changes
+    before the cut its snapshot starts at are never delivered (``last`` is then ``null`` when the table was
+    empty at that cut: every row of it arrives as a change).
 
 ``cut`` (only in an offset that ends a batch reading chunks): the batch's change range ends exactly at
 ``pos``, and its chunks are read as of that position; ``seq`` is the ``_seq`` their rows carry.
@@ -87,16 +90,20 @@ class Chunk:
 @dataclass(frozen=True)
 class Late:
     """Changes at or below ``cut.seq`` of these keys are held back: their rows were emitted as of ``cut``. The keys
-    are a range ``(after, upto]`` (a chunk) or a set (rows re-read after a key change, see :mod:`.holdback`)."""
+    are a range ``(after, upto]`` (a chunk), a set (rows re-read after a key change, see :mod:`.holdback`), or
+    every key of the table (``every``: a table added to a running query, see the module docstring)."""
 
     cut: Cut
     after: Key | None = None
     upto: Key | None = None
     keys: tuple[Key, ...] | None = None
+    every: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out = self.cut.to_json()
-        if self.keys is not None:
+        if self.every:
+            out["all"] = True
+        elif self.keys is not None:
             out["keys"] = [list(k) for k in self.keys]
         else:
             out["after"] = _json_key(self.after)
@@ -108,6 +115,8 @@ class Late:
         if not isinstance(value, dict):
             raise OffsetError(f"not a cdc offset: {where} must be an object, got {value!r}")
         cut = Cut.from_json({k: value.get(k) for k in ("pos", "seq")}, where)
+        if value.get("all") is True:
+            return cls(cut, every=True)
         if "keys" in value:
             if not isinstance(value["keys"], list):
                 raise OffsetError(f"not a cdc offset: {where}: 'keys' must be a list of keys")
@@ -122,7 +131,8 @@ _TABLE_KEYS = frozenset({"last", "after", "done", "chunks", "late"})
 class TableCursor:
     """One table's progress through a chunked snapshot (see the module docstring)."""
 
-    last: Key
+    last: Key | None
+    """``None`` only for a table added to a running query that was empty at its start (then ``done``)."""
     after: Key | None = None
     done: bool = False
     chunks: tuple[Chunk, ...] = ()
@@ -139,7 +149,7 @@ class TableCursor:
         return not self.done or bool(self.chunks) or bool(self.late)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"last": list(self.last)}
+        out: dict[str, Any] = {"last": None if self.last is None else list(self.last)}
         if self.after is not None:
             out["after"] = list(self.after)
         if self.done:
@@ -168,7 +178,7 @@ class TableCursor:
         if not isinstance(late, list):
             raise OffsetError(f"not a cdc offset: {where}: 'late' must be a list")
         return cls(
-            last=_key(value.get("last"), f"{where} 'last'"),
+            last=_key(value["last"], f"{where} 'last'") if value.get("last") is not None or not done else None,
             after=_opt_key(value.get("after"), f"{where} 'after'"),
             done=done,
             chunks=tuple(Chunk(_opt_key(a, f"{where} chunk"), _key(u, f"{where} chunk")) for a, u in chunks),

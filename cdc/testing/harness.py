@@ -73,6 +73,7 @@ def read_range(backend: Backend, channel: str, start: Position, end: Position) -
 def read_batch(backend: Backend, start: dict[str, Any], end: dict[str, Any]) -> pa.Table:
     """The records of the batch ``(start, end]`` as Spark's tasks read them (:mod:`cdc.source`): every range
     through a pickled reader, a chunked snapshot's chunks and held-back change ranges included."""
+    Planner(backend).prepare_read(end)
     ranges = Planner.ranges(start, end)
     if any(r.window is not None for r in ranges):
         chunked = backend.chunked_snapshot()

@@ -45,7 +45,16 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from cdc.backend import Backend, ChannelHead, ChannelInfo, PlannedRange, Position, RangeReader, SnapshotInfo
+from cdc.backend import (
+    Backend,
+    ChannelHead,
+    ChannelInfo,
+    PlannedRange,
+    Position,
+    RangeReader,
+    SnapshotInfo,
+    SourceChange,
+)
 from cdc.backends.postgres import connection
 from cdc.backends.postgres.catalog import describe
 from cdc.backends.postgres.exported import CHUNK_PREFIX, export_and_materialise, load_manifest
@@ -72,8 +81,10 @@ class PostgresBackend(Backend):
         self.publication = options.publication
         self._conn: psycopg.Connection[Any] | None = None
         conn = self.conn
-        self.layout = Layout(tuple(describe(conn, t) for t in options.table_list))
-        connection.ensure_publication(conn, self.publication, options.table_list)
+        self.layout = Layout(tuple(describe(conn, t) for t in options.table_list), options.layout == "json")
+        self._published = False
+        self._reading: frozenset[str] | None = None
+        """The tables a read delivers; ``None``: all of the layout's (see :meth:`resume`)."""
         self._chunks: dict[str, int] = {}
         self._chunked: PostgresChunkedSnapshot | None = None
         if options.snapshot_mode == "exported":
@@ -94,8 +105,87 @@ class PostgresBackend(Backend):
     def schema(self) -> pa.Schema:
         return self.layout.arrow_schema()
 
+    def prepare_publication(self) -> None:
+        """Create the publication when missing (once per driver; never before :meth:`resume` took the recorded
+        names up: a query restarted with other tables keeps its slot and publication)."""
+        if not self._published:
+            connection.ensure_publication(self.conn, self.publication, self.options.table_list)
+            self._published = True
+
     def prepare_start(self) -> None:
+        self.prepare_publication()
         connection.ensure_slot(self.conn, self.slot)
+
+    def source_state(self) -> dict[str, Any]:
+        return {"tables": [t.name for t in self.layout.tables], "layout": "typed" if self.layout.typed else "json",
+                "slot": self.slot, "publication": self.publication}
+
+    def resume(self, recorded: Mapping[str, Any] | None, *, planning: bool) -> SourceChange:
+        """Take up the query's slot and publication as recorded (their default names derive from the tables, which
+        may have changed since), and tell the tables added and removed since ``recorded``. A batch planned before
+        the change (a replay: ``planning`` false) reads only the tables both sets name."""
+        if recorded is None:  # an offset of an earlier release names no tables: those not published yet are new
+            published = connection.published_tables(self.conn, self.publication)
+            added = tuple(t.name for t in self.layout.tables if t.name not in published) if published else ()
+            if added and planning:
+                self._check_change({}, [], added)
+            self.prepare_publication()
+            return SourceChange(added)
+        if not self.options.slot_name:
+            self.slot = str(recorded.get("slot", self.slot))
+        if not self.options.publication_name:
+            self.publication = str(recorded.get("publication", self.publication))
+        before = [str(t) for t in recorded.get("tables", [])]
+        now = [t.name for t in self.layout.tables]
+        added = tuple(t for t in now if t not in before)
+        removed = tuple(t for t in before if t not in now)
+        self._reading = None if not removed and not added else frozenset(before) & frozenset(now)
+        if planning:
+            self._reading = None
+            self._check_change(recorded, before, added)
+        self.prepare_publication()
+        if (added or removed) and planning:
+            log.info("tables of the query: %s (added %s, removed %s)", now, list(added) or "none",
+                     list(removed) or "none")
+        return SourceChange(added, removed)
+
+    def _check_change(self, recorded: Mapping[str, Any], before: Sequence[str], added: Sequence[str]) -> None:
+        layout = "typed" if self.layout.typed else "json"
+        if recorded.get("layout", layout) != layout:
+            if recorded.get("layout") == "typed":
+                raise OptionError(
+                    f"option 'tables': the query reads the one table {before[0]!r} in the typed layout, and adding "
+                    f"{list(added)} would turn it into a many-table query, whose records have other columns. Start "
+                    "a new query (new checkpoint) in the many-table layout (option layout=json, which a one-table "
+                    "query can use too), then add tables to it on a restart", "tables")
+            raise OptionError(
+                f"option 'tables': the query reads {list(before)} in the many-table layout; reading only "
+                f"{[t.name for t in self.layout.tables]} would change its records to the typed layout. Keep the "
+                "many-table layout with option layout=json", "layout")
+        if added and self.options.snapshot_mode != "chunked":
+            raise OptionError(
+                f"option 'snapshot.mode': tables {list(added)} added to the running query are snapshotted in chunks; "
+                "accepted value: chunked (the default)", "snapshot.mode")
+        if added and not self.options.snapshot_path:
+            raise OptionError(
+                f"option 'snapshot.path' is required to add tables {list(added)} to the running query: a directory "
+                "every executor can write and read, where the rows of their chunks in flight are kept",
+                "snapshot.path")
+
+    def include(self, tables: Sequence[str]) -> None:
+        """Make the query's publication carry ``tables`` before their snapshot's cut is taken. Its own publication
+        (``publication.name`` not given) gets them added; a publication the user names must already hold them."""
+        published = connection.published_tables(self.conn, self.publication)
+        missing = [t for t in tables if t not in published]
+        if not missing:
+            return
+        if self.options.publication_name:
+            names = ", ".join(missing)
+            raise OptionError(
+                f"option 'tables': {missing} are not in publication {self.publication!r}, which the query does not "
+                f"manage (option 'publication.name'): run ALTER PUBLICATION {self.publication} ADD TABLE {names}; "
+                "then restart the query", "tables")
+        connection.add_to_publication(self.conn, self.publication, missing)
 
     def list_channels(self) -> Sequence[ChannelInfo]:
         return [ChannelInfo(CHANGES)]
@@ -177,6 +267,7 @@ class PostgresBackend(Backend):
                 "snapshot.path",
             )
         root = Path(self.options.snapshot_path)
+        self.prepare_publication()
         manifest = self._manifest()
         if manifest is None or connection.state(self.conn, self.slot) is None:
             manifest = export_and_materialise(
@@ -212,9 +303,11 @@ class PostgresBackend(Backend):
         chunked = None
         if self._chunked is not None:
             c = self._chunked
-            chunked = ChunkedReads(self.options.dsn, self.layout, str(c.store.root), c.key_columns, c.held_cuts())
+            chunked = ChunkedReads(self.options.dsn, self.layout, str(c.store.root), c.key_columns, c.held_cuts(),
+                                   self._reading)
         return PostgresRangeReader(
-            self.options.dsn, self.slot, self.publication, self.layout, self.options.snapshot_path, chunked
+            self.options.dsn, self.slot, self.publication, self.layout, self.options.snapshot_path, chunked,
+            self._reading,
         )
 
     def acknowledge(self, positions: Mapping[str, Position]) -> None:

@@ -53,9 +53,12 @@ class _Relation:
     keys: tuple[int, ...]
     non_keys: tuple[int, ...]
     checked: bool = False
+    wanted: bool = True
+    """A table of the query (a publication may carry others: a table removed from the query, or one the user's
+    publication names besides): the records of others are counted, never delivered."""
 
     @classmethod
-    def of(cls, rel: Relation, layout: Layout) -> _Relation:
+    def of(cls, rel: Relation, layout: Layout, only: frozenset[str] | None = None) -> _Relation:
         # pgoutput flags the replica identity's columns as the key: the primary key under the default
         # identity, every column under REPLICA IDENTITY FULL. Records are keyed by the primary key.
         primary = next((t.keys for t in layout.tables if t.name == rel.qualified), None)
@@ -70,7 +73,9 @@ class _Relation:
         if primary is not None:
             rel = replace(rel, columns=tuple(replace(c, is_key=c.name in primary) for c in rel.columns))
         keys = rel.key_indexes
-        return cls(rel, len(rel.columns), keys, tuple(i for i in range(len(rel.columns)) if i not in keys))
+        wanted = primary is not None and (only is None or rel.qualified in only)
+        return cls(rel, len(rel.columns), keys, tuple(i for i in range(len(rel.columns)) if i not in keys),
+                   wanted=wanted)
 
 
 def _tuple(data: bytes, pos: int, add: Callable[[Any], None], width: int) -> tuple[int, list[int] | None]:
@@ -117,11 +122,14 @@ def _records_of_update(data: bytes, r: _Relation) -> int:
 
 
 def decode_changes(
-    rows: Iterable[tuple[bytes]], layout: Layout, channel: str, start: int, end: int, batch_rows: int = 8192
+    rows: Iterable[tuple[bytes]], layout: Layout, channel: str, start: int, end: int, batch_rows: int = 8192,
+    only: frozenset[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The change records of ``[start, end)`` in ``rows`` (one message per row, as the slot is peeked), as
     Arrow batches of ``batch_rows`` records (one more when a key change ends one). A message that cannot
-    be decoded raises :class:`~cdc.errors.MalformedRecordError` naming its kind and its transaction."""
+    be decoded raises :class:`~cdc.errors.MalformedRecordError` naming its kind and its transaction. Only the
+    records of the layout's tables (of those among ``only``, when given) are delivered; the others keep their
+    places in the positions."""
     build = _BatchBuilder(layout, channel)
     first_lsn, end_lsn = start >> INDEX_BITS, end >> INDEX_BITS
     relations: dict[int, _Relation] = {}
@@ -144,7 +152,7 @@ def decode_changes(
             if kind == _R:
                 rel = decode(bytes(data))
                 assert isinstance(rel, Relation)
-                relations[rel.oid] = _Relation.of(rel, layout)
+                relations[rel.oid] = _Relation.of(rel, layout, only)
             elif kind == _C:
                 skipping = False
             continue
@@ -154,7 +162,10 @@ def decode_changes(
                 r = relations.get(relid)
                 if r is None:
                     raise ValueError(f"relation {relid} was not described by a relation message before it")
-                if index < low:  # before the range's start, inside its first transaction: count, keep nothing
+                if not r.wanted or index < low:  # not the query's, or before the range's start: count, keep nothing
+                    if not r.wanted:
+                        index += _records_of_update(data, r) if kind == _U else 1
+                        continue
                     count = _records_of_update(data, r) if kind == _U else 1
                     if index + count <= low:
                         index += count
@@ -213,7 +224,7 @@ def decode_changes(
             elif kind == _R:
                 rel = decode(bytes(data))
                 assert isinstance(rel, Relation)
-                relations[rel.oid] = _Relation.of(rel, layout)
+                relations[rel.oid] = _Relation.of(rel, layout, only)
             elif kind == _T:
                 msg = decode(bytes(data))
                 assert isinstance(msg, Truncate)

@@ -63,6 +63,20 @@ def ensure_publication(conn: psycopg.Connection[Any], publication: str, tables: 
         pass  # another process created it meanwhile
 
 
+def published_tables(conn: psycopg.Connection[Any], publication: str) -> set[str]:
+    """The tables ``publication`` carries, as ``schema.table``."""
+    rows = conn.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,))
+    return {f"{schema}.{table}" for schema, table in rows.fetchall()}
+
+
+def add_to_publication(conn: psycopg.Connection[Any], publication: str, tables: Sequence[str]) -> None:
+    """``ALTER PUBLICATION ... ADD TABLE``, committed when this returns (the connection autocommits): every change
+    of these tables decoded past this point in the WAL is published."""
+    names = sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in tables)
+    conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(publication), names))
+    log.info("added %s to publication %s", ", ".join(tables), publication)
+
+
 def ensure_slot(conn: psycopg.Connection[Any], slot: str) -> None:
     """Create the slot if it does not exist: Spark asks a restarted source again, so creation is idempotent."""
     if state(conn, slot) is not None:

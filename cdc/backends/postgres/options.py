@@ -32,6 +32,13 @@ class PostgresOptions(BackendOptions):
         description="Comma-separated tables to read (`schema.table` or `table` for schema public); each needs a "
         "primary key. One table: typed columns; several: `_table`, `_key` and `_row` (JSON) columns.",
     )
+    layout: Literal["auto", "json"] = Field(
+        "auto",
+        alias="layout",
+        description="Record layout. `auto`: typed columns for one table, `_table`, `_key` and `_row` (JSON) for "
+        "several; `json`: the many-table layout for one table too, so that tables can be added to the query "
+        "later (a query's layout never changes).",
+    )
     slot_name: str | None = Field(
         None,
         alias="slot.name",

@@ -80,18 +80,20 @@ def _json_default(value: Any) -> Any:
 
 @dataclass
 class Layout:
-    """A query's record layout: typed (``tables`` holds one table) or JSON (several)."""
+    """A query's record layout: typed (``tables`` holds one table) or JSON (several, or one under ``layout=json``)."""
 
     tables: tuple[TableInfo, ...]
+    json_layout: bool = False
+    """The JSON layout even for one table (option ``layout=json``)."""
     _parsers: dict[tuple[int, int], ValueParser] = field(default_factory=dict, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         # psycopg's loaders do not pickle; an executor's copy makes its own.
-        return {"tables": self.tables, "_parsers": {}}
+        return {"tables": self.tables, "json_layout": self.json_layout, "_parsers": {}}
 
     @property
     def typed(self) -> bool:
-        return len(self.tables) == 1
+        return len(self.tables) == 1 and not self.json_layout
 
     def change_schema(self) -> ChangeSchema:
         if self.typed:

@@ -88,6 +88,8 @@ class ChunkedReads:
     key_columns: Mapping[str, tuple[KeyColumn, ...]]
     cuts: dict[int, tuple[Cut, str]] = field(default_factory=dict)
     """Planned cut position -> the cut actually held for it and its exported snapshot's name."""
+    only: frozenset[str] | None = None
+    """The tables whose changes a read delivers (``None``: the layout's)."""
 
     def store(self) -> ChunkStore:
         return ChunkStore(self.store_root)
@@ -145,7 +147,7 @@ class ChunkedReads:
             if lsn_of(end) > lsn_of(start):
                 connection.check_held(conn, slot, start)
                 messages = connection.peek(conn, slot, publication, lsn_of(end))
-                for batch in decode_changes(messages, self.layout, CHANGES, start, end):
+                for batch in decode_changes(messages, self.layout, CHANGES, start, end, only=self.only):
                     kept = hold.apply(batch)
                     if kept.num_rows:
                         yield kept
@@ -214,6 +216,7 @@ class PostgresChunkedSnapshot:
     # ------------------------------------------------------------------ start
     def start(self) -> SnapshotStart:
         conn = self.backend.conn
+        self.backend.prepare_publication()
         path = self.root / START_FILE
         kept = load_start(path)
         if kept is not None and connection.state(conn, self.slot) is not None:
@@ -291,6 +294,21 @@ class PostgresChunkedSnapshot:
         log.warning("replaying a batch whose cut at %d is gone: %d of its reads run at a new cut %d", pos,
                     len(missing), made[0].pos)
         self._replays[pos] = made
+
+    def add_tables(self, tables: Sequence[str]) -> tuple[Cut, Mapping[str, Key | None]]:
+        """Tables added to the running query (:class:`cdc.snapshots.planning.TableAdder`): the publication carries
+        them first, so the cut, whose consistent point comes after that commit in the WAL, starts their changes."""
+        self.backend.include(tables)  # committed before the slot of the cut is created
+        self.close_cut()
+        connection.check_capacity(self.backend.conn, slots=1, senders=1)
+        made = self._create(wait=True)
+        assert made is not None
+        self._live = made
+        cut, held = made
+        infos = {t.name: t for t in self.backend.layout.tables}
+        with at_snapshot(self.dsn, held.snapshot) as reader:
+            last = {t: keys.last_key(reader, infos[t], self.key_columns[t]) for t in tables}
+        return cut, last
 
     # ------------------------------------------------------------------ planning
     def bounds(self, table: str, after: Key | None, last: Key, count: int, cut: Cut) -> list[Key]:
