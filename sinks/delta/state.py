@@ -13,11 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.delta.batch import key_change_rows, key_starts
+from sinks.delta.batch import join_left, key_change_rows, key_starts
 from sinks.delta.engine import Engine
 from sinks.delta.keyrange import KeyRange, Rows
-from sinks.delta.layout import DELETED_AT, IS_DELETE, NOW, SET_PREFIX, TIMESTAMP
-from sinks.delta.sequence import order_key
+from sinks.delta.layout import DELETED_AT, IS_DELETE, NOW, SET_PREFIX, TIE, TIMESTAMP
+from sinks.delta.sequence import order_key, tie_error
 from sinks.delta.spec import SinkSpec
 
 HEAD_SEQ = "__cdc_head_seq"
@@ -95,24 +95,54 @@ def with_head_seq(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Tab
     return prepared.append_column(HEAD_SEQ, joined.column(HEAD_SEQ))
 
 
-def guard(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:
+def guard(spec: SinkSpec, prepared: pa.Table, heads: pa.Table, *, ties: bool = False) -> pa.Table:
     """The changes of ``prepared`` newer than their key's head. A partial change's per-column setters
     (``__cdc_set_<c>``) not newer than the head are nulled with their values: such a column keeps the main
-    table's value, or is null when the key has no row (a tombstone's values are null)."""
+    table's value, or is null when the key has no row (a tombstone's values are null).
+
+    ``ties`` (SCD type 1): also keep the changes whose sequence equals their key's head, marked ``__cdc_tie``
+    (with the setters of the columns they set themselves): the MERGE compares them with the stored row (see
+    :func:`sinks.delta.merge.merge_plan`). Only they cost anything: an in-order batch has none."""
     joined = with_head_seq(spec, prepared, heads)
     h_seq = joined.column(HEAD_SEQ)
-    fresh = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(order_key(joined.column(spec.sequence_by)), h_seq)),
-                         False)
+    seq = order_key(joined.column(spec.sequence_by))
+    fresh = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(seq, h_seq)), False)
+    if ties:
+        tie = pc.fill_null(pc.equal(seq, h_seq), False)
+        if pc.any(tie).as_py():
+            tie = _tombstone_ties(spec, joined, tie, heads)
+        joined = joined.append_column(TIE, tie)
+        fresh = pc.or_(fresh, tie)
     out = joined.filter(fresh)
     h_seq = out.column(HEAD_SEQ)
     for name in [c for c in out.column_names if c.startswith(SET_PREFIX)]:
         c = name[len(SET_PREFIX):]
         setter = out.column(name)
         newer = pc.fill_null(pc.or_kleene(pc.is_null(h_seq), pc.greater(order_key(setter), h_seq)), False)
+        if ties:  # a tied change's own columns: set at its sequence, the head's
+            newer = pc.or_(newer, pc.and_(out.column(TIE), pc.fill_null(pc.equal(order_key(setter), h_seq), False)))
         out = out.set_column(out.column_names.index(name), name, pc.if_else(newer, setter, pa.nulls(len(out), setter.type)))
         values = out.column(c)
         out = out.set_column(out.column_names.index(c), c, pc.if_else(newer, values, pa.nulls(len(out), values.type)))
     return out.drop_columns([HEAD_SEQ])
+
+
+#: Where the other change of a tie across batches is (see :func:`sinks.delta.sequence.tie_error`).
+HELD = "the table holds a change at that sequence"
+
+
+def _tombstone_ties(spec: SinkSpec, joined: pa.Table, tie: pa.Array, heads: pa.Table) -> pa.Array:
+    """The ties (``tie``: per row of ``joined``, its sequence is its head's) the MERGE is to compare with the
+    stored row: a delete at a tombstone's sequence is the delete again (dropped); an upsert at a tombstone's
+    sequence, or a delete at a live head's, fails the batch."""
+    tied = joined.filter(tie)
+    dead = join_left(tied.select(list(spec.keys)), heads.select([*spec.keys, DELETED_AT]), spec.keys)
+    tomb = pc.is_valid(dead.column(DELETED_AT))
+    wrong = pc.not_equal(tomb, tied.column(IS_DELETE))
+    if pc.any(wrong).as_py():
+        raise tie_error(tied.filter(wrong).slice(0, 1).to_pylist()[0], spec.keys, spec.sequence_by, ["_op"], HELD)
+    redelivered = pc.and_(tie, pc.fill_null(joined.column(IS_DELETE), False))  # (a delete ties only a tombstone now)
+    return pc.and_(tie, pc.invert(redelivered))
 
 
 def state_source(spec: SinkSpec, fresh: pa.Table) -> pa.Table:

@@ -202,7 +202,7 @@ def test_replayed_batch_is_a_no_op(tmp_path: Path) -> None:
     for table in (str(tmp_path / "t"), state_path(str(tmp_path / "t"))):
         assert DeltaTable(table).transaction_version("test") == 0
     # A batch whose every change is stale changes no row but is still recorded as committed.
-    assert s.write(changes([("insert", 1, 1, "stale", 0)]), 1)
+    assert s.write(changes([("insert", 0, 1, "stale", 0)]), 1)
     for table in (str(tmp_path / "t"), state_path(str(tmp_path / "t"))):
         assert DeltaTable(table).transaction_version("test") == 1
     assert live(tmp_path / "t")[1]["name"] == "a"
