@@ -76,7 +76,7 @@ from sinks.delta.schema import SchemaEvolutionError, new_columns, normalise_type
 from sinks.delta.sequence import check_nulls, check_type
 from sinks.delta.spark import DeltaSparkEngine
 from sinks.delta.spec import SinkSpec
-from sinks.delta.state import HEAD_SEQ, HELD, key_change_source
+from sinks.delta.state import HEAD_SEQ, HELD, guard, key_change_source
 
 log = logging.getLogger(__name__)
 
@@ -436,8 +436,12 @@ def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: An
         if changes.num_rows == 0:
             return arrow_schema.empty_table()
         prepared = prepare(spec, changes.drop_columns([BUCKET]), now)
-        if head_rows.num_rows == 0 and spec.scd_type == 1:  # (a side without rows may come without columns)
+        if head_rows.num_rows == 0 and (spec.scd_type == 1 or spec.sequence_by not in head_rows.column_names):
+            # (a side without rows may come without columns)
             head_rows = prepared.select([*spec.keys, spec.sequence_by]).slice(0, 0)
+            if spec.scd_type == 2:
+                head_rows = head_rows.append_column(pa.field(DELETED_AT, TIMESTAMP), pa.nulls(0, TIMESTAMP))
+                head_rows = head_rows.append_column(IS_CURRENT, pa.nulls(0, pa.bool_()))
         else:
             head_rows = head_rows.drop_columns([BUCKET])
         if spec.scd_type == 1:
@@ -447,6 +451,8 @@ def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: An
             marks = pc.fill_null(head_rows.column(VERSION), False)
             versions = head_rows.filter(marks).drop_columns([VERSION])
             head_rows = head_rows.filter(pc.invert(marks)).drop_columns([VERSION])
+        if ordered:  # a change not newer than its head is stale (the source orders each key): no back-fill
+            prepared = guard(spec, prepared, head_rows)
         return conform(main_source(stage_scd2(spec, prepared, head_rows, versions)))
 
     if history is not None:
@@ -492,6 +498,30 @@ def _heads(spec: SinkSpec, state: DeltaSparkEngine, main_schema: pa.Schema, main
         return heads
     current = main.rows(Rows(checked.key_range, current=True))
     return heads.join(current.select(*_keys(spec), *[F.col(quote(c)) for c in values]), keys, "left")
+
+
+def _table_heads(spec: SinkSpec, main: DeltaSparkEngine, main_schema: pa.Schema, checked: Checked,
+                 now: datetime) -> Any:
+    """Ordered mode, SCD type 2: :func:`_heads` from the main table alone (:func:`scd2.table_heads` in Spark):
+    a live key's current version (its sequence: ``sequence_by``, or ``_valid_from`` where hidden), a key of
+    the batch without one its last closed version's ``_valid_to`` (a delete) as a tombstone."""
+    from pyspark.sql import functions as F
+
+    keys = list(spec.keys)
+    seq = spec.sequence_by
+    batch_keys = checked.df.select(*_keys(spec)).distinct()
+    current = main.rows(Rows(checked.key_range, current=True)).join(batch_keys, keys, "left_semi")
+    bookkeeping = (seq, COMMIT_TS, VALID_FROM, VALID_TO, IS_CURRENT)
+    values = [F.col(quote(f.name)) for f in main_schema if f.name not in spec.keys and f.name not in bookkeeping]
+    at = F.col(quote(seq if seq in main_schema.names else VALID_FROM)).cast(checked.df.schema[seq].dataType)
+    live = current.select(*_keys(spec), at.alias(seq), F.lit(None).cast("timestamp").alias(DELETED_AT),
+                          F.lit(True).alias(IS_CURRENT), *values)
+    missing = batch_keys.join(current.select(*_keys(spec)), keys, "left_anti")
+    closed = main.rows(Rows(checked.key_range)).join(missing, keys, "left_semi").groupBy(*_keys(spec)).agg(
+        F.max(F.col(VALID_TO)).cast(checked.df.schema[seq].dataType).alias(seq))
+    dead = closed.select(*_keys(spec), F.col(quote(seq)), F.lit(now).cast("timestamp").alias(DELETED_AT),
+                         F.lit(False).alias(IS_CURRENT))
+    return live.unionByName(dead, allowMissingColumns=True)
 
 
 def _state_source(spec: SinkSpec, checked: Checked, staged: Any | None, heads: Any, now: datetime) -> Any:
@@ -586,7 +616,9 @@ def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: i
             f"{DELETED_AT}); nothing was written. Run sink.migrate() once with this sink's options, then restart"
         )
     added = new_columns(spec, schema, prepared)  # a type change fails here, before anything is written
-    if ordered:  # no state table: the MERGE itself compares sequences
+    if ordered and spec.scd_type == 2:  # no state table: the heads are the table's current versions
+        heads = _table_heads(spec, main, schema, checked, now)
+    elif ordered:  # no state table: the MERGE itself compares sequences
         heads = _no_heads(spec, checked.df)
     else:
         if state.schema() is None:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from sinks.delta.batch import join_left, key_change_rows, key_starts
 from sinks.delta.engine import Engine
 from sinks.delta.keyrange import KeyRange, Rows
-from sinks.delta.layout import DELETED_AT, IS_DELETE, NOW, SET_PREFIX, TIE, TIMESTAMP
+from sinks.delta.layout import DELETED_AT, IS_DELETE, NOW, SET_PREFIX, TIE, TIMESTAMP, VALID_FROM, VALID_TO
 from sinks.delta.sequence import order_key, tie_error
 from sinks.delta.spec import SinkSpec
 
@@ -47,6 +47,8 @@ def key_change_source(spec: SinkSpec, main: Engine, state: Engine, keys: pa.Tabl
         return none.append_column(seq, pa.array([], pa.int64())).append_column(IS_DELETE, pa.array([], pa.bool_()))
     wanted = Rows(KeyRange.of(spec.keys, keys))
     rows = of_keys(main, wanted, keys)
+    if state.schema() is None and spec.scd_type == 2:  # ordered mode: the heads are the keys' versions'
+        return key_change_rows(spec, version_heads(spec, rows, rows.schema.field(VALID_FROM).type), rows)
     if state.schema() is None:  # ordered mode: the table's live rows are the heads (a deleted key has none)
         heads = rows.select(list(spec.keys))
         at = rows.column(seq) if seq in rows.column_names else pa.repeat(pa.scalar(_EARLIEST), rows.num_rows)
@@ -75,6 +77,30 @@ def of_keys(engine: Engine, wanted: Rows, keys: pa.Table) -> pa.Table:
         "__cdc_row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
     kept = tagged.join(keys, list(keys.column_names), join_type="left semi", use_threads=False)
     return table.take(kept.column("__cdc_row"))
+
+
+def version_heads(spec: SinkSpec, versions: pa.Table, seq_type: pa.DataType) -> pa.Table:
+    """SCD type 2, ordered mode (no state table): the heads the state table would hold (key, sequence,
+    ``__cdc_deleted_at``) of the keys of ``versions`` (rows of the main table): a key's current version at its
+    ``sequence_by`` (``_valid_from`` where the table hides it); a key without one, deleted, at its last
+    closed version's ``_valid_to`` (the delete's sequence), as a tombstone."""
+    seq = spec.sequence_by
+    keys = list(spec.keys)
+    open_ = pc.is_null(versions.column(VALID_TO))
+    current = versions.filter(open_)
+    live = current.select(keys).append_column(
+        pa.field(seq, seq_type), current.column(seq if seq in current.column_names else VALID_FROM).cast(seq_type))
+    live = live.append_column(pa.field(DELETED_AT, TIMESTAMP), pa.nulls(live.num_rows, TIMESTAMP))
+    closed = versions.filter(pc.invert(open_)).join(current.select(keys), keys, join_type="left anti", use_threads=False)
+    if closed.num_rows == 0:
+        return live
+    # each deleted key's last closed version: sorted by key, then latest valid-to first
+    order = closed.select(keys).append_column("__cdc_to", order_key(closed.column(VALID_TO)))
+    closed = closed.take(pc.sort_indices(order, sort_keys=[*((k, "ascending") for k in keys), ("__cdc_to", "descending")]))
+    last = closed.filter(pa.array(key_starts(closed, keys)))
+    dead = last.select(keys).append_column(pa.field(seq, seq_type), last.column(VALID_TO).cast(seq_type))
+    dead = dead.append_column(pa.field(DELETED_AT, TIMESTAMP), pa.repeat(pa.scalar(0, pa.int64()), dead.num_rows).cast(TIMESTAMP))
+    return pa.concat_tables([live, dead], promote_options="permissive")
 
 
 def with_head_seq(spec: SinkSpec, prepared: pa.Table, heads: pa.Table) -> pa.Table:

@@ -49,7 +49,7 @@ HISTORY = st.lists(st.lists(CHANGE, min_size=1, max_size=8), min_size=1, max_siz
 
 
 def rows(path: str) -> list[dict[str, Any]]:
-    return sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    return sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=lambda r: (r["id"], r.get("_valid_from") or 0))
 
 
 def sink(path: str, engine: str, ordered: bool, **kw: Any) -> DeltaUpsertSink:
@@ -57,10 +57,10 @@ def sink(path: str, engine: str, ordered: bool, **kw: Any) -> DeltaUpsertSink:
 
 
 def run_both(history: list[list[tuple[str, int, str | None, list[str] | None]]], engine: str,
-             spark: Any = None) -> None:
+             spark: Any = None, **kw: Any) -> None:
     with tempfile.TemporaryDirectory() as d:
         paths = {m: f"{d}/{m}" for m in ("ordered", "safe")}
-        sinks = {m: sink(p, engine, m == "ordered") for m, p in paths.items()}
+        sinks = {m: sink(p, engine, m == "ordered", **kw) for m, p in paths.items()}
         seq = 1
         for i, changes in enumerate(history):
             table = batch(changes, seq)
@@ -82,6 +82,14 @@ def test_ordered_equals_safe_on_in_order_histories(history: list[Any]) -> None:
     run_both(history, "delta-rs")
 
 
+@settings(deadline=None, max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+@given(HISTORY, st.sampled_from([None, ["a"]]))
+def test_ordered_equals_safe_on_in_order_histories_scd2(history: list[Any], tracked: list[str] | None) -> None:
+    """SCD type 2 (every version, with in-place updates when ``a`` alone is tracked): ordered mode reads its
+    key heads from the table's current versions (a deleted key's from its last closed one)."""
+    run_both(history, "delta-rs", scd_type=2, track_history_column_list=tracked)
+
+
 #: One in-order history for the DataFrame path: inserts, full and partial updates, a delete and a re-insert,
 #: text with a quote and a backslash (a Spark MERGE costs seconds: the properties run on delta-rs above).
 SPARK_HISTORY = [
@@ -97,6 +105,11 @@ def test_ordered_equals_safe_on_delta_spark(spark: Any) -> None:
     run_both(SPARK_HISTORY, "delta-spark", spark)
 
 
+@pytest.mark.spark
+def test_ordered_equals_safe_on_delta_spark_scd2(spark: Any) -> None:
+    run_both(SPARK_HISTORY, "delta-spark", spark, scd_type=2)
+
+
 def test_ordered_mode_never_applies_a_stale_update(tmp_path: Path) -> None:
     """With the sequence in the table, the MERGE compares it: a late, older update or delete of a live row is
     not applied (ordered mode trusts the source for what it cannot see: a deleted key's last sequence)."""
@@ -105,6 +118,32 @@ def test_ordered_mode_never_applies_a_stale_update(tmp_path: Path) -> None:
     s.write(batch([("insert", 1, "new", None), ("insert", 2, "keep", None)], 10), 0)
     s.write(batch([("update", 1, "old", None), ("delete", 2, None, None)], 1), 1)
     assert [(r["id"], r["a"], r["_seq"]) for r in rows(path)] == [(1, "new", 10), (2, "keep", 11)]
+
+
+@pytest.mark.parametrize("engine", ["delta-rs", pytest.param("delta-spark", marks=pytest.mark.spark)])
+def test_ordered_scd2_never_applies_a_stale_change(tmp_path: Path, engine: str, request: Any) -> None:
+    """SCD type 2 in ordered mode: a change not newer than the key's current version (also with the sequence
+    hidden: its ``_valid_from``) or than its delete (the last closed version's ``_valid_to``) changes nothing,
+    nor does a redelivery; the next in-order change still applies."""
+    write: Any
+    if engine == "delta-spark":
+        spark = request.getfixturevalue("spark")
+        write = lambda s, t, i: s.write_frame(spark.createDataFrame(t), i)  # noqa: E731
+    else:
+        write = lambda s, t, i: s.write(t, i)  # noqa: E731
+    for shown in ([], ["commit_ts", "is_current"]) if engine == "delta-rs" else ([],):  # ["commit_ts", ...]: no sequence
+        path = str(tmp_path / f"t{len(shown)}")
+        s = sink(path, engine, True, scd_type=2, compact_every=None, **({"bookkeeping_columns": shown} if shown else {}))
+        write(s, batch([("insert", 1, "new", None), ("insert", 2, "gone", None), ("delete", 2, None, None)], 10), 0)
+        before = rows(path)
+        stale = batch([("update", 1, "old", None), ("insert", 2, "back", None), ("insert", 1, "new", None)], 8)
+        write(s, stale.set_column(1, "_seq", pa.array([5, 11, 10], pa.int64())), 1)  # 11: key 2's insert again
+        assert rows(path) == before, f"shown {shown}"
+        write(s, batch([("update", 1, "next", None), ("insert", 2, "back", None)], 13), 2)
+        got = [(r["id"], r["a"], r["_valid_from"], r["_valid_to"]) for r in rows(path)]
+        assert got == [(1, "new", 10, 13), (1, "next", 13, None), (2, "gone", 11, 12), (2, "back", 14, None)], shown
+    assert DeltaTable(path).metadata().configuration[MODE_PROPERTY] == "ordered"
+    assert not Path(path, STATE_DIR).exists()
 
 
 def test_a_query_claiming_the_other_mode_fails(tmp_path: Path) -> None:
