@@ -50,7 +50,7 @@ from sinks.delta.layout import (
     VALID_FROM,
     VALID_TO,
 )
-from sinks.delta.sequence import _same, greater, key_text, order_key
+from sinks.delta.sequence import _same, greater, order_key, tie_error
 from sinks.delta.spec import SinkSpec
 
 #: The sequence columns compared in Python, as :func:`sinks.delta.sequence.order_key` orders them.
@@ -175,13 +175,8 @@ class _Walk:
         return all(_same(a.get(c), b.get(c)) for c in self.tracked)
 
     def _tie(self, ch: dict[str, Any], differ: list[str]) -> MalformedRecordError:
-        seq = self.spec.sequence_by
-        return MalformedRecordError(
-            f"two changes of key {key_text(ch, self.spec.keys)} have the same sequence ({seq} {ch.get(seq)!r}) and "
-            f"different values in column(s) {differ}: the table's history holds a change at that sequence, and "
-            "which one is the later cannot be told, so nothing was written. Give sequence_by a column (or several) "
-            "that orders every key's changes; identical changes (redeliveries) are fine"
-        )
+        return tie_error(ch, self.spec.keys, self.spec.sequence_by, differ, "the table's history holds a change at "
+                         "that sequence")
 
     def _insert(self, v: dict[str, Any]) -> None:
         """Add version ``v``, or extend the version right after it when their tracked columns are equal."""

@@ -21,6 +21,9 @@ class Engine(Protocol):
     name: str
     #: True when the engine itself skips a commit already made under ``(app_id, version)``.
     enforces_transactions: bool
+    #: A boolean SQL expression over the MERGE source that fails the MERGE at run time (nothing committed) with
+    #: :data:`sinks.delta.layout.TIE_MARK` in its message; evaluated only for a row that ties a stored change.
+    tie_fail: str
 
     def schema(self) -> pa.Schema | None:
         """The table's Arrow schema, or None when no table exists at the path yet."""

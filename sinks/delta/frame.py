@@ -60,6 +60,9 @@ from sinks.delta.layout import (
     ORDERED,
     SAFE,
     SET_PREFIX,
+    SOURCE_ALIAS,
+    TARGET_ALIAS,
+    TIE,
     TIMESTAMP,
     TO,
     VALID_FROM,
@@ -67,13 +70,13 @@ from sinks.delta.layout import (
     LegacyLayoutError,
 )
 from sinks.delta.merge import merge_plan, quote, state_plan
-from sinks.delta.scd1 import stage_scd1
+from sinks.delta.scd1 import is_tie_failure, stage_scd1, tie_conflict
 from sinks.delta.scd2 import main_source, stage_scd2
 from sinks.delta.schema import SchemaEvolutionError, new_columns, normalise_type, state_schema, table_schema
 from sinks.delta.sequence import check_nulls, check_type
 from sinks.delta.spark import DeltaSparkEngine
 from sinks.delta.spec import SinkSpec
-from sinks.delta.state import HEAD_SEQ, key_change_source
+from sinks.delta.state import HEAD_SEQ, HELD, guard, key_change_source
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +290,7 @@ def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any | None) -> 
         for c in columns
     ]
     latest = latest.select(*staged, F.lit(now).cast("timestamp").alias(NOW))
-    return latest if heads is None else _fresh(spec, latest, heads)
+    return latest if heads is None else _fresh(spec, latest, heads, ties=True)
 
 
 def _hashable(df: Any, c: str) -> list[Any]:
@@ -302,7 +305,7 @@ def _hashable(df: Any, c: str) -> list[Any]:
 
 
 #: The text every error about two changes of one key with one sequence and different values holds.
-TIE = "have the same sequence"
+TIE_TEXT = "have the same sequence"
 
 
 def _no_tie(spec: SinkSpec, df: Any, rest: list[str]) -> Any:
@@ -312,14 +315,21 @@ def _no_tie(spec: SinkSpec, df: Any, rest: list[str]) -> Any:
     from pyspark.sql import functions as F
 
     tie = F.col("__cdc_tie_hi")["h"] != F.bitwise_not(F.col("__cdc_tie_lo")["h"])
-    message = F.concat(
-        F.lit("two changes of key "), F.to_json(F.struct(*_keys(spec))), F.lit(f" {TIE} ({spec.sequence_by} "),
-        F.to_json(F.struct(F.col("__cdc_tie_hi")["s"].alias(spec.sequence_by))),
-        F.lit(") and different values: which one is the later cannot be told, so nothing was written. Give "
-              "sequence_by a column (or several) that orders every key's changes; identical changes (redeliveries) "
-              "are fine"),
+    return F.when(tie, F.raise_error(_tie_message(spec, F.col("__cdc_tie_hi")["s"]))).otherwise(F.lit(True))
+
+
+def _tie_message(spec: SinkSpec, sequence: Any, differ: list[str] | None = None, held: str = "") -> Any:
+    """:func:`sinks.delta.sequence.tie_error`'s message as a Spark Column (the key and the sequence as JSON)."""
+    from pyspark.sql import functions as F
+
+    columns = f" in column(s) {differ}" if differ else ""
+    return F.concat(
+        F.lit("two changes of key "), F.to_json(F.struct(*_keys(spec))), F.lit(f" {TIE_TEXT} ({spec.sequence_by} "),
+        F.to_json(F.struct(sequence.alias(spec.sequence_by))),
+        F.lit(f") and different values{columns}: {held + ', and ' if held else ''}which one is the later cannot be "
+              "told, so nothing was written. Give sequence_by a column (or several) that orders every key's changes; "
+              "identical changes (redeliveries) are fine"),
     )
-    return F.when(tie, F.raise_error(message)).otherwise(F.lit(True))
 
 
 def _tie_error(e: Exception) -> MalformedRecordError | None:
@@ -327,24 +337,52 @@ def _tie_error(e: Exception) -> MalformedRecordError | None:
     :func:`_no_tie`'s), or None for any other failure."""
     text = str(e)
     start = text.find("two changes of key ")
-    if start < 0 or TIE not in text:
+    if start < 0 or TIE_TEXT not in text:
         return None
     end = text.find("are fine", start)
     return MalformedRecordError(text[start: end + len("are fine")] if end > 0 else text[start:].splitlines()[0])
 
 
-def _fresh(spec: SinkSpec, changes: Any, heads: Any) -> Any:
-    """The rows of ``changes`` newer than their key's head (:func:`sinks.delta.state.guard` as a join)."""
+def _find_tie(spec: SinkSpec, plan: Any, source: Any, main: DeltaSparkEngine, ordered: bool) -> Any:
+    """After the MERGE of ``source`` failed on a tie: the error naming the first conflict, found by a join of
+    the tied changes with the table in Spark (only the first conflict's two rows reach the driver)."""
+    from pyspark.sql import functions as F
+
+    target = main.rows(Rows(plan.key_range))
+    pairs = source.alias(SOURCE_ALIAS).join(target.alias(TARGET_ALIAS), F.expr(plan.predicate), "left")
+    named = [F.col(f"{SOURCE_ALIAS}.{quote(c)}").alias(f"s{i}") for i, c in enumerate(source.columns)]
+    named += [F.col(f"{TARGET_ALIAS}.{quote(c)}").alias(f"t{i}") for i, c in enumerate(target.columns)]
+    first = pairs.where(F.expr(plan.ties)).select(*named).limit(1).collect()
+    if not first:
+        return None
+    row = first[0].asDict(recursive=True)
+    change = {c: row[f"s{i}"] for i, c in enumerate(source.columns)}
+    stored = {c: row[f"t{i}"] for i, c in enumerate(target.columns)}
+    return tie_conflict(spec, plan, change, None if stored[spec.keys[0]] is None else stored, ordered)
+
+
+def _fresh(spec: SinkSpec, changes: Any, heads: Any, ties: bool = False) -> Any:
+    """The rows of ``changes`` newer than their key's head (:func:`sinks.delta.state.guard` as a join);
+    ``ties``: also those at their head's sequence, marked ``__cdc_tie`` (the MERGE compares them with the stored
+    row, see :func:`sinks.delta.merge.merge_plan`), but for the ties :func:`sinks.delta.state.guard` settles
+    from the head alone: a delete at a tombstone's sequence is dropped; an upsert at it, or a delete at a live
+    head's sequence, fails the job. An in-order batch has no ties."""
     from pyspark.sql import functions as F
 
     seq = spec.sequence_by
-    head = heads.select(*_keys(spec), F.col(quote(seq)).alias(HEAD_SEQ))
+    head = heads.select(*_keys(spec), F.col(quote(seq)).alias(HEAD_SEQ), F.col(DELETED_AT).isNotNull().alias("__cdc_tomb"))
     joined = changes.join(head, list(spec.keys), "left")
     newer = F.col(HEAD_SEQ).isNull() | (F.col(quote(seq)) > F.col(HEAD_SEQ))
-    return joined.where(newer).select(*[F.col(quote(c)) for c in changes.columns])
+    kept = [F.col(quote(c)) for c in changes.columns]
+    if not ties:
+        return joined.where(newer).select(*kept)
+    tie = F.coalesce(F.col(quote(seq)) == F.col(HEAD_SEQ), F.lit(False))
+    wrong = F.raise_error(_tie_message(spec, F.col(quote(seq)), ["_op"], HELD))
+    settled = F.when(tie & (F.col("__cdc_tomb") != F.col(IS_DELETE)), wrong).otherwise(~(tie & F.col(IS_DELETE)))
+    return joined.where(newer | (tie & settled)).select(*kept, tie.alias(TIE))
 
 
-def _output_schema(spec: SinkSpec, checked: Checked, table: pa.Schema | None = None) -> Any:
+def _output_schema(spec: SinkSpec, checked: Checked, table: pa.Schema | None = None, ordered: bool = False) -> Any:
     """The Spark schema of what :func:`batch.prepare` and the staging step return for a checked batch (SCD
     type 2: with the value columns of the main table, of schema ``table``, the batch does not carry, which
     a version re-inserted by a back-fill keeps)."""
@@ -360,6 +398,7 @@ def _output_schema(spec: SinkSpec, checked: Checked, table: pa.Schema | None = N
     if spec.scd_type == 1:
         fields += [T.StructField(SET_PREFIX + c, seq_type) for c in _values(spec, checked.df.columns)]
         fields += [T.StructField(NOW, T.TimestampType())]
+        fields += [] if ordered else [T.StructField(TIE, T.BooleanType())]
     else:
         fields += [T.StructField(NOW, T.TimestampType()), T.StructField(ACTION, T.StringType()),
                    T.StructField(FROM, seq_type), T.StructField(TO, seq_type), T.StructField(AT, seq_type)]
@@ -367,7 +406,7 @@ def _output_schema(spec: SinkSpec, checked: Checked, table: pa.Schema | None = N
 
 
 def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: Any, history: Any = None,
-                      table: pa.Schema | None = None) -> Any:
+                      table: pa.Schema | None = None, ordered: bool = False) -> Any:
     """The main table's MERGE source from the sink's Arrow staging, run per bucket of keys on the executors,
     each bucket's changes cogrouped with its keys' heads (SCD type 2: and the stored versions of its keys with
     a late change, ``history``, marked ``__cdc_version``)."""
@@ -377,7 +416,7 @@ def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: An
     df = checked.df
     spark = df.sparkSession
     buckets = max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 1))
-    schema = _output_schema(spec, checked, table)
+    schema = _output_schema(spec, checked, table, ordered)
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
     def bucket(frame: Any) -> Any:
@@ -397,17 +436,23 @@ def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: An
         if changes.num_rows == 0:
             return arrow_schema.empty_table()
         prepared = prepare(spec, changes.drop_columns([BUCKET]), now)
-        if head_rows.num_rows == 0 and spec.scd_type == 1:  # (a side without rows may come without columns)
+        if head_rows.num_rows == 0 and (spec.scd_type == 1 or spec.sequence_by not in head_rows.column_names):
+            # (a side without rows may come without columns)
             head_rows = prepared.select([*spec.keys, spec.sequence_by]).slice(0, 0)
+            if spec.scd_type == 2:
+                head_rows = head_rows.append_column(pa.field(DELETED_AT, TIMESTAMP), pa.nulls(0, TIMESTAMP))
+                head_rows = head_rows.append_column(IS_CURRENT, pa.nulls(0, pa.bool_()))
         else:
             head_rows = head_rows.drop_columns([BUCKET])
         if spec.scd_type == 1:
-            return conform(stage_scd1(spec, prepared, head_rows))
+            return conform(stage_scd1(spec, prepared, head_rows, ordered=ordered))
         versions = None
         if VERSION in head_rows.column_names:
             marks = pc.fill_null(head_rows.column(VERSION), False)
             versions = head_rows.filter(marks).drop_columns([VERSION])
             head_rows = head_rows.filter(pc.invert(marks)).drop_columns([VERSION])
+        if ordered:  # a change not newer than its head is stale (the source orders each key): no back-fill
+            prepared = guard(spec, prepared, head_rows)
         return conform(main_source(stage_scd2(spec, prepared, head_rows, versions)))
 
     if history is not None:
@@ -453,6 +498,30 @@ def _heads(spec: SinkSpec, state: DeltaSparkEngine, main_schema: pa.Schema, main
         return heads
     current = main.rows(Rows(checked.key_range, current=True))
     return heads.join(current.select(*_keys(spec), *[F.col(quote(c)) for c in values]), keys, "left")
+
+
+def _table_heads(spec: SinkSpec, main: DeltaSparkEngine, main_schema: pa.Schema, checked: Checked,
+                 now: datetime) -> Any:
+    """Ordered mode, SCD type 2: :func:`_heads` from the main table alone (:func:`scd2.table_heads` in Spark):
+    a live key's current version (its sequence: ``sequence_by``, or ``_valid_from`` where hidden), a key of
+    the batch without one its last closed version's ``_valid_to`` (a delete) as a tombstone."""
+    from pyspark.sql import functions as F
+
+    keys = list(spec.keys)
+    seq = spec.sequence_by
+    batch_keys = checked.df.select(*_keys(spec)).distinct()
+    current = main.rows(Rows(checked.key_range, current=True)).join(batch_keys, keys, "left_semi")
+    bookkeeping = (seq, COMMIT_TS, VALID_FROM, VALID_TO, IS_CURRENT)
+    values = [F.col(quote(f.name)) for f in main_schema if f.name not in spec.keys and f.name not in bookkeeping]
+    at = F.col(quote(seq if seq in main_schema.names else VALID_FROM)).cast(checked.df.schema[seq].dataType)
+    live = current.select(*_keys(spec), at.alias(seq), F.lit(None).cast("timestamp").alias(DELETED_AT),
+                          F.lit(True).alias(IS_CURRENT), *values)
+    missing = batch_keys.join(current.select(*_keys(spec)), keys, "left_anti")
+    closed = main.rows(Rows(checked.key_range)).join(missing, keys, "left_semi").groupBy(*_keys(spec)).agg(
+        F.max(F.col(VALID_TO)).cast(checked.df.schema[seq].dataType).alias(seq))
+    dead = closed.select(*_keys(spec), F.col(quote(seq)), F.lit(now).cast("timestamp").alias(DELETED_AT),
+                         F.lit(False).alias(IS_CURRENT))
+    return live.unionByName(dead, allowMissingColumns=True)
 
 
 def _state_source(spec: SinkSpec, checked: Checked, staged: Any | None, heads: Any, now: datetime) -> Any:
@@ -547,7 +616,9 @@ def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: i
             f"{DELETED_AT}); nothing was written. Run sink.migrate() once with this sink's options, then restart"
         )
     added = new_columns(spec, schema, prepared)  # a type change fails here, before anything is written
-    if ordered:  # no state table: the MERGE itself compares sequences
+    if ordered and spec.scd_type == 2:  # no state table: the heads are the table's current versions
+        heads = _table_heads(spec, main, schema, checked, now)
+    elif ordered:  # no state table: the MERGE itself compares sequences
         heads = _no_heads(spec, checked.df)
     else:
         if state.schema() is None:
@@ -561,12 +632,13 @@ def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: i
             main.add_columns(added)
             schema = pa.schema([*schema, *added])
         history = _history(spec, main, checked, heads) if spec.scd_type == 2 and not ordered else None
-        source = staged if staged is not None else _stage_in_buckets(spec, checked, now, heads, history, schema)
-        plan = merge_plan(spec, source.columns, schema, checked.key_range, ordered=ordered)
+        source = staged if staged is not None else _stage_in_buckets(spec, checked, now, heads, history, schema, ordered)
+        plan = merge_plan(spec, source.columns, schema, checked.key_range, ordered=ordered, tie_fail=main.tie_fail,
+                          sequence_type=prepared.field(spec.sequence_by).type)
         try:
             main.merge_frame(source, plan, app_id, batch_id)
         except Exception as e:
-            tie = _tie_error(e)
+            tie = _tie_error(e) or (_find_tie(spec, plan, source, main, ordered) if is_tie_failure(e) else None)
             if tie is None:
                 raise
             raise tie from e

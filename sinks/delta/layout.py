@@ -69,6 +69,11 @@ FROM = "__cdc_from"  # SCD type 2 staging: a version's valid-from / valid-to
 TO = "__cdc_to"
 #: SCD type 2 back-fill: the stored ``_valid_from`` of the version a ``reshape`` or ``replace`` action changes
 AT = "__cdc_at"
+#: SCD type 1, safe mode: the change's sequence equals its key's head (a redelivery, or a conflict the MERGE
+#: fails on; see :func:`sinks.delta.merge.merge_plan`).
+TIE = "__cdc_tie"
+#: The text of the runtime failure a MERGE raises on such a conflict (each engine's ``tie_fail``).
+TIE_MARK = "cdc-tunnel: a change ties a stored change"
 #: Prefix of the per-column source columns a batch with partial changes carries: ``__cdc_set_<column>`` is
 #: the sequence of the change that last set the column in the batch (null: no change of the batch set it).
 SET_PREFIX = "__cdc_set_"

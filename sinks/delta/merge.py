@@ -29,6 +29,7 @@ from sinks.delta.layout import (
     SET_PREFIX,
     SOURCE_ALIAS,
     TARGET_ALIAS,
+    TIE,
     TO,
     VALID_FROM,
     VALID_TO,
@@ -65,6 +66,11 @@ class MergePlan:
     key_range: KeyRange = field(default_factory=KeyRange)
     source_alias: str = SOURCE_ALIAS
     target_alias: str = TARGET_ALIAS
+    #: SCD type 1: the condition over a source row ``s`` and its key's target row ``t`` (left-joined: ``t``'s
+    #: columns null when the key has no row) under which the MERGE fails as a conflicting tie (see
+    #: :func:`merge_plan`), and the columns it compares; None when the MERGE checks no ties.
+    ties: str | None = None
+    tie_columns: tuple[str, ...] = ()
 
 
 def _key_match(spec: SinkSpec) -> str:
@@ -72,7 +78,8 @@ def _key_match(spec: SinkSpec) -> str:
 
 
 def merge_plan(
-    spec: SinkSpec, source: Sequence[str], table: pa.Schema, key_range: KeyRange, *, ordered: bool = False
+    spec: SinkSpec, source: Sequence[str], table: pa.Schema, key_range: KeyRange, *, ordered: bool = False,
+    tie_fail: str | None = None, sequence_type: pa.DataType | None = None,
 ) -> MergePlan:
     """The MERGE that applies a staged batch (:func:`sinks.delta.scd1.stage_scd1` or
     :func:`sinks.delta.scd2.main_source`), whose columns are ``source`` and whose key range is
@@ -84,6 +91,15 @@ def merge_plan(
     ``ordered`` (SCD type 1, ordered mode): the source was not guarded against a state table (there is none);
     where the table keeps ``sequence_by``, a matched row is changed only by a newer change (``s.seq > t.seq``),
     so a stale update is still never applied.
+
+    ``tie_fail`` (SCD type 1; the engine's ``tie_fail``, a boolean SQL expression that fails the MERGE): a
+    change whose sequence equals its key's stored one (safe mode: ``__cdc_tie``, set by the guard from the
+    state table; ordered mode: ``s.seq = t.seq``, where the table keeps ``sequence_by``) changes nothing when
+    it is the stored change again (the same values in the columns it sets, or a delete of a deleted key), and
+    fails the MERGE (nothing committed) otherwise; :attr:`MergePlan.ties` then finds the conflict to name.
+    Only such rows evaluate anything more: the check is a clause condition of rows the MERGE joins anyway.
+    ``sequence_type`` is the sequence's type (default: the table's column's). A tie with a tombstone is never
+    in the source (the guard drops the delete again and fails an upsert).
     """
     s, t = SOURCE_ALIAS, TARGET_ALIAS
     present = set(source)
@@ -109,13 +125,32 @@ def merge_plan(
 
     predicate = _key_match(spec)
     clauses: tuple[Clause, ...]
+    ties, tie_columns = None, ()
     if spec.scd_type == 1:
         is_delete = col(s, IS_DELETE)
         newer = f"{col(s, spec.sequence_by)} > {col(t, spec.sequence_by)}" if ordered and spec.sequence_by in table.names else None
+        seq_type = sequence_type or (table.field(spec.sequence_by).type if spec.sequence_by in table.names else pa.int64())
+        tie = _tie(spec, present, table, ordered, seq_type)
+        checks: tuple[Clause, ...] = ()
+        not_tie = ""
+        if tie is not None and tie_fail is not None:
+            compared = tuple(c for c in values if c in present and c != spec.sequence_by
+                             and not pa.types.is_map(table.field(c).type))
+            sames = [_same_set(spec, c, table.field(c).type, seq_type, present) for c in compared]
+            differ = f"{is_delete} OR NOT ({' AND '.join(sames) or 'true'})"
+            # (delta-rs evaluates every clause's condition on every row, matched or not: hence "t.k IS NOT NULL")
+            found = f"{col(t, spec.keys[0])} IS NOT NULL"
+            checks = (Clause("delete", f"CASE WHEN {found} AND {tie} AND ({differ}) THEN {tie_fail} ELSE false END", {}),)
+            ties, tie_columns = f"COALESCE({tie}, false) AND (CASE WHEN {found} THEN {differ} ELSE NOT {is_delete} END)", compared
+            if TIE in present:  # safe mode: a tied change never applies
+                not_tie = f" AND NOT {tie}"
+        delete = is_delete if newer is None else f"{is_delete} AND {newer}"
+        update = newer if not not_tie else f"NOT {tie}" if newer is None else f"{newer}{not_tie}"
         clauses = (
-            Clause("delete", is_delete if newer is None else f"{is_delete} AND {newer}", {}),
-            Clause("update", newer, row({}, keys=False, over_target=True)),
-            Clause("insert", f"NOT {is_delete}", row({})),
+            *checks,
+            Clause("delete", delete + not_tie, {}),
+            Clause("update", update, row({}, keys=False, over_target=True)),
+            Clause("insert", f"NOT {is_delete}{not_tie}", row({})),
         )
     else:
         action = col(s, ACTION)
@@ -146,7 +181,33 @@ def merge_plan(
                 row({VALID_FROM: valid_from, VALID_TO: valid_to, IS_CURRENT: f"{valid_to} IS NULL"}),
             ),
         )
-    return MergePlan(predicate, clauses, _pruning(spec, key_range))
+    return MergePlan(predicate, clauses, _pruning(spec, key_range), ties=ties, tie_columns=tie_columns)
+
+
+def _tie(spec: SinkSpec, present: set[str], table: pa.Schema, ordered: bool, seq_type: pa.DataType) -> str | None:
+    """SQL: a source row's sequence equals its key's stored one (None: not knowable here)."""
+    if TIE in present:
+        return col(SOURCE_ALIAS, TIE)
+    if ordered and spec.sequence_by in table.names:
+        return _equal(col(SOURCE_ALIAS, spec.sequence_by), col(TARGET_ALIAS, spec.sequence_by), seq_type)
+    return None
+
+
+def _same_set(spec: SinkSpec, c: str, t: pa.DataType, seq_type: pa.DataType, present: set[str]) -> str:
+    """SQL: column ``c`` of a source row equals the target's, or the change does not set ``c`` (a partial change:
+    ``__cdc_set_<c>`` is not the change's own sequence)."""
+    same = _not_distinct(col(SOURCE_ALIAS, c), col(TARGET_ALIAS, c), t)
+    if SET_PREFIX + c not in present:
+        return same
+    own = _equal(col(SOURCE_ALIAS, SET_PREFIX + c), col(SOURCE_ALIAS, spec.sequence_by), seq_type)
+    return f"(NOT COALESCE({own}, false) OR {same})"
+
+
+def _not_distinct(a: str, b: str, t: pa.DataType) -> str:
+    """``a`` and ``b`` (of type ``t``) are equal or both null; a struct field by field."""
+    if not pa.types.is_struct(t):
+        return f"({a} IS NOT DISTINCT FROM {b})"
+    return "(" + " AND ".join(_not_distinct(f"{a}.{quote(f.name)}", f"{b}.{quote(f.name)}", f.type) for f in t) + ")"
 
 
 def _equal(a: str, b: str, t: pa.DataType) -> str:

@@ -19,6 +19,7 @@ from deltalake import CommitProperties, DeltaTable, Field, Transaction
 from deltalake.exceptions import TableNotFoundError
 
 from sinks.delta.keyrange import Rows
+from sinks.delta.layout import IS_DELETE, SOURCE_ALIAS, TIE_MARK
 from sinks.delta.merge import MergePlan
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 class DeltaRsEngine:
     name = "delta-rs"
     enforces_transactions = False
+    # DataFusion has no raise_error: a cast that cannot succeed (over a source column, so never folded at planning).
+    tie_fail = f"CAST(concat('{TIE_MARK} ', CAST({SOURCE_ALIAS}.`{IS_DELETE}` AS VARCHAR)) AS BOOLEAN)"
 
     def __init__(self, path: str, storage_options: dict[str, str] | None = None) -> None:
         self.path = path

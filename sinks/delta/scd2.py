@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from cdc.model import COMMIT_TS
 from sinks.delta.backfill import late_mask, stage_late
 from sinks.delta.batch import join_left, key_starts
+from sinks.delta.engine import Engine
 from sinks.delta.keyrange import KeyRange, Rows
 from sinks.delta.layout import (
     ACTION,
@@ -34,12 +35,27 @@ from sinks.delta.layout import (
 from sinks.delta.schema import normalise_type
 from sinks.delta.sequence import greater
 from sinks.delta.spec import SinkSpec
-from sinks.delta.state import conform
+from sinks.delta.state import conform, of_keys, version_heads
 
 
 def current_rows(spec: SinkSpec, prepared: pa.Table) -> Rows:
     """The main table's rows a batch reads: the current versions in the batch's key range."""
     return Rows(KeyRange.of(spec.keys, prepared), current=True)
+
+
+def table_heads(spec: SinkSpec, main: Engine, prepared: pa.Table, current: pa.Table) -> pa.Table:
+    """Ordered mode (no state table): the key heads of the batch's keys as the state table would hold them
+    (:func:`sinks.delta.state.version_heads`), from the batch's keys' ``current`` versions and, for the keys of
+    the batch without one, their history: only those keys (new ones, whose range has no rows yet, and deleted
+    ones) read it."""
+    keys = list(spec.keys)
+    batch_keys = prepared.select(keys).group_by(keys).aggregate([])
+    missing = batch_keys.join(current.select(keys), keys, join_type="left anti", use_threads=False)
+    versions = current
+    if missing.num_rows:
+        closed = conform(of_keys(main, Rows(KeyRange.of(spec.keys, missing)), missing), prepared.schema)
+        versions = pa.concat_tables([current, closed.select(current.column_names)], promote_options="permissive")
+    return version_heads(spec, versions, prepared.schema.field(spec.sequence_by).type)
 
 
 def key_heads(spec: SinkSpec, state: pa.Table, current: pa.Table) -> pa.Table:

@@ -234,13 +234,20 @@ def check_ties(keys: Sequence[str], name: str, batch: pa.Table, ignore: Sequence
             continue
         differ = [c for c in compared if not _same(records[i][c], records[i - 1][c])]
         if differ:
-            first = records[i]
-            raise MalformedRecordError(
-                f"two changes of key {key_text(first, keys)} have the same sequence ({name} "
-                f"{first.get(name)!r}) and different values in column(s) {differ}: which one is the later "
-                "cannot be told, so nothing was written. Give sequence_by a column (or several) that orders every "
-                "key's changes; identical changes (redeliveries) are fine"
-            )
+            raise tie_error(records[i], keys, name, differ)
+
+
+def tie_error(row: dict[str, Any], keys: Sequence[str], name: str, differ: Sequence[str], held: str = "") -> MalformedRecordError:
+    """The error for two changes of one key with the same sequence and different values (in the batch, or one
+    of the batch and one the table holds: ``held`` says where, e.g. "the table holds a change at that
+    sequence"): names the key, the sequence and the columns that differ (``_op``: a delete and an upsert)."""
+    where = f"{held}, and " if held else ""
+    return MalformedRecordError(
+        f"two changes of key {key_text(row, keys)} have the same sequence ({name} {row.get(name)!r}) and "
+        f"different values in column(s) {list(differ)}: {where}which one is the later cannot be told, so nothing "
+        "was written. Give sequence_by a column (or several) that orders every key's changes; identical changes "
+        "(redeliveries) are fine"
+    )
 
 
 def _same(a: Any, b: Any) -> bool:

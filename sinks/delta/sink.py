@@ -34,8 +34,8 @@ from sinks.delta.layout import (
 )
 from sinks.delta.merge import merge_plan, state_plan
 from sinks.delta.migration import migrate_layout
-from sinks.delta.scd1 import purge_predicate, stage_scd1
-from sinks.delta.scd2 import current_rows, key_heads, main_source, stage_scd2
+from sinks.delta.scd1 import merge_naming_ties, purge_predicate, stage_scd1
+from sinks.delta.scd2 import current_rows, key_heads, main_source, stage_scd2, table_heads
 from sinks.delta.schema import new_columns, state_schema, table_schema
 from sinks.delta.sequence import with_sequence, with_sequence_frame
 from sinks.delta.session import collect_arrow, connect_query_id, is_connect
@@ -70,8 +70,8 @@ class DeltaUpsertSink:
         compared lexicographically in the order given: the first column decides, the next breaks its ties, and
         so on. A list becomes the struct column ``_sequence`` (kept in the table as the sequence column, and in
         SCD type 2's ``_valid_from``/``_valid_to``); its columns are kept as they are. A null sequence, or two
-        changes of one key with the same sequence and different values in one batch, fail the batch naming the
-        column and the key; identical changes (a redelivery) count as one. Key changes (``_old_key``) need a
+        changes of one key with the same sequence and different values (in one batch, or one the table
+        applied), fail the batch naming the column and the key; identical changes (a redelivery) count as one. Key changes (``_old_key``) need a
         single sequence column.
     apply_as_deletes : SQL condition over a change record marking it a delete (default ``_op = 'delete'``).
     apply_as_truncates : SQL condition (text, or a pyspark ``Column``) over a change record marking it a
@@ -122,8 +122,9 @@ class DeltaUpsertSink:
         every key's last sequence and its tombstones, so no late change is applied, at the price of a second
         MERGE per batch. None (default): ordered when the batch comes straight from one ``format("cdc")``
         source whose backend orders every key's changes (its ``_seq`` carries that mark and the batch's plan
-        reads one source: a union or a join of two streams does not qualify), else safe. SCD type 2 is
-        always safe (its key heads live in the state table).
+        reads one source: a union or a join of two streams does not qualify), else safe; SCD type 2 takes
+        safe mode unless ``ordered=True`` (ordered, its key heads are the table's current versions, a
+        deleted key's its last closed version, and a change not newer than its head is stale: no back-fill).
     clock : returns the current UTC time (tombstone ages); for tests.
     """
 
@@ -202,9 +203,6 @@ class DeltaUpsertSink:
             raise OptionError("option 'compact_every' must be a positive number of batches, or None", "compact_every")
         if engine not in ENGINES:
             raise OptionError(f"option 'engine': {engine!r} is not accepted; accepted: {', '.join(ENGINES)}", "engine")
-        if ordered and scd_type == 2:
-            raise OptionError("option 'ordered': SCD type 2 keeps its key heads in the state table; accepted with "
-                              "scd_type=2: ordered=False or None", "ordered")
         self.compact_every = compact_every
         self.ordered = ordered
         self._mode: str | None = None  # the table's recorded mode, once the table exists
@@ -543,14 +541,18 @@ class DeltaUpsertSink:
                 main.add_columns(added)
                 schema = pa.schema([*schema, *added])
             if spec.scd_type == 1:
-                source = fresh = stage_scd1(spec, prepared, heads)
+                source = fresh = stage_scd1(spec, prepared, heads, ordered=ordered)
             else:
                 current = conform(main.read(current_rows(spec, prepared)), prepared.schema)
+                if ordered:  # the heads are the table's; a change not newer than its head is stale: no back-fill
+                    heads = table_heads(spec, main, prepared, current)
+                    prepared = guard(spec, prepared, heads)
                 late = late_keys(spec, prepared, heads)  # only keys with a late change read their history
                 history = of_keys(main, Rows(KeyRange.of(spec.keys, late)), late) if late.num_rows else None
                 source = main_source(stage_scd2(spec, prepared, key_heads(spec, heads, current), history))
-            plan = merge_plan(spec, source.column_names, schema, KeyRange.of(spec.keys, source), ordered=ordered)
-            metrics = main.merge(source, plan, app, batch_id)
+            plan = merge_plan(spec, source.column_names, schema, KeyRange.of(spec.keys, source), ordered=ordered,
+                              tie_fail=main.tie_fail, sequence_type=source.schema.field(spec.sequence_by).type)
+            metrics = merge_naming_ties(spec, main, source, plan, app, batch_id, ordered)
             log.info("batch %d: merged %d changes into %s: %s", batch_id, source.num_rows, self.path, metrics)
         if state_done is None or state_done < batch_id:
             heads_after = state_source(spec, guard(spec, prepared, heads) if fresh is None else fresh)

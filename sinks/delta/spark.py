@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from cdc.errors import TerminalError
 from sinks.delta.keyrange import Rows
+from sinks.delta.layout import TIE_MARK
 from sinks.delta.merge import MergePlan, quote
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ def delta_jars_available(spark: Any) -> bool:
 class DeltaSparkEngine:
     name = "delta-spark"
     enforces_transactions = True
+    tie_fail = f"CAST(raise_error('{TIE_MARK}') AS BOOLEAN)"
 
     def __init__(self, spark: Any, path: str) -> None:
         from sinks.delta.session import is_connect

@@ -235,18 +235,19 @@ def records_of(snapshot: int, transactions: list[list[Step]]) -> tuple[list[list
 
 
 @settings(max_examples=30, deadline=None)
-@given(snapshot=st.integers(0, 6), transactions=STEPS, cuts=st.sets(st.integers(1, 8)), scd_type=st.sampled_from([1, 2]))
+@given(snapshot=st.integers(0, 6), transactions=STEPS, cuts=st.sets(st.integers(1, 8)), scd_type=st.sampled_from([1, 2]),
+       ordered=st.booleans())
 def test_any_history_of_key_changes_leaves_the_table_equal_to_the_source(
     tmp_path_factory: pytest.TempPathFactory, snapshot: int, transactions: list[list[Step]], cuts: set[int],
-    scd_type: int,
+    scd_type: int, ordered: bool,
 ) -> None:
     """Batches end between transactions at random (as the PostgreSQL backend's do): old rows come from the
-    same batch or an earlier one."""
+    same batch or an earlier one; in either mode (ordered: the old rows' heads come from the main table)."""
     txns, model = records_of(snapshot, transactions)
     schema = pa.schema([("_op", pa.string()), ("_seq", pa.int64()), ("id", pa.int64()), ("n", pa.int64()),
                         ("big", pa.string()), ("_unchanged", pa.list_(pa.string())), ("_old_key", OLD_KEY)])
     path = tmp_path_factory.mktemp("keychanges") / "t"
-    sink = DeltaUpsertSink(str(path), keys=["id"], scd_type=scd_type, app_id="p", engine="delta-rs")
+    sink = DeltaUpsertSink(str(path), keys=["id"], scd_type=scd_type, app_id="p", engine="delta-rs", ordered=ordered)
     bounds = [0, *sorted(c for c in cuts if c < len(txns)), len(txns)]
     for batch_id, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         records = [r for t in txns[lo:hi] for r in t]

@@ -130,12 +130,14 @@ def test_column_lists_choose_the_stored_columns_and_except_columns_still_works(t
     assert old.spec.except_column_list == ("qty",)
 
 
-@pytest.mark.parametrize("mode", ["safe", "ordered", "scd2"])
+@pytest.mark.parametrize("mode", ["safe", "ordered", "scd2", "scd2-ordered"])
 def test_ignore_null_updates_keeps_stored_values_and_leaves_inserts_and_deletes_alone(tmp_path: Path, mode: str) -> None:
     """A null in an update of an ignored column keeps the stored value (also after an earlier change of the same
     batch set it); a column outside the list takes the null; a key without a row gets the null; a delete
-    deletes. SCD type 2: the new version takes the value from the current one."""
-    kw: dict[str, Any] = {"scd_type": 2} if mode == "scd2" else {"ordered": mode == "ordered"}
+    deletes. SCD type 2 (both modes): the new version takes the value from the current one."""
+    kw: dict[str, Any] = {"ordered": mode.endswith("ordered")}
+    if mode.startswith("scd2"):
+        kw["scd_type"], mode = 2, "scd2"
     s = sink(tmp_path / "t", ignore_null_updates_column_list=["name"], **kw)
     s.write(changes([("insert", 1, 1, "a", 1), ("insert", 2, 2, "b", 2), ("insert", 3, 3, "c", 3)]), 0)
     s.write(changes([("update", 4, 1, None, None),  # name kept, qty nulled
@@ -202,7 +204,7 @@ def test_replayed_batch_is_a_no_op(tmp_path: Path) -> None:
     for table in (str(tmp_path / "t"), state_path(str(tmp_path / "t"))):
         assert DeltaTable(table).transaction_version("test") == 0
     # A batch whose every change is stale changes no row but is still recorded as committed.
-    assert s.write(changes([("insert", 1, 1, "stale", 0)]), 1)
+    assert s.write(changes([("insert", 0, 1, "stale", 0)]), 1)
     for table in (str(tmp_path / "t"), state_path(str(tmp_path / "t"))):
         assert DeltaTable(table).transaction_version("test") == 1
     assert live(tmp_path / "t")[1]["name"] == "a"
@@ -291,11 +293,12 @@ def test_key_range_prunes_files(tmp_path: Path) -> None:
         assert "210" not in merge["operationParameters"]["mergePredicate"], merge["operationParameters"]
 
 
+@pytest.mark.parametrize("ordered", [False, True], ids=["safe", "ordered"])
 @pytest.mark.parametrize("tracking", [{"track_history_column_list": ["name"]},
                                       {"track_history_except_column_list": ["qty"]},
                                       {"track_history_columns": ["name"]}])  # the deprecated name
-def test_scd2_history_and_tracked_columns(tmp_path: Path, tracking: dict[str, list[str]]) -> None:
-    s = sink(tmp_path / "t", scd_type=2, **tracking)
+def test_scd2_history_and_tracked_columns(tmp_path: Path, tracking: dict[str, list[str]], ordered: bool) -> None:
+    s = sink(tmp_path / "t", scd_type=2, ordered=ordered, **tracking)
     s.write(changes([("insert", 1, 1, "a", 1)]), 0)
     s.write(changes([("update", 2, 1, "a", 2)]), 1)  # only an untracked column: in place
     s.write(changes([("update", 3, 1, "b", 3)]), 2)  # tracked: a new version
