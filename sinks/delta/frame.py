@@ -34,16 +34,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc.errors import MalformedRecordError, OptionError
+from cdc.errors import MalformedRecordError
 from cdc.model import COMMIT_TS, OLD_KEY, OP, UNCHANGED, Op
 from sinks.delta.batch import (
     ACCEPTED_OPS,
-    check_columns,
     complete_key_changes,
     first_at,
     prepare,
     unknown_ops_error,
 )
+from sinks.delta.frame_ties import find_tie, hashable, no_tie, tie_error, tie_message
+from sinks.delta.inplan import eligible, guarded, needs_checks, null_leaf, prologue
 from sinks.delta.keyrange import KeyRange, Rows, prunable
 from sinks.delta.layout import (
     ACTION,
@@ -60,8 +61,6 @@ from sinks.delta.layout import (
     ORDERED,
     SAFE,
     SET_PREFIX,
-    SOURCE_ALIAS,
-    TARGET_ALIAS,
     TIE,
     TIMESTAMP,
     TO,
@@ -70,10 +69,10 @@ from sinks.delta.layout import (
     LegacyLayoutError,
 )
 from sinks.delta.merge import merge_plan, quote, state_plan
-from sinks.delta.scd1 import is_tie_failure, stage_scd1, tie_conflict
+from sinks.delta.scd1 import is_tie_failure, stage_scd1
 from sinks.delta.scd2 import main_source, stage_scd2
-from sinks.delta.schema import SchemaEvolutionError, new_columns, normalise_type, state_schema, table_schema
-from sinks.delta.sequence import check_nulls, check_type
+from sinks.delta.schema import new_columns, normalise_type, state_schema, table_schema
+from sinks.delta.sequence import check_nulls
 from sinks.delta.spark import DeltaSparkEngine
 from sinks.delta.spec import SinkSpec
 from sinks.delta.state import HEAD_SEQ, HELD, guard, key_change_source
@@ -101,29 +100,13 @@ class Checked:
 def check(spec: SinkSpec, df: Any) -> Checked:
     """Validate a batch of change records as :func:`sinks.delta.batch.prepare` does, in one Spark job."""
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
     from pyspark.sql.pandas.types import to_arrow_schema
 
     names = df.columns
-    check_columns(spec, names)
     seq_type = df.schema[spec.sequence_by].dataType
-    check_type(spec.sequence_by, to_arrow_schema(T.StructType([df.schema[spec.sequence_by]]), timezone="UTC")[0].type)
-    naive = [f.name for f in df.schema.fields if isinstance(f.dataType, T.TimestampNTZType)]
-    if naive:
-        raise SchemaEvolutionError(f"naive timestamps ({naive}) are not supported in Delta tables written by the sink; use UTC")
-    if IS_DELETE not in names:
-        if spec.apply_as_deletes.strip() != DEFAULT_DELETE_CONDITION:
-            raise OptionError(
-                f"option 'apply_as_deletes' ({spec.apply_as_deletes!r}) needs the boolean column {IS_DELETE!r}",
-                "apply_as_deletes",
-            )
-        if OP not in names:
-            raise OptionError(f"the changes have no {OP!r} column to find deletes with", "apply_as_deletes")
-        df = df.withColumn(IS_DELETE, F.coalesce(F.col(OP) == F.lit(Op.DELETE.value), F.lit(False)))
-    else:
-        df = df.withColumn(IS_DELETE, F.coalesce(F.col(IS_DELETE).cast("boolean"), F.lit(False)))
+    df = prologue(spec, df)
     guarded = spec.keys
-    null_seq = _null_leaf(F.col(quote(spec.sequence_by)), seq_type)
+    null_seq = null_leaf(F.col(quote(spec.sequence_by)), seq_type)
     arrow = to_arrow_schema(df.select(*_keys(spec)).schema, timezone="UTC")
     pruned = [k for k in spec.keys if prunable(arrow.field(k).type)]
     aggs = [F.count(F.lit(1)).alias("rows")]
@@ -180,16 +163,6 @@ def check(spec: SinkSpec, df: Any) -> Checked:
         spec.keys, arrow, [(k, summary[f"lo{i}"], summary[f"hi{i}"]) for i, k in enumerate(pruned)]
     )
     return Checked(df.drop(*drop), int(summary["rows"]), partial, key_range, key_changes)
-
-
-def _null_leaf(column: Any, dtype: Any) -> Any:
-    """A Column: the sequence ``column`` (of Spark type ``dtype``) is null, or a field of it is."""
-    from pyspark.sql import types as T
-
-    if not isinstance(dtype, T.StructType):
-        return column.isNull()
-    fields = [_null_leaf(column[f.name], f.dataType) for f in dtype.fields]
-    return functools.reduce(lambda a, b: a | b, fields, column.isNull())
 
 
 def _literal(value: Any, dtype: Any) -> Any:
@@ -275,13 +248,13 @@ def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any | None) -> 
     # max over a struct compares its fields in order: the sequence first.
     # The hash of the rest of a change, largest and smallest among the key's changes of the latest sequence:
     # two that differ are two changes of that sequence with different values (see _no_tie).
-    digest = F.xxhash64(*[x for c in rest for x in _hashable(df, c)]) if rest else F.lit(0)
+    digest = F.xxhash64(*[x for c in rest for x in hashable(df, c)]) if rest else F.lit(0)
     latest = df.groupBy(*_keys(spec)).agg(
         F.max(F.struct(*[F.col(quote(c)).alias(c) for c in (seq, *rest)])).alias("__cdc_latest"),
         F.max(F.struct(F.col(quote(seq)).alias("s"), digest.alias("h"))).alias("__cdc_tie_hi"),
         F.max(F.struct(F.col(quote(seq)).alias("s"), F.bitwise_not(digest).alias("h"))).alias("__cdc_tie_lo"),
     )
-    latest = latest.where(_no_tie(spec, df, rest)) if len(rest) else latest
+    latest = latest.where(no_tie(spec, df, rest)) if len(rest) else latest
     latest = latest.select(*_keys(spec), *[F.col("__cdc_latest")[c].alias(c) for c in (seq, *rest)])
     is_delete = F.col(IS_DELETE)
     staged = [
@@ -291,74 +264,6 @@ def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any | None) -> 
     ]
     latest = latest.select(*staged, F.lit(now).cast("timestamp").alias(NOW))
     return latest if heads is None else _fresh(spec, latest, heads, ties=True)
-
-
-def _hashable(df: Any, c: str) -> list[Any]:
-    """A column as xxhash64 takes it, with its null flag (xxhash64 skips a null, so (null, 1) and (1, null)
-    would hash alike); a map (which it does not hash) as JSON."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    column = F.col(quote(c))
-    shown = F.to_json(column) if isinstance(df.schema[c].dataType, T.MapType) else column
-    return [shown, column.isNull()]
-
-
-#: The text every error about two changes of one key with one sequence and different values holds.
-TIE_TEXT = "have the same sequence"
-
-
-def _no_tie(spec: SinkSpec, df: Any, rest: list[str]) -> Any:
-    """A filter over the latest-change aggregation that fails the job (nothing written) when a key's latest
-    sequence holds changes with different values (:func:`sinks.delta.sequence.check_ties` for the batch's
-    reduction in Spark; identical changes hash alike and pass)."""
-    from pyspark.sql import functions as F
-
-    tie = F.col("__cdc_tie_hi")["h"] != F.bitwise_not(F.col("__cdc_tie_lo")["h"])
-    return F.when(tie, F.raise_error(_tie_message(spec, F.col("__cdc_tie_hi")["s"]))).otherwise(F.lit(True))
-
-
-def _tie_message(spec: SinkSpec, sequence: Any, differ: list[str] | None = None, held: str = "") -> Any:
-    """:func:`sinks.delta.sequence.tie_error`'s message as a Spark Column (the key and the sequence as JSON)."""
-    from pyspark.sql import functions as F
-
-    columns = f" in column(s) {differ}" if differ else ""
-    return F.concat(
-        F.lit("two changes of key "), F.to_json(F.struct(*_keys(spec))), F.lit(f" {TIE_TEXT} ({spec.sequence_by} "),
-        F.to_json(F.struct(sequence.alias(spec.sequence_by))),
-        F.lit(f") and different values{columns}: {held + ', and ' if held else ''}which one is the later cannot be "
-              "told, so nothing was written. Give sequence_by a column (or several) that orders every key's changes; "
-              "identical changes (redeliveries) are fine"),
-    )
-
-
-def _tie_error(e: Exception) -> MalformedRecordError | None:
-    """The sink's error for a tie that failed a Spark job (the Arrow steps' raised on an executor, or
-    :func:`_no_tie`'s), or None for any other failure."""
-    text = str(e)
-    start = text.find("two changes of key ")
-    if start < 0 or TIE_TEXT not in text:
-        return None
-    end = text.find("are fine", start)
-    return MalformedRecordError(text[start: end + len("are fine")] if end > 0 else text[start:].splitlines()[0])
-
-
-def _find_tie(spec: SinkSpec, plan: Any, source: Any, main: DeltaSparkEngine, ordered: bool) -> Any:
-    """After the MERGE of ``source`` failed on a tie: the error naming the first conflict, found by a join of
-    the tied changes with the table in Spark (only the first conflict's two rows reach the driver)."""
-    from pyspark.sql import functions as F
-
-    target = main.rows(Rows(plan.key_range))
-    pairs = source.alias(SOURCE_ALIAS).join(target.alias(TARGET_ALIAS), F.expr(plan.predicate), "left")
-    named = [F.col(f"{SOURCE_ALIAS}.{quote(c)}").alias(f"s{i}") for i, c in enumerate(source.columns)]
-    named += [F.col(f"{TARGET_ALIAS}.{quote(c)}").alias(f"t{i}") for i, c in enumerate(target.columns)]
-    first = pairs.where(F.expr(plan.ties)).select(*named).limit(1).collect()
-    if not first:
-        return None
-    row = first[0].asDict(recursive=True)
-    change = {c: row[f"s{i}"] for i, c in enumerate(source.columns)}
-    stored = {c: row[f"t{i}"] for i, c in enumerate(target.columns)}
-    return tie_conflict(spec, plan, change, None if stored[spec.keys[0]] is None else stored, ordered)
 
 
 def _fresh(spec: SinkSpec, changes: Any, heads: Any, ties: bool = False) -> Any:
@@ -377,7 +282,7 @@ def _fresh(spec: SinkSpec, changes: Any, heads: Any, ties: bool = False) -> Any:
     if not ties:
         return joined.where(newer).select(*kept)
     tie = F.coalesce(F.col(quote(seq)) == F.col(HEAD_SEQ), F.lit(False))
-    wrong = F.raise_error(_tie_message(spec, F.col(quote(seq)), ["_op"], HELD))
+    wrong = F.raise_error(tie_message(spec, F.col(quote(seq)), ["_op"], HELD))
     settled = F.when(tie & (F.col("__cdc_tomb") != F.col(IS_DELETE)), wrong).otherwise(~(tie & F.col(IS_DELETE)))
     return joined.where(newer | (tie & settled)).select(*kept, tie.alias(TIE))
 
@@ -571,6 +476,16 @@ def write_frame(spec: SinkSpec, target: Target, df: Any, batch_id: int, app_id: 
     no changes."""
     from pyspark import StorageLevel
 
+    names = df.columns
+    if eligible(spec, target.mode, names):  # ordered: the checks run in the MERGE's own plan (sinks.delta.inplan)
+        drop = [c for c in names if c in DROPPED_METADATA] + spec.excluded(names)
+        fast = Checked(guarded(spec, prologue(spec, df), names).drop(*drop), -1, False, KeyRange())
+        try:
+            return _write_checked(spec, target, fast, batch_id, app_id, now)
+        except Exception as e:
+            if not needs_checks(e):
+                raise
+            log.info("batch %d: its in-plan checks failed; nothing was written, running them first", batch_id)
     # The batch is read several times (the checks, each MERGE's source): cached, the source (a Python data
     # source, a log read) runs once.
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
@@ -638,11 +553,12 @@ def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: i
         try:
             main.merge_frame(source, plan, app_id, batch_id)
         except Exception as e:
-            tie = _tie_error(e) or (_find_tie(spec, plan, source, main, ordered) if is_tie_failure(e) else None)
+            tie = tie_error(e) or (find_tie(spec, plan, source, main, ordered) if is_tie_failure(e) else None)
             if tie is None:
                 raise
             raise tie from e
-        log.info("batch %d: merged %d change records into %s in Spark", batch_id, checked.rows, main.path)
+        log.info("batch %d: merged %s change records into %s in Spark", batch_id,
+                 checked.rows if checked.rows >= 0 else "its", main.path)
     if not target.state_done:
         source = _state_source(spec, checked, staged, heads, now)
         state.merge_frame(source, state_plan(spec, checked.key_range), app_id, batch_id)

@@ -218,7 +218,7 @@ def _equal(a: str, b: str, t: pa.DataType) -> str:
 
 
 def _pruning(spec: SinkSpec, key_range: KeyRange) -> KeyRange:
-    return key_range if spec.prune_by_key_range else KeyRange()
+    return key_range if spec.prune_by_key_range is not False else KeyRange()
 
 
 def state_plan(spec: SinkSpec, key_range: KeyRange) -> MergePlan:

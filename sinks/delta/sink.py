@@ -94,7 +94,9 @@ class DeltaUpsertSink:
     track_history_columns : the former name of ``track_history_column_list`` (deprecated).
     tombstone_retention : how long a delete's tombstone keeps older changes of the key from resurrecting it.
     prune_by_key_range : restrict each MERGE and each read of the tables to the batch's range of every key
-        column, so files whose statistics lie outside it are skipped.
+        column, so files whose statistics lie outside it are skipped. Default (None): wherever the range costs
+        no Spark job of its own, i.e. everywhere but ordered mode on delta-spark; True there too (one small
+        job per batch, which pays when keys arrive clustered into a table of many files); False: nowhere.
     compact_every : every this many batches (by batch id), purge expired tombstones and compact small files;
         None disables both.
     app_id : the Delta application-transaction id; default ``cdc-tunnel-<streaming query id>``, which stays
@@ -148,7 +150,7 @@ class DeltaUpsertSink:
         except_columns: Sequence[str] | None = None,
         tombstone_retention: timedelta = timedelta(days=2),
         compact_every: int | None = 10,
-        prune_by_key_range: bool = True,
+        prune_by_key_range: bool | None = None,
         bookkeeping_columns: Sequence[str] | None = None,
         app_id: str | None = None,
         engine: str = "auto",

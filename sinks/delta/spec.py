@@ -85,7 +85,8 @@ class SinkSpec:
     #: The truncate condition as the user gave it (text; a Column's text), None: only ``_op = 'truncate'``.
     apply_as_truncates: str | None = None
     tombstone_retention: timedelta = timedelta(days=2)
-    prune_by_key_range: bool = True
+    #: None: prune where the range costs no Spark job of its own (see :mod:`sinks.delta.inplan`).
+    prune_by_key_range: bool | None = None
     #: Which bookkeeping columns the main table shows (see :mod:`sinks.delta.layout`); None: all.
     bookkeeping_columns: tuple[str, ...] | None = None
     #: A list ``sequence_by``: the columns compared in turn (see :mod:`sinks.delta.sequence`); else empty.

@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from cdc.backends.local import LocalLog
+from cdc.errors import MalformedRecordError
 from sinks.delta import DeltaUpsertSink, read
 from sinks.delta.layout import DELETED_AT, MODE_PROPERTY, STATE_DIR
 
@@ -129,6 +130,43 @@ def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytes
     mode = "ordered" if shape == "one-source" else "safe"
     assert DeltaTable(str(tmp_path / "t")).metadata().configuration[MODE_PROPERTY] == mode
     assert (tmp_path / "t" / STATE_DIR).exists() == (mode == "safe")
+
+
+def test_ordered_batch_checks_run_in_the_merge_plan(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In ordered mode a batch of full changes runs no checking job of its own: its checks are a filter of the
+    MERGE source. A batch that fails one (a truncate, a null key, an unknown _op) writes nothing there and runs
+    the checked way, which applies the truncate or names what is wrong; prune_by_key_range=True runs it always."""
+    import sinks.delta.frame as frame
+
+    calls: list[int] = []
+    real_check = frame.check
+
+    def counted(spec: Any, df: Any) -> Any:
+        calls.append(1)
+        return real_check(spec, df)
+
+    monkeypatch.setattr(frame, "check", counted)
+    path = tmp_path / "t"
+    ordered = sink(path, "delta-spark", 1, ordered=True)
+    full = [b.drop_columns(["_unchanged"]) for b in BATCHES]
+    ordered.write_frame(spark.createDataFrame(full[0]), 0)
+    assert calls == [] and {r["id"]: r["a"] for r in table_rows(path)} == {1: "x2", 2: "y", 3: "z", 4: "w"}
+    truncated = changes([("insert", 7, 16, "t", 7, None), ("truncate", 0, 17, None, None, None),
+                         ("insert", 8, 18, "after", 8, None)]).drop_columns(["_unchanged"])
+    ordered.write_frame(spark.createDataFrame(truncated), 1)
+    assert calls and {r["id"]: r["a"] for r in table_rows(path)} == {8: "after"}
+    calls.clear()  # (the changes after a truncate are checked again: two checks)
+    version = DeltaTable(str(path)).version()
+    for bad, words in (([("insert", None, 19, "k", 1, None)], "null 'id'"), ([("upsert", 9, 19, "k", 1, None)], "upsert")):
+        with pytest.raises(MalformedRecordError, match=words):
+            ordered.write_frame(spark.createDataFrame(changes(bad).drop_columns(["_unchanged"])), 2)
+        assert DeltaTable(str(path)).version() == version, "nothing was written"
+    assert calls == [1, 1]
+    ordered.write_frame(spark.createDataFrame(full[3]), 2)
+    assert calls == [1, 1] and {r["id"]: r["a"] for r in table_rows(path)} == {8: "after", 4: "w3", 6: "new"}
+    pruned = sink(tmp_path / "p", "delta-spark", 1, ordered=True, prune_by_key_range=True)
+    pruned.write_frame(spark.createDataFrame(full[0]), 0)
+    assert calls == [1, 1, 1]
 
 
 def test_read_uses_delta_reader(spark: Any, tmp_path: Path) -> None:
