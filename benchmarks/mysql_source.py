@@ -277,7 +277,7 @@ def main(changes: int, txn: int, rounds: int, debezium: bool, snapshot_rows: int
             rate = debezium_rate(server, changes)
             if rate is not None:
                 figures["debezium mariadb connector"] = (rate, "rows/s")
-                print(f"debezium mariadb connector (embedded, 3.3.0.Final): {rate:,.0f} rows/s")
+                print(f"debezium mariadb connector (embedded, 3.5.0.Final): {rate:,.0f} rows/s")
     ratio = statistics.median(ratios)
     print(f"load {os.getloadavg()}, cores {os.cpu_count()}")
     print(f"changes/mysql-replication {ratio:.3f}")
