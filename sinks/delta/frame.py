@@ -67,8 +67,9 @@ from sinks.delta.layout import (
     VALID_FROM,
     VALID_TO,
     LegacyLayoutError,
+    quote,
 )
-from sinks.delta.merge import merge_plan, quote, state_plan
+from sinks.delta.merge import merge_plan, state_plan
 from sinks.delta.scd1 import is_tie_failure, stage_scd1
 from sinks.delta.scd2 import main_source, stage_scd2
 from sinks.delta.schema import new_columns, normalise_type, state_schema, table_schema

@@ -9,8 +9,7 @@ from typing import Any
 
 from cdc.errors import MalformedRecordError
 from sinks.delta.keyrange import Rows
-from sinks.delta.layout import SOURCE_ALIAS, TARGET_ALIAS
-from sinks.delta.merge import quote
+from sinks.delta.layout import SOURCE_ALIAS, TARGET_ALIAS, quote
 from sinks.delta.scd1 import tie_conflict
 from sinks.delta.spark import DeltaSparkEngine
 from sinks.delta.spec import SinkSpec

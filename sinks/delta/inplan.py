@@ -24,8 +24,7 @@ from typing import Any
 from cdc.errors import OptionError
 from cdc.model import OP, UNCHANGED, Op
 from sinks.delta.batch import ACCEPTED_OPS, check_columns
-from sinks.delta.layout import DEFAULT_DELETE_CONDITION, IS_DELETE, IS_TRUNCATE, ORDERED
-from sinks.delta.merge import quote
+from sinks.delta.layout import DEFAULT_DELETE_CONDITION, IS_DELETE, IS_TRUNCATE, ORDERED, quote
 from sinks.delta.schema import SchemaEvolutionError
 from sinks.delta.sequence import check_type
 from sinks.delta.spec import SinkSpec

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.delta.layout import VALID_TO
+from sinks.delta.layout import VALID_TO, quote
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,6 @@ class KeyRange:
         are literals bound as typed values. None: nothing to prune."""
         from pyspark.sql import functions as F
 
-        from sinks.delta.merge import quote
 
         out = None
         for b in self.bounds:

@@ -126,3 +126,8 @@ def hidden_columns(visible: frozenset[str], sequence_by: str, scd_type: int) -> 
     if scd_type == 2:
         names["is_current"] = IS_CURRENT
     return frozenset(name for token, name in names.items() if token not in visible)
+
+
+def quote(name: str) -> str:
+    """A SQL identifier quoted for both DataFusion (delta-rs) and Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"

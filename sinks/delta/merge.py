@@ -33,13 +33,9 @@ from sinks.delta.layout import (
     TO,
     VALID_FROM,
     VALID_TO,
+    quote,
 )
 from sinks.delta.spec import SinkSpec
-
-
-def quote(name: str) -> str:
-    """A SQL identifier quoted for both DataFusion (delta-rs) and Spark SQL."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 def col(alias: str, name: str) -> str:

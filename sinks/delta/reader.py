@@ -46,7 +46,7 @@ def read(spark: Any, path: str, *, current_only: bool = False, storage_options: 
 
 
 def _delta_reader(spark: Any) -> bool:
-    from sinks.delta.spark import delta_jars_available
+    from sinks.delta.session import delta_jars_available
 
     try:
         return delta_jars_available(spark)

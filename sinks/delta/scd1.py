@@ -17,8 +17,8 @@ import pyarrow as pa
 from cdc.errors import MalformedRecordError
 from sinks.delta.engine import Engine
 from sinks.delta.keyrange import KeyRange, Rows
-from sinks.delta.layout import DELETED_AT, IS_DELETE, SET_PREFIX, TIE, TIE_MARK
-from sinks.delta.merge import MergePlan, quote
+from sinks.delta.layout import DELETED_AT, IS_DELETE, SET_PREFIX, TIE, TIE_MARK, quote
+from sinks.delta.merge import MergePlan
 from sinks.delta.sequence import _same, tie_error
 from sinks.delta.spec import SinkSpec
 from sinks.delta.state import HELD, conform, guard, of_keys

@@ -106,8 +106,6 @@ def default_engine(spark: Any, *, pipelined: bool = False) -> str:
         return "delta-rs"
     if master.startswith("local"):
         return "delta-rs"
-    from sinks.delta.spark import delta_jars_available
-
     try:
         return "delta-spark" if delta_jars_available(spark) else "delta-rs"
     except Exception:
@@ -190,3 +188,30 @@ def collect_arrow(batch_df: Any) -> pa.Table:
     finally:
         if raise_it:
             conf.set(ARROW_BATCH_CONF, before)
+
+
+DELTA_CLASS = "io.delta.tables.DeltaTable"
+UNAVAILABLE = (
+    "the delta-spark engine needs the io.delta Spark jars on the classpath (class io.delta.tables.DeltaTable); "
+    "they are not on this JVM. Run `make delta-spark` and build the session with "
+    "sinks.delta.session.configure_delta(SparkSession.builder...) (or spark-submit --packages "
+    "io.delta:delta-spark_4.2_2.13:4.4.0), or use engine='delta-rs'"
+)
+
+
+def class_loadable(spark: Any, name: str) -> bool:
+    """True when the JVM behind ``spark`` can load class ``name`` (with Spark's class loader)."""
+    try:
+        return bool(spark._jvm.org.apache.spark.util.Utils.classIsLoadable(name))
+    except Exception:  # an unusual JVM gateway: ask the context class loader directly
+        jvm = spark._jvm
+        try:
+            jvm.java.lang.Class.forName(name, False, jvm.java.lang.Thread.currentThread().getContextClassLoader())
+            return True
+        except Exception:
+            return False
+
+
+def delta_jars_available(spark: Any) -> bool:
+    """True when the io.delta Spark classes are on the classpath."""
+    return class_loadable(spark, DELTA_CLASS)

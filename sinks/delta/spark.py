@@ -19,37 +19,11 @@ import pyarrow as pa
 
 from cdc.errors import TerminalError
 from sinks.delta.keyrange import Rows
-from sinks.delta.layout import TIE_MARK
-from sinks.delta.merge import MergePlan, quote
+from sinks.delta.layout import TIE_MARK, quote
+from sinks.delta.merge import MergePlan
+from sinks.delta.session import UNAVAILABLE, delta_jars_available, is_connect
 
 log = logging.getLogger(__name__)
-
-DELTA_CLASS = "io.delta.tables.DeltaTable"
-UNAVAILABLE = (
-    "the delta-spark engine needs the io.delta Spark jars on the classpath (class io.delta.tables.DeltaTable); "
-    "they are not on this JVM. Run `make delta-spark` and build the session with "
-    "sinks.delta.session.configure_delta(SparkSession.builder...) (or spark-submit --packages "
-    "io.delta:delta-spark_4.2_2.13:4.4.0), or use engine='delta-rs'"
-)
-
-
-def class_loadable(spark: Any, name: str) -> bool:
-    """True when the JVM behind ``spark`` can load class ``name`` (with Spark's class loader)."""
-    try:
-        return bool(spark._jvm.org.apache.spark.util.Utils.classIsLoadable(name))
-    except Exception:  # an unusual JVM gateway: ask the context class loader directly
-        jvm = spark._jvm
-        try:
-            jvm.java.lang.Class.forName(name, False, jvm.java.lang.Thread.currentThread().getContextClassLoader())
-            return True
-        except Exception:
-            return False
-
-
-def delta_jars_available(spark: Any) -> bool:
-    """True when the io.delta Spark classes are on the classpath."""
-    return class_loadable(spark, DELTA_CLASS)
-
 
 class DeltaSparkEngine:
     name = "delta-spark"
@@ -57,8 +31,6 @@ class DeltaSparkEngine:
     tie_fail = f"CAST(raise_error('{TIE_MARK}') AS BOOLEAN)"
 
     def __init__(self, spark: Any, path: str) -> None:
-        from sinks.delta.session import is_connect
-
         # Under Spark Connect the server's classpath cannot be asked (no ``_jvm``): delta-spark's Python
         # DeltaTable sends its calls through Delta's Connect plugin, which the server must load.
         if not is_connect(spark) and not delta_jars_available(spark):

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-import sinks.delta.spark as engine_module
+import sinks.delta.session as engine_module
 from cdc.errors import OptionError
 from sinks.delta import DeltaUpsertSink
 from sinks.delta.session import default_engine

@@ -368,10 +368,11 @@ def test_scd2_every_change_of_a_batch_is_a_version_and_late_changes_are_back_fil
 
 
 def test_delta_spark_engine_reports_missing_jars(tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sinks.delta.session as session_module
     import sinks.delta.spark as engine_module
 
-    assert engine_module.class_loadable(spark, "org.apache.spark.sql.SparkSession")  # the probe itself works
-    assert not engine_module.class_loadable(spark, "io.delta.NoSuchClass")
+    assert session_module.class_loadable(spark, "org.apache.spark.sql.SparkSession")  # the probe itself works
+    assert not session_module.class_loadable(spark, "io.delta.NoSuchClass")
     # The tests' session has the jars (make delta-spark): a session without them answers as this probe does.
     monkeypatch.setattr(engine_module, "delta_jars_available", lambda _: False)
     s = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], engine="delta-spark", app_id="a")
