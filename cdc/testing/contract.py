@@ -260,6 +260,18 @@ def drain_snapshot(backend: Backend, start: dict[str, Any]) -> list[pa.Table]:
     raise AssertionError("the chunked snapshot never finished")
 
 
+def _exact_in_order(delivered: list[pa.Table], keys: list[str], table: dict[Any, Any]) -> None:
+    """What a chunked snapshot ``delivered`` folds to the source ``table``, and every key's records come in
+    increasing ``_seq``: none older than one before it."""
+    assert fold(delivered, keys) == table
+    last: dict[Any, int] = {}
+    for t in delivered:
+        for row in t.select([*keys, "_seq"]).to_pylist():
+            key = tuple(row[k] for k in keys)
+            assert row["_seq"] > last.get(key, -1)
+            last[key] = row["_seq"]
+
+
 class ChunkedSnapshotContract:
     """Rule 1 for a chunked snapshot's ranges (see :mod:`cdc.backend`): every read of a chunk is exact with respect
     to its cut, and once one has completed every later read yields the same records; a replay whose cut is gone
@@ -292,14 +304,7 @@ class ChunkedSnapshotContract:
             expected = before if seq == cut.seq else after  # type: ignore[union-attr]
             for key, row in fold([rows.filter(pc.equal(rows.column("_seq"), seq))], keys).items():
                 assert row == expected[key]
-        delivered = [got, *drain_snapshot(backend, end)]
-        assert fold(delivered, keys) == harness.table()
-        last: dict[Any, int] = {}  # every key's records in increasing _seq
-        for t in delivered:
-            for row in t.select([*keys, "_seq"]).to_pylist():
-                key = tuple(row[k] for k in keys)
-                assert row["_seq"] > last.get(key, -1)
-                last[key] = row["_seq"]
+        _exact_in_order([got, *drain_snapshot(backend, end)], keys, harness.table())
         backend.close()
 
     def test_every_read_of_a_chunk_yields_the_same_records(self, harness: Harness) -> None:
@@ -320,13 +325,5 @@ class ChunkedSnapshotContract:
         harness.update(20)
         replay = harness.backend()
         first = read_batch(replay, start, end)
-        delivered = [first, *drain_snapshot(replay, end)]
-        keys = _keys(replay.schema())
-        assert fold(delivered, keys) == harness.table()
-        last: dict[Any, int] = {}  # every key's records in increasing _seq: none older than one before it
-        for t in delivered:
-            for row in t.select([*keys, "_seq"]).to_pylist():
-                key = tuple(row[k] for k in keys)
-                assert row["_seq"] > last.get(key, -1)
-                last[key] = row["_seq"]
+        _exact_in_order([first, *drain_snapshot(replay, end)], _keys(replay.schema()), harness.table())
         replay.close()
