@@ -119,6 +119,10 @@ class MariaDBServer(ServerProcess):
         self.stop_timeout = 60.0
 
     @property
+    def tmpdir(self) -> Path:
+        return self.data_dir / "tmp"
+
+    @property
     def datadir(self) -> Path:
         return self.data_dir / "data"
 
@@ -150,6 +154,7 @@ class MariaDBServer(ServerProcess):
     def _options(self) -> list[str]:
         options = {
             "datadir": str(self.datadir),
+            "tmpdir": str(self.tmpdir),
             "port": str(self.port),
             "bind-address": self.host,
             "socket": str(self.socket),
@@ -177,8 +182,10 @@ class MariaDBServer(ServerProcess):
 
     def _install(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [str(self.install_db), "--no-defaults", f"--datadir={self.datadir}", "--skip-test-db",
-               "--auth-root-authentication-method=normal", "--skip-name-resolve"]
+        # Its own temporary directory (passed through to the bootstrap server): two servers installing at once
+        # in the shared /tmp failed now and then ("Could not remove temporary table '/tmp/#sql-temptable-...'").
+        cmd = [str(self.install_db), "--no-defaults", f"--datadir={self.datadir}", f"--tmpdir={self.tmpdir}",
+               "--skip-test-db", "--auth-root-authentication-method=normal", "--skip-name-resolve"]
         if self._user is not None:
             cmd.append(f"--user={self._user.pw_name}")
         self._chown(self.data_dir)
@@ -192,9 +199,11 @@ class MariaDBServer(ServerProcess):
     def start(self) -> Self:
         if self.running:
             return self
+        self.tmpdir.mkdir(parents=True, exist_ok=True)
         first = not (self.datadir / "mysql").exists()
         if first:
             self._install()
+        self._chown(self.tmpdir)
         with open(self.data_dir / "mariadbd.out", "ab") as out:
             self._process = subprocess.Popen(
                 [str(self.mariadbd), "--no-defaults", *self._options()],
