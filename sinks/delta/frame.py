@@ -44,6 +44,7 @@ from sinks.delta.batch import (
     unknown_ops_error,
 )
 from sinks.delta.frame_ties import find_tie, hashable, no_tie, tie_error, tie_message
+from sinks.delta.frame_ties import keys as _keys
 from sinks.delta.inplan import eligible, guarded, needs_checks, null_leaf, prologue
 from sinks.delta.keyrange import KeyRange, Rows, prunable
 from sinks.delta.layout import (
@@ -221,12 +222,6 @@ def complete_key_changes_in_spark(spec: SinkSpec, target: Target, checked: Check
 
 def _values(spec: SinkSpec, columns: list[str]) -> list[str]:
     return [c for c in columns if c not in spec.keys and c not in (IS_DELETE, spec.sequence_by, COMMIT_TS, UNCHANGED)]
-
-
-def _keys(spec: SinkSpec) -> list[Any]:
-    from pyspark.sql import functions as F
-
-    return [F.col(quote(k)) for k in spec.keys]
 
 
 def _no_heads(spec: SinkSpec, df: Any) -> Any:

@@ -16,6 +16,7 @@ from sinks.delta.spec import SinkSpec
 
 
 def keys(spec: SinkSpec) -> list[Any]:
+    """The key columns as Spark Columns (quoted)."""
     from pyspark.sql import functions as F
 
     return [F.col(quote(k)) for k in spec.keys]
