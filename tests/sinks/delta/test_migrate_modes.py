@@ -1,8 +1,9 @@
 """Switching a table's mode: ``DeltaUpsertSink.migrate(mode="safe" | "ordered")``.
 
 A table migrated to safe mode continues as a table built in safe mode from the start on the same history
-(rows and key heads), late changes included, except for keys deleted while it was ordered (SCD type 1: no
-tombstone to take); one migrated to ordered mode continues as one built ordered. A query claiming the old
+(rows and key heads), late changes included, for every key whose head the ordered table recorded (not a key
+deleted while it was ordered, SCD type 1; not a repeated delete, SCD type 2); one migrated to ordered mode
+continues as one built ordered. A query claiming the old
 mode fails before and after; a crash between a migration's two commits is completed by running it again.
 """
 
