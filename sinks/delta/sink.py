@@ -33,7 +33,7 @@ from sinks.delta.layout import (
     state_path,
 )
 from sinks.delta.merge import merge_plan, state_plan
-from sinks.delta.migration import migrate_layout
+from sinks.delta.migration import run_migration
 from sinks.delta.scd1 import merge_naming_ties, purge_predicate, stage_scd1
 from sinks.delta.scd2 import current_rows, key_heads, main_source, stage_scd2, table_heads
 from sinks.delta.schema import new_columns, state_schema, table_schema
@@ -574,10 +574,11 @@ class DeltaUpsertSink:
                 engine.delete("true")
         log.info("batch %d: a truncate (%s %s) emptied %s", batch_id, self.spec.sequence_by, at, self.path)
 
-    def migrate(self) -> bool:
-        """Convert a table written by the previous layout (tombstones in the table) to the current one; see
-        :func:`sinks.delta.migration.migrate_layout`. Returns False when there was nothing to migrate."""
-        return migrate_layout(self.path, self.spec, self.storage_options)
+    def migrate(self, mode: str | None = None) -> bool:
+        """With the query stopped: ``mode=None`` converts a table of the previous layout; ``"ordered"`` or ``"safe"``
+        switches the table's mode (:func:`sinks.delta.migration.migrate_mode`). False when there was nothing to do."""
+        self._mode, self._engine, self._state_engine = None, None, None  # (read the table again afterwards)
+        return run_migration(self.path, self.spec, mode, self.storage_options, self.clock())
 
     def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None, *, claim: str | None = None) -> bool:
         """:meth:`write` for a DataFrame with ``engine='delta-spark'``: prepared, staged and merged inside Spark
