@@ -505,6 +505,7 @@ class Planner:
         begin = Offset.from_json(start)
         change = self.backend.resume(begin.source, planning=True)
         source = self.backend.source_state()
+        self.backend.resnapshots()  # forget what other planning saw: only this batch's ranges count
         if change.removed and begin.snapshot is not None:
             kept = {n: t for n, t in begin.snapshot.tables.items() if n not in change.removed}
             begin = replace(begin, snapshot=SnapshotState(kept, begin.snapshot.cut)
@@ -520,6 +521,9 @@ class Planner:
             end = self._next_chunked(start, begin, chunked, max_records, until, change.added)
         else:
             end = self._next_changes(start, begin, max_records, until, respect_lineage)
+        again = self.backend.resnapshots() if respect_lineage else ()
+        if again:
+            end = self._resnapshot(start, begin, max_records, until, change.added, again)
         if source is None or (end is start and (source == begin.source or begin.initial)):
             return end
         if end is start:  # nothing to read, but the set-up changed: a restart must see it recorded
@@ -527,6 +531,23 @@ class Planner:
             return Offset(begin.without_from(), turn=begin.turn, snapshot=settled if settled and settled.tables else None,
                           source=source).to_json()
         return {**end, "source": source}
+
+    def _resnapshot(
+        self, start: OffsetJson, begin: Offset, max_records: int | None, until: Mapping[str, Position] | None,
+        added: Sequence[str], tables: Sequence[str],
+    ) -> OffsetJson:
+        """The batch planned again because its change range holds signals to re-snapshot ``tables``: they are
+        snapshotted again from this batch's cut on, exactly as tables added to the query (their changes before
+        the cut are held back and their rows read at the cut and later include them). The cut comes after the
+        signals (they were flushed before it was taken), so the next batch starts past them."""
+        chunked = self.backend.chunked_snapshot()
+        if chunked is None:  # the backend said it could re-snapshot
+            raise OptionError("a re-snapshot needs a chunked snapshot: option snapshot.mode=chunked", "snapshot.mode")
+        log.info("re-snapshot of %s asked for by a signal: snapshot in chunks from this batch's cut on", list(tables))
+        redo = [t for t in tables if t not in added]
+        end = self._next_chunked(start, begin, chunked, max_records, until, added, redo)
+        self.backend.resnapshots()  # the range planned again holds the same signals: handled
+        return end
 
     def prepare_read(self, end: OffsetJson) -> None:
         """Before the batch ending at ``end`` is read (maybe a replay): the backend takes its recorded set-up up."""
@@ -578,7 +599,7 @@ class Planner:
 
     def _next_chunked(
         self, start: OffsetJson, begin: Offset, chunked: ChunkedSnapshot, max_records: int | None,
-        until: Mapping[str, Position] | None, added: Sequence[str] = (),
+        until: Mapping[str, Position] | None, added: Sequence[str] = (), redo: Sequence[str] = (),
     ) -> OffsetJson:
         """The next batch of a chunked snapshot (see :mod:`cdc.snapshots.planning`): chunks at a new cut when
         one opens in time, else changes only; either way the change range holds back the keys not yet emitted.
@@ -593,10 +614,14 @@ class Planner:
             state = expire(with_late(begin.snapshot, chunked.recorded(begin.snapshot)).settled(), int(pos))
         bound = None if until is None else until.get(cid)
         cut: Cut | None
-        if added:
-            cut, state = add_tables(state, chunked, added)
-            log.info("tables %s added to the query: snapshot in chunks from %s=%r, their changes from there on",
-                     sorted(added), cid, cut.pos)
+        if added or redo:
+            cut, state = add_tables(state, chunked, added, redo)
+            if added:
+                log.info("tables %s added to the query: snapshot in chunks from %s=%r, their changes from there on",
+                         sorted(added), cid, cut.pos)
+            if redo:
+                log.info("tables %s snapshotted again in chunks from %s=%r; their changes keep streaming",
+                         sorted(redo), cid, cut.pos)
         else:
             # A cut also while only late entries hold keys back: a key change out of a held key into one that is
             # not held leaves its unchanged values to a read of the new key's row, which needs a cut (without one,

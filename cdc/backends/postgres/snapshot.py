@@ -333,8 +333,8 @@ class PostgresChunkedSnapshot:
             bound = min(bound, lsn_of(int(until)))
         relids = [oid for oid, name in self.backend.relation_ids().items() if name in state.tables]
         end, taken = begin, 0
-        for commit_lsn, n, rekeys in connection.transaction_sizes(conn, self.slot, self.backend.publication, begin,
-                                                                  bound, rekeys_of=relids):
+        for commit_lsn, n, rekeys, signals in connection.transaction_sizes(
+                conn, self.slot, self.backend.publication, begin, bound, rekeys_of=relids):
             if rekeys:
                 log.info("changes stop before the key change committed at %d until a cut is taken", commit_lsn)
                 break
@@ -342,6 +342,7 @@ class PostgresChunkedSnapshot:
                 break
             taken += n
             end = boundary_after(commit_lsn)
+            self.backend.signalled(commit_lsn, signals)
             if max_records is not None and taken >= max_records:
                 break
         return PlannedRange(end, taken, False)
