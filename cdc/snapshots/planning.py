@@ -152,10 +152,15 @@ def chunk_ranges(state: SnapshotState) -> list[ChannelRange]:
     if state.cut is None:
         return []
     window = {"cut": state.cut.to_json()}
-    return [
-        ChannelRange(chunk_channel(name), None if c.after is None else list(c.after), list(c.upto), window)
-        for name, c in state.chunks()
-    ]
+    out = []
+    for name, t in state.tables.items():
+        for c in t.chunks:
+            last = t.refresh is not None and c.upto == t.last  # a re-snapshot's last chunk ends with its refresh
+            out.append(ChannelRange(chunk_channel(name), None if c.after is None else list(c.after), list(c.upto),
+                                    {**window, "refresh": t.refresh} if last else window))
+        if t.refresh is not None and t.last is None and not t.chunks:  # empty at its cut: the refresh alone
+            out.append(ChannelRange(chunk_channel(name), None, [], {**window, "refresh": t.refresh}))
+    return out
 
 
 def hold_window(state: SnapshotState) -> dict[str, object] | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
@@ -70,12 +71,16 @@ def test_a_signalled_table_is_read_again_in_chunks_while_every_change_streams(po
         got += list(batches(query, first_end))
         records = _records(got)
         first = [r for r in records if r["_table"] == "public.first"]
-        changes = [(json.loads(r["_key"])["id"], r["_op"]) for r in first if r["_op"] != "snapshot"]
+        changes = [(json.loads(r["_key"])["id"], r["_op"]) for r in first if r["_op"] not in ("snapshot", "refresh")]
         assert changes == [(0, "update"), (1, "update"), (2, "update"), (40, "delete"), (41, "delete")]
         snapshot = sorted(json.loads(r["_key"])["id"] for r in first if r["_op"] == "snapshot")
         assert snapshot == [k for k in range(45) if k not in (40, 41)]
         cut = _state(first_end).tables["public.first"].refresh  # type: ignore[union-attr]
         assert all(r["_seq"] >= cut for r in first if r["_op"] == "snapshot")
+        # One refresh record, after the last chunk's rows, in that chunk's batch, carrying the first cut's _seq.
+        assert [(r["_op"], r["_seq"], r["_row"]) for r in first[-1:]] == [("refresh", cut, None)]
+        assert sum(1 for r in first if r["_op"] == "refresh") == 1
+        assert json.loads(first[-1]["_key"]) == {"id": None}
         assert sum(1 for r in records if r["_table"] == "public.second") == 4
         assert _state(got[-1][0]) is None, "the re-snapshot never finished"
         assert sum(1 for end, _ in got if _state(end) is not None and _state(end).chunks()) == 3  # type: ignore[union-attr]
@@ -113,7 +118,7 @@ def test_a_restarted_driver_resumes_the_resnapshot_and_stray_signals_are_ignored
         rest = list(batches(restarted, end))
         rows = sorted(json.loads(r["_key"])["id"] for r in _records(rest) if r["_op"] == "snapshot")
         assert rows == list(range(20, 44)), "the restarted driver did not resume at the next chunk"
-        assert [r["_op"] for r in _records(rest) if r["_op"] != "snapshot"] == ["delete"]
+        assert [r["_op"] for r in _records(rest) if r["_op"] != "snapshot"] == ["delete", "refresh"]
         restarted.close()
     finally:
         connection.drop_slot(conn, "rs")
@@ -140,4 +145,72 @@ def test_the_command_refuses_a_table_it_cannot_resnapshot(postgres_dsn: str) -> 
     conn.execute("REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC")  # this database's
     refused = runner.invoke(cli, ["resnapshot", "--dsn", plain, "--table", "keyed"])
     assert refused.exit_code == 1 and "GRANT EXECUTE ON FUNCTION pg_logical_emit_message" in refused.output
+    conn.close()
+
+
+def test_a_resnapshot_makes_the_delta_tables_equal_to_the_source_while_a_writer_runs(
+    spark: Any, postgres_dsn: str, tmp_path: Path
+) -> None:
+    from deltalake import DeltaTable, write_deltalake
+
+    from cdc.cli import main
+    from sinks.routing import RoutingDeltaSink
+    from tests.backends.postgres.test_added_tables import Writer
+
+    conn = psycopg.connect(postgres_dsn, autocommit=True)
+    _create(conn, 60)
+    conn.execute("INSERT INTO first SELECT g, 'quiet', 0 FROM generate_series(1000, 1009) g")  # the writer's are < 200
+    lake, checkpoint = str(tmp_path / "lake"), str(tmp_path / "checkpoint")
+    delivered: dict[int, list[tuple[str, str]]] = {}
+
+    def batch(df: Any, batch_id: int) -> None:
+        changes = df.toArrow()
+        RoutingDeltaSink(lake, engine="delta-rs").write(changes, batch_id, "q")
+        delivered[batch_id] = list(zip(changes.column("_table").to_pylist(), changes.column("_op").to_pylist(),
+                                       strict=True))
+
+    def run() -> None:
+        reader = (spark.readStream.format("cdc").option("backend", "postgres").option("dsn", postgres_dsn)
+                  .option("tables", "first,second").option("layout", "json").option("slot.name", "lake")
+                  .option("startingOffsets", "snapshot").option("snapshot.path", str(tmp_path / "snapshots"))
+                  .option("snapshot.chunkRows", "15").option("snapshot.chunksPerBatch", "1")
+                  .option("snapshot.cutTimeout", "2").load())
+        reader.writeStream.foreachBatch(batch).option("checkpointLocation", checkpoint).trigger(
+            availableNow=True).start().awaitTermination()
+
+    def tamper(path: str) -> None:
+        """Rows deleted, a row changed and rows the source never had added, in the Delta table directly."""
+        table = DeltaTable(path)
+        table.delete("id >= 1002 AND id <= 1004")
+        table.update(predicate="id = 1005", updates={"v": "'tampered'"})
+        extra = DeltaTable(path).to_pyarrow_table().slice(0, 2)
+        extra = extra.set_column(extra.schema.get_field_index("id"), "id", pa.array([7001, 7002], pa.int64()))
+        write_deltalake(path, extra.cast(pa.schema(DeltaTable(path).schema().to_arrow())), mode="append")
+
+    writer = Writer(postgres_dsn)
+    writer.start()
+    try:
+        run()
+        first = f"{lake}/public.first"
+        tamper(first)
+        before = len(delivered)
+        signal = CliRunner().invoke(main, ["postgres", "resnapshot", "--dsn", postgres_dsn, "--table", "first",
+                                           "--slot", "lake"])
+        assert signal.exit_code == 0, signal.output
+        run()
+    finally:
+        writer.stop.set()
+        writer.join(30)
+    run()
+    assert writer.done > 50
+    for t in _TABLES:
+        got = CliRunner().invoke(main, ["verify", f"public.{t}", f"{lake}/public.{t}", "--dsn", postgres_dsn,
+                                        "--slot", "lake", "--chunk-rows", "40"], catch_exceptions=False)
+        assert got.exit_code == 0, f"{t}: {got.output}"
+    later = [delivered[b] for b in sorted(delivered) if b >= before]
+    chunks = [b for b in later if ("public.first", "snapshot") in b]
+    assert len(chunks) >= 4, "the re-snapshot was not read in chunks"
+    assert [op for b in later for t, op in b if op == "refresh"] == ["refresh"]
+    # The other table streamed alongside: batches that read a chunk of first carry changes of second too.
+    assert sum(1 for b in chunks if any(t == "public.second" for t, _ in b)) >= len(chunks) // 2
     conn.close()
