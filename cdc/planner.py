@@ -36,9 +36,8 @@ offset never saw is taken as finished (there is nothing left to deliver from it)
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -47,6 +46,7 @@ from cdc.backend import Backend, ChannelInfo
 from cdc.channels import ChannelRange, Position
 from cdc.errors import DataLossError, OptionError, PositionError
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
+from cdc.options import per_channel
 from cdc.snapshots.planning import (
     CHUNK_PREFIX,
     ChunkedSnapshot,
@@ -286,36 +286,6 @@ def batch_ranges(start: Offset, end: Offset) -> list[ChannelRange]:
     return out
 
 
-def per_channel(
-    spec: str,
-    option: str,
-    accepted: str,
-    channels: Iterable[str],
-    translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The JSON object ``{"<channel>": <value>}`` of ``startingOffsets`` or ``endingOffsets`` (``option``);
-    anything else, or a channel not among ``channels``, raises an :class:`OptionError` that names the option
-    and what it accepts. ``translate`` reads a backend's own form of the object first
-    (:meth:`~cdc.backend.Backend.channel_positions`)."""
-    try:
-        given = json.loads(spec)
-    except json.JSONDecodeError:
-        given = None
-    if not isinstance(given, dict):
-        raise OptionError(f"option {option!r}: accepted values are {accepted}; got {spec!r}", option)
-    if translate is not None:
-        try:
-            given = translate(given)
-        except (ValueError, TypeError) as exc:  # PositionError is a ValueError
-            raise OptionError(f"option {option!r}: {exc}; accepted values are {accepted}", option) from None
-    known = set(channels)
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise OptionError(f"option {option!r}: unknown channels {unknown}; channels: {sorted(known)}", option)
-    out: dict[str, Any] = given
-    return out
-
-
 # ---------------------------------------------------------------------- the planner
 class Planner:
     """Turns backend state into offsets and offsets into ranges. Takes and returns offsets as the JSON Spark
@@ -505,7 +475,6 @@ class Planner:
         begin = Offset.from_json(start)
         change = self.backend.resume(begin.source, planning=True)
         source = self.backend.source_state()
-        self.backend.resnapshots()  # forget what other planning saw: only this batch's ranges count
         if change.removed and begin.snapshot is not None:
             kept = {n: t for n, t in begin.snapshot.tables.items() if n not in change.removed}
             begin = replace(begin, snapshot=SnapshotState(kept, begin.snapshot.cut)
@@ -521,9 +490,14 @@ class Planner:
             end = self._next_chunked(start, begin, chunked, max_records, until, change.added)
         else:
             end = self._next_changes(start, begin, max_records, until, respect_lineage)
-        again = self.backend.resnapshots() if respect_lineage else ()
-        if again:
-            end = self._resnapshot(start, begin, max_records, until, change.added, again)
+        if again := (self.backend.resnapshots() if respect_lineage else ()):
+            # Signals in the range planned (Backend.resnapshots): planned again, those tables snapshotted anew from
+            # the batch's cut, which comes after the signals (they were flushed before the cut was taken).
+            chunked = self.backend.chunked_snapshot()
+            assert chunked is not None, "a backend that reports re-snapshots snapshots in chunks"
+            redo = [t for t in again if t not in change.added]
+            end = self._next_chunked(start, begin, chunked, max_records, until, change.added, redo)
+            self.backend.resnapshots()  # the range planned again holds the same signals: handled
         if source is None or (end is start and (source == begin.source or begin.initial)):
             return end
         if end is start:  # nothing to read, but the set-up changed: a restart must see it recorded
@@ -531,23 +505,6 @@ class Planner:
             return Offset(begin.without_from(), turn=begin.turn, snapshot=settled if settled and settled.tables else None,
                           source=source).to_json()
         return {**end, "source": source}
-
-    def _resnapshot(
-        self, start: OffsetJson, begin: Offset, max_records: int | None, until: Mapping[str, Position] | None,
-        added: Sequence[str], tables: Sequence[str],
-    ) -> OffsetJson:
-        """The batch planned again because its change range holds signals to re-snapshot ``tables``: they are
-        snapshotted again from this batch's cut on, exactly as tables added to the query (their changes before
-        the cut are held back and their rows read at the cut and later include them). The cut comes after the
-        signals (they were flushed before it was taken), so the next batch starts past them."""
-        chunked = self.backend.chunked_snapshot()
-        if chunked is None:  # the backend said it could re-snapshot
-            raise OptionError("a re-snapshot needs a chunked snapshot: option snapshot.mode=chunked", "snapshot.mode")
-        log.info("re-snapshot of %s asked for by a signal: snapshot in chunks from this batch's cut on", list(tables))
-        redo = [t for t in tables if t not in added]
-        end = self._next_chunked(start, begin, chunked, max_records, until, added, redo)
-        self.backend.resnapshots()  # the range planned again holds the same signals: handled
-        return end
 
     def prepare_read(self, end: OffsetJson) -> None:
         """Before the batch ending at ``end`` is read (maybe a replay): the backend takes its recorded set-up up."""
@@ -616,12 +573,8 @@ class Planner:
         cut: Cut | None
         if added or redo:
             cut, state = add_tables(state, chunked, added, redo)
-            if added:
-                log.info("tables %s added to the query: snapshot in chunks from %s=%r, their changes from there on",
-                         sorted(added), cid, cut.pos)
-            if redo:
-                log.info("tables %s snapshotted again in chunks from %s=%r; their changes keep streaming",
-                         sorted(redo), cid, cut.pos)
+            log.info("tables %s added to the query, %s snapshotted again: in chunks from %s=%r", sorted(added),
+                     sorted(redo), cid, cut.pos)
         else:
             # A cut also while only late entries hold keys back: a key change out of a held key into one that is
             # not held leaves its unchanged values to a read of the new key's row, which needs a cut (without one,

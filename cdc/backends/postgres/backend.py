@@ -127,6 +127,8 @@ class PostgresBackend(Backend):
         """Take up the query's slot and publication as recorded (their default names derive from the tables, which
         may have changed since), and tell the tables added and removed since ``recorded``. A batch planned before
         the change (a replay: ``planning`` false) reads only the tables both sets name."""
+        if planning:
+            self._resnapshots = []  # signals seen by other planning: only those of the batch planned now count
         if recorded is None:  # an offset of an earlier release names no tables: those not published yet are new
             published = connection.published_tables(self.conn, self.publication)
             added = tuple(t.name for t in self.layout.tables if t.name not in published) if published else ()
