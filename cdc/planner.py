@@ -490,12 +490,16 @@ class Planner:
             end = self._next_chunked(start, begin, chunked, max_records, until, change.added)
         else:
             end = self._next_changes(start, begin, max_records, until, respect_lineage)
-        if again := (self.backend.resnapshots() if respect_lineage else ()):
+        again = self.backend.resnapshots() if respect_lineage else ()
+        busy = {n for n, t in (begin.snapshot.tables if begin.snapshot else {}).items() if not t.done and t.refresh is None}
+        if busy & set(again):  # the consumer does not have every row yet: holding back goes on, as it was
+            log.warning("ignoring the re-snapshot signal for %s: the snapshot of the table is still in progress; "
+                        "signal again once it has ended", sorted(busy & set(again)))
+        if redo := [t for t in again if t not in change.added and t not in busy]:
             # Signals in the range planned (Backend.resnapshots): planned again, those tables snapshotted anew from
             # the batch's cut, which comes after the signals (they were flushed before the cut was taken).
             chunked = self.backend.chunked_snapshot()
             assert chunked is not None, "a backend that reports re-snapshots snapshots in chunks"
-            redo = [t for t in again if t not in change.added]
             end = self._next_chunked(start, begin, chunked, max_records, until, change.added, redo)
             self.backend.resnapshots()  # the range planned again holds the same signals: handled
         if source is None or (end is start and (source == begin.source or begin.initial)):

@@ -106,17 +106,18 @@ def add_tables(
     """The cut the tables added to a running query start at (:meth:`TableAdder.add_tables`), and ``state`` with
     them: each holds back all of its changes before the cut (a late entry for every key) and, unless it was
     empty, is chunked up to its largest key at the cut. Tables to snapshot again (``redo``: already streaming,
-    a re-snapshot) are chunked the same way from the same cut, but hold nothing back: their changes keep being
-    delivered, and their cursors record the cut's ``_seq`` (``refresh``), below every row the re-snapshot
-    delivers."""
+    a re-snapshot) are chunked the same way from the same cut, but hold nothing back but the late entries they
+    had: their changes keep being delivered, and their cursors record the cut's ``_seq`` (``refresh``), below
+    every row the re-snapshot delivers."""
     if not isinstance(chunked, TableAdder):
         raise OptionError(f"option 'tables': this backend cannot add tables {sorted([*added, *redo])} to a running "
                           "query: start a new query (new checkpoint) with them", "tables")
     cut, last = chunked.add_tables([*added, *redo])
     tables = dict(state.tables)
     for name, key in last.items():
-        if name in redo:
-            tables[name] = TableCursor(key, done=key is None, refresh=cut.seq)
+        if name in redo:  # (late entries of an earlier snapshot of it still hold)
+            old = state.tables.get(name)
+            tables[name] = TableCursor(key, done=key is None, late=old.late if old else (), refresh=cut.seq)
         else:
             tables[name] = TableCursor(key, done=key is None, late=(Late(cut, every=True),))
     return cut, SnapshotState(tables, state.cut)
@@ -158,7 +159,7 @@ def chunk_ranges(state: SnapshotState) -> list[ChannelRange]:
             last = t.refresh is not None and c.upto == t.last  # a re-snapshot's last chunk ends with its refresh
             out.append(ChannelRange(chunk_channel(name), None if c.after is None else list(c.after), list(c.upto),
                                     {**window, "refresh": t.refresh} if last else window))
-        if t.refresh is not None and t.last is None and not t.chunks:  # empty at its cut: the refresh alone
+        if t.refresh is not None and t.last is None and state.cut.seq == t.refresh:  # empty at its cut: refresh only
             out.append(ChannelRange(chunk_channel(name), None, [], {**window, "refresh": t.refresh}))
     return out
 

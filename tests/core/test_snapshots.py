@@ -206,3 +206,6 @@ def test_a_resnapshot_holds_nothing_back_but_late_keys_and_ends_its_last_chunk_w
     hold = HoldBack(window["hold"], IntKeys(), classify)  # type: ignore[arg-type]
     rows = [("update", 100, 3, None, None), ("delete", 120, 3, None, None), ("update", 100, 7, None, None)]
     assert survivors(hold, rows) == [("delete", 3, None), ("update", 7, None)]
+    later = SnapshotState({"t": TableCursor(None, done=True, late=(Late(Cut(150, 149), k(0), k(5)),), refresh=299)},
+                          Cut(400, 399))
+    assert chunk_ranges(later) == [], "the refresh of an empty table comes once, at its own cut"

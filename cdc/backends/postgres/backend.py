@@ -33,6 +33,11 @@ asks for Trigger.AvailableNow's target before the initial offset.
 **Tables.** Each table must have a primary key (else :class:`~.errors.NoPrimaryKeyError` naming it). One
 table: typed columns; several: ``_table``, ``_key``, ``_row`` JSON columns (:mod:`.records`). Unchanged
 TOASTed columns of an update become ``_unchanged`` entries, never nulls; TRUNCATE is logged, not delivered.
+
+**Signals.** Planning also reads the slot's logical decoding messages of prefix ``cdc-tunnel`` (:mod:`.signals`,
+written by ``cdc postgres resnapshot``): a range that holds a re-snapshot signal for a table of the query is planned
+again, the table chunked anew from the batch's cut (:meth:`resnapshots`; the planner, as for an added table, but
+nothing held back) and ended by a ``refresh`` record.
 """
 
 from __future__ import annotations

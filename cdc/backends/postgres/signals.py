@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from cdc.backends.postgres.connection import SIGNAL_PREFIX
+from cdc.backends.postgres.positions import format_lsn, parse_lsn
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,6 @@ def emit_resnapshot(conn: psycopg.Connection[Any], table: str, slot: str | None 
     content = json.dumps(signal, separators=(",", ":"))
     row = conn.execute("SELECT pg_logical_emit_message(true, %s, %s::text)::text", (SIGNAL_PREFIX, content)).fetchone()
     assert row is not None
-    from cdc.backends.postgres.positions import parse_lsn
-
     return parse_lsn(row[0])
 
 
@@ -56,15 +55,15 @@ def tables_of(signals: Iterable[bytes], at: int, tables: Iterable[str], slot: st
             table = value[RESNAPSHOT]
             wanted = value.get("slot", slot)
         except (struct.error, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
-            log.warning("ignoring a %r message at %X that is not a signal of this release: %r", SIGNAL_PREFIX, at,
-                        raw[4:200])
+            log.warning("ignoring a %r message in the transaction committed at %s that is not a signal of this "
+                        "release: %r", SIGNAL_PREFIX, format_lsn(at), raw[4:200])
             continue
         if wanted != slot:
-            log.debug("the re-snapshot signal at %X is for the query of slot %r", at, wanted)
+            log.debug("the re-snapshot signal committed at %s is for the query of slot %r", format_lsn(at), wanted)
             continue
         if not isinstance(table, str) or table not in known:
-            log.warning("ignoring the re-snapshot signal at %X for %r: not a table of this query (%s)", at, table,
-                        sorted(known))
+            log.warning("ignoring the re-snapshot signal committed at %s for %r: not a table of this query (%s)",
+                        format_lsn(at), table, sorted(known))
             continue
         if table not in out:
             out.append(table)

@@ -235,3 +235,23 @@ def test_a_typed_query_resnapshots_its_table_and_ends_with_a_refresh_record(post
         query.close()
         connection.drop_slot(conn, "typed_rs")
         conn.close()
+
+
+def test_a_signal_during_the_tables_first_snapshot_is_ignored(
+    postgres_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn = psycopg.connect(postgres_dsn, autocommit=True)
+    _create(conn, 30)
+    query = _query(postgres_dsn, tmp_path / "snapshots", **{"snapshot.chunksPerBatch": "1"})
+    try:
+        start = Planner(query).initial("snapshot")
+        signals.emit_resnapshot(conn, "public.first")
+        got = list(batches(query, start))
+        assert "the snapshot of the table is still in progress" in caplog.text
+        records = _records(got)
+        assert sorted(json.loads(r["_key"])["id"] for r in records if r["_table"] == "public.first") == list(range(30))
+        assert all(r["_op"] == "snapshot" for r in records)
+    finally:
+        query.close()
+        connection.drop_slot(conn, "rs")
+        conn.close()
