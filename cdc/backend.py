@@ -282,6 +282,13 @@ class Backend(ABC):
         the planner snapshots the added tables. The default: nothing changes."""
         return SourceChange()
 
+    def resnapshots(self) -> tuple[str, ...]:
+        """The tables whose re-snapshot a signal asked for in the change ranges the backend planned since the last
+        call (PostgreSQL: ``cdc postgres resnapshot``, a message in the WAL; the same range always holds the same
+        signals, so a re-planned batch decides the same). The planner snapshots them again in chunks, as tables
+        added to the running query (:class:`cdc.snapshots.planning.TableAdder`). The default: none."""
+        return ()
+
     def average_record_bytes(self) -> float | None:
         """The average size of a record, in bytes, as far as the backend can tell now (``None``: it cannot).
 

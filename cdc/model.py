@@ -10,7 +10,11 @@ column     type                         meaning
                                         ``truncate``: the whole table was emptied at the source (its key
                                         and value columns mean nothing; only ``_seq``, ``_commit_ts``,
                                         ``_channel`` and ``_position`` do). Only a Debezium source with
-                                        ``debezium.truncate=apply`` sends it
+                                        ``debezium.truncate=apply`` sends it;
+                                        ``refresh``: the table's re-snapshot (PostgreSQL:
+                                        ``cdc postgres resnapshot``) delivered its last row: every row of
+                                        the table whose sequence is below this record's ``_seq`` is gone
+                                        at the source (its key and value columns mean nothing)
 ``_seq``   long, not null               orders the records of a channel totally; a child channel's
                                         records have larger sequences than its parents', so per key the
                                         sequence is the order of the changes
@@ -79,6 +83,7 @@ class Op(StrEnum):
     DELETE = "delete"
     SNAPSHOT = "snapshot"
     TRUNCATE = "truncate"
+    REFRESH = "refresh"
 
 
 OP = "_op"

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import difflib
 import enum
+import json
 import logging
 import re
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
@@ -479,3 +480,33 @@ def options_markdown(rows: Iterable[OptionDoc]) -> str:
             f"{cell(r.description)} |"
         )
     return "\n".join(lines)
+
+
+def per_channel(
+    spec: str,
+    option: str,
+    accepted: str,
+    channels: Iterable[str],
+    translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The JSON object ``{"<channel>": <value>}`` of ``startingOffsets`` or ``endingOffsets`` (``option``);
+    anything else, or a channel not among ``channels``, raises an :class:`OptionError` that names the option
+    and what it accepts. ``translate`` reads a backend's own form of the object first
+    (:meth:`~cdc.backend.Backend.channel_positions`)."""
+    try:
+        given = json.loads(spec)
+    except json.JSONDecodeError:
+        given = None
+    if not isinstance(given, dict):
+        raise OptionError(f"option {option!r}: accepted values are {accepted}; got {spec!r}", option)
+    if translate is not None:
+        try:
+            given = translate(given)
+        except (ValueError, TypeError) as exc:  # PositionError is a ValueError
+            raise OptionError(f"option {option!r}: {exc}; accepted values are {accepted}", option) from None
+    known = set(channels)
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise OptionError(f"option {option!r}: unknown channels {unknown}; channels: {sorted(known)}", option)
+    out: dict[str, Any] = given
+    return out

@@ -36,9 +36,8 @@ offset never saw is taken as finished (there is nothing left to deliver from it)
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -47,6 +46,7 @@ from cdc.backend import Backend, ChannelInfo
 from cdc.channels import ChannelRange, Position
 from cdc.errors import DataLossError, OptionError, PositionError
 from cdc.offsets import ChannelOffset, Offset, OffsetJson
+from cdc.options import per_channel
 from cdc.snapshots.planning import (
     CHUNK_PREFIX,
     ChunkedSnapshot,
@@ -286,36 +286,6 @@ def batch_ranges(start: Offset, end: Offset) -> list[ChannelRange]:
     return out
 
 
-def per_channel(
-    spec: str,
-    option: str,
-    accepted: str,
-    channels: Iterable[str],
-    translate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The JSON object ``{"<channel>": <value>}`` of ``startingOffsets`` or ``endingOffsets`` (``option``);
-    anything else, or a channel not among ``channels``, raises an :class:`OptionError` that names the option
-    and what it accepts. ``translate`` reads a backend's own form of the object first
-    (:meth:`~cdc.backend.Backend.channel_positions`)."""
-    try:
-        given = json.loads(spec)
-    except json.JSONDecodeError:
-        given = None
-    if not isinstance(given, dict):
-        raise OptionError(f"option {option!r}: accepted values are {accepted}; got {spec!r}", option)
-    if translate is not None:
-        try:
-            given = translate(given)
-        except (ValueError, TypeError) as exc:  # PositionError is a ValueError
-            raise OptionError(f"option {option!r}: {exc}; accepted values are {accepted}", option) from None
-    known = set(channels)
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise OptionError(f"option {option!r}: unknown channels {unknown}; channels: {sorted(known)}", option)
-    out: dict[str, Any] = given
-    return out
-
-
 # ---------------------------------------------------------------------- the planner
 class Planner:
     """Turns backend state into offsets and offsets into ranges. Takes and returns offsets as the JSON Spark
@@ -520,6 +490,18 @@ class Planner:
             end = self._next_chunked(start, begin, chunked, max_records, until, change.added)
         else:
             end = self._next_changes(start, begin, max_records, until, respect_lineage)
+        again = self.backend.resnapshots() if respect_lineage else ()
+        busy = {n for n, t in (begin.snapshot.tables if begin.snapshot else {}).items() if not t.done and t.refresh is None}
+        if busy & set(again):  # the consumer does not have every row yet: holding back goes on, as it was
+            log.warning("ignoring the re-snapshot signal for %s: the snapshot of the table is still in progress; "
+                        "signal again once it has ended", sorted(busy & set(again)))
+        if redo := [t for t in again if t not in change.added and t not in busy]:
+            # Signals in the range planned (Backend.resnapshots): planned again, those tables snapshotted anew from
+            # the batch's cut, which comes after the signals (they were flushed before the cut was taken).
+            chunked = self.backend.chunked_snapshot()
+            assert chunked is not None, "a backend that reports re-snapshots snapshots in chunks"
+            end = self._next_chunked(start, begin, chunked, max_records, until, change.added, redo)
+            self.backend.resnapshots()  # the range planned again holds the same signals: handled
         if source is None or (end is start and (source == begin.source or begin.initial)):
             return end
         if end is start:  # nothing to read, but the set-up changed: a restart must see it recorded
@@ -578,7 +560,7 @@ class Planner:
 
     def _next_chunked(
         self, start: OffsetJson, begin: Offset, chunked: ChunkedSnapshot, max_records: int | None,
-        until: Mapping[str, Position] | None, added: Sequence[str] = (),
+        until: Mapping[str, Position] | None, added: Sequence[str] = (), redo: Sequence[str] = (),
     ) -> OffsetJson:
         """The next batch of a chunked snapshot (see :mod:`cdc.snapshots.planning`): chunks at a new cut when
         one opens in time, else changes only; either way the change range holds back the keys not yet emitted.
@@ -593,10 +575,10 @@ class Planner:
             state = expire(with_late(begin.snapshot, chunked.recorded(begin.snapshot)).settled(), int(pos))
         bound = None if until is None else until.get(cid)
         cut: Cut | None
-        if added:
-            cut, state = add_tables(state, chunked, added)
-            log.info("tables %s added to the query: snapshot in chunks from %s=%r, their changes from there on",
-                     sorted(added), cid, cut.pos)
+        if added or redo:
+            cut, state = add_tables(state, chunked, added, redo)
+            log.info("tables %s added to the query, %s snapshotted again: in chunks from %s=%r", sorted(added),
+                     sorted(redo), cid, cut.pos)
         else:
             # A cut also while only late entries hold keys back: a key change out of a held key into one that is
             # not held leaves its unchanged values to a read of the new key's row, which needs a cut (without one,

@@ -102,13 +102,16 @@ class _TableHold:
     after: Key | None
     last: Key | None
     late: tuple[Late, ...]
+    deletes: bool = False
+    """Deletes are delivered, never held (a re-snapshot: the consumer has the rows; see ``TableCursor.refresh``)."""
 
     @classmethod
     def from_window(cls, value: Mapping[str, Any]) -> _TableHold:
         last = value.get("last")
         after = value.get("after")
         late = tuple(Late.from_json(e, "hold window") for e in value.get("late", []))
-        return cls(None if after is None else tuple(after), None if last is None else tuple(last), late)
+        return cls(None if after is None else tuple(after), None if last is None else tuple(last), late,
+                   bool(value.get("deletes", False)))
 
     def ranges(self) -> list[tuple[Key | None, Key]]:
         """The ranges to classify keys against: the region first (when there is one), then each late range."""
@@ -187,9 +190,12 @@ class HoldBack:
             text, until = entry
             return seq <= until or text in self._rekeyed.get(item[0], ())
 
+        passes = {t for t, h in self._tables.items() if h.deletes}
         for i in range(n):
             item, seq = keys[i], int(seqs[i])
             old = olds[i]
+            if passes and item[0] in passes and ops[i] == Op.DELETE.value:
+                continue
             if held(item, seq):
                 keep[i] = False
             elif old is not None and ops[i] == Op.INSERT.value and held(old, seq):

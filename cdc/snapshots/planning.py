@@ -100,17 +100,26 @@ class TableAdder(Protocol):
         is in the change log; their snapshot starts at the cut."""
 
 
-def add_tables(state: SnapshotState, chunked: ChunkedSnapshot, added: Sequence[str]) -> tuple[Cut, SnapshotState]:
+def add_tables(
+    state: SnapshotState, chunked: ChunkedSnapshot, added: Sequence[str], redo: Sequence[str] = ()
+) -> tuple[Cut, SnapshotState]:
     """The cut the tables added to a running query start at (:meth:`TableAdder.add_tables`), and ``state`` with
     them: each holds back all of its changes before the cut (a late entry for every key) and, unless it was
-    empty, is chunked up to its largest key at the cut."""
+    empty, is chunked up to its largest key at the cut. Tables to snapshot again (``redo``: already streaming,
+    a re-snapshot) are chunked the same way from the same cut, but hold nothing back but the late entries they
+    had: their changes keep being delivered, and their cursors record the cut's ``_seq`` (``refresh``), below
+    every row the re-snapshot delivers."""
     if not isinstance(chunked, TableAdder):
-        raise OptionError(f"option 'tables': this backend cannot add tables {sorted(added)} to a running query: "
-                          "start a new query (new checkpoint) with them", "tables")
-    cut, last = chunked.add_tables(added)
+        raise OptionError(f"option 'tables': this backend cannot add tables {sorted([*added, *redo])} to a running "
+                          "query: start a new query (new checkpoint) with them", "tables")
+    cut, last = chunked.add_tables([*added, *redo])
     tables = dict(state.tables)
     for name, key in last.items():
-        tables[name] = TableCursor(key, done=key is None, late=(Late(cut, every=True),))
+        if name in redo:  # (late entries of an earlier snapshot of it still hold)
+            old = state.tables.get(name)
+            tables[name] = TableCursor(key, done=key is None, late=old.late if old else (), refresh=cut.seq)
+        else:
+            tables[name] = TableCursor(key, done=key is None, late=(Late(cut, every=True),))
     return cut, SnapshotState(tables, state.cut)
 
 
@@ -144,10 +153,15 @@ def chunk_ranges(state: SnapshotState) -> list[ChannelRange]:
     if state.cut is None:
         return []
     window = {"cut": state.cut.to_json()}
-    return [
-        ChannelRange(chunk_channel(name), None if c.after is None else list(c.after), list(c.upto), window)
-        for name, c in state.chunks()
-    ]
+    out = []
+    for name, t in state.tables.items():
+        for c in t.chunks:
+            last = t.refresh is not None and c.upto == t.last  # a re-snapshot's last chunk ends with its refresh
+            out.append(ChannelRange(chunk_channel(name), None if c.after is None else list(c.after), list(c.upto),
+                                    {**window, "refresh": t.refresh} if last else window))
+        if t.refresh is not None and t.last is None and state.cut.seq == t.refresh:  # empty at its cut: refresh only
+            out.append(ChannelRange(chunk_channel(name), None, [], {**window, "refresh": t.refresh}))
+    return out
 
 
 def hold_window(state: SnapshotState) -> dict[str, object] | None:
@@ -156,6 +170,11 @@ def hold_window(state: SnapshotState) -> dict[str, object] | None:
     hold = {}
     for name, t in state.tables.items():
         entry: dict[str, object] = {}
+        if t.refresh is not None:  # a re-snapshot: the consumer has every key's row; see TableCursor.refresh
+            if t.late:
+                entry = {"late": [e.to_json() for e in t.late], "deletes": True}
+                hold[name] = entry
+            continue
         if not t.done or t.chunks:
             entry["after"] = None if t.held_after is None else list(t.held_after)
             assert t.last is not None, "a table with chunks to read has a last key"

@@ -3,6 +3,7 @@ them (``_op = snapshot``, the cut's ``_seq``, the chunk's channel, positions cou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 import numpy as np
@@ -33,3 +34,24 @@ def meta_column(f: pa.Field, meta: dict[str, pa.Array], n: int) -> pa.Array | No
     if f.name in meta:
         return meta[f.name]
     return pa.nulls(n, f.type) if f.name in RESERVED_COLUMNS else None
+
+
+def refresh_batch(schema: pa.Schema, keys: Sequence[str], channel: str, seq: int, when: datetime) -> pa.RecordBatch:
+    """The ``refresh`` record of a re-snapshot that started at ``seq`` (see :class:`cdc.model.Op`), in a typed
+    schema: its key columns (not null) hold values that mean nothing, its other columns null."""
+    from cdc.formats.rows import type_default
+
+    meta = {
+        "_op": pa.array([Op.REFRESH.value], pa.string()),
+        "_seq": pa.array([seq], pa.int64()),
+        "_commit_ts": pa.array([when], pa.timestamp("us", tz="UTC")),
+        "_channel": pa.array([channel], pa.string()),
+        "_position": pa.array([0], pa.int64()),
+    }
+    arrays = []
+    for f in schema:
+        given = meta_column(f, meta, 1)
+        if given is None:
+            given = pa.array([type_default(f.type) if f.name in keys else None], f.type)
+        arrays.append(given)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -26,6 +26,13 @@ database's order (collations included) and bind back as parameters exactly. Per 
     before the cut its snapshot starts at are never delivered (``last`` is then ``null`` when the table was
     empty at that cut: every row of it arrives as a change).
 
+``refresh``
+    a re-snapshot of a table the query already streams (started by a signal: ``cdc postgres resnapshot``):
+    the ``_seq`` of the cut it started at. Every row it delivers, and every change after that cut, has a
+    larger ``_seq``. Its changes are not held back (a consumer has every key's row), except those of late
+    entries, deletes apart (a row emitted at a later cut that lacks the key was deleted meanwhile: the delete is
+    delivered, older than that row).
+
 ``cut`` (only in an offset that ends a batch reading chunks): the batch's change range ends exactly at
 ``pos``, and its chunks are read as of that position; ``seq`` is the ``_seq`` their rows carry.
 """
@@ -124,7 +131,7 @@ class Late:
         return cls(cut, _opt_key(value.get("after"), f"{where} 'after'"), _key(value.get("upto"), f"{where} 'upto'"))
 
 
-_TABLE_KEYS = frozenset({"last", "after", "done", "chunks", "late"})
+_TABLE_KEYS = frozenset({"last", "after", "done", "chunks", "late", "refresh"})
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,8 @@ class TableCursor:
     done: bool = False
     chunks: tuple[Chunk, ...] = ()
     late: tuple[Late, ...] = ()
+    refresh: int | None = None
+    """A re-snapshot of a streaming table: the ``_seq`` of the cut it started at (see the module docstring)."""
 
     @property
     def held_after(self) -> Key | None:
@@ -158,6 +167,8 @@ class TableCursor:
             out["chunks"] = [c.to_json() for c in self.chunks]
         if self.late:
             out["late"] = [entry.to_json() for entry in self.late]
+        if self.refresh is not None:
+            out["refresh"] = self.refresh
         return out
 
     @classmethod
@@ -177,12 +188,16 @@ class TableCursor:
         late = value.get("late", [])
         if not isinstance(late, list):
             raise OffsetError(f"not a cdc offset: {where}: 'late' must be a list")
+        refresh = value.get("refresh")
+        if refresh is not None and (isinstance(refresh, bool) or not isinstance(refresh, int)):
+            raise OffsetError(f"not a cdc offset: {where}: 'refresh' must be a long, got {refresh!r}")
         return cls(
             last=_key(value["last"], f"{where} 'last'") if value.get("last") is not None or not done else None,
             after=_opt_key(value.get("after"), f"{where} 'after'"),
             done=done,
             chunks=tuple(Chunk(_opt_key(a, f"{where} chunk"), _key(u, f"{where} chunk")) for a, u in chunks),
             late=tuple(Late.from_json(e, f"{where} late entry") for e in late),
+            refresh=refresh,
         )
 
 

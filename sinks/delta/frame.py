@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -71,6 +71,7 @@ from sinks.delta.layout import (
     quote,
 )
 from sinks.delta.merge import merge_plan, state_plan
+from sinks.delta.refresh import apply_refresh, refresh_sequence
 from sinks.delta.scd1 import is_tie_failure, stage_scd1
 from sinks.delta.scd2 import main_source, stage_scd2
 from sinks.delta.schema import new_columns, normalise_type, state_schema, table_schema
@@ -97,6 +98,8 @@ class Checked:
     key_changes: int = 0
     #: the sequence of the batch's last truncate (``_op`` ``truncate`` or ``apply_as_truncates``); None: none
     truncated_at: Any = None
+    #: the sequence of the batch's refresh records (``_op`` ``refresh``, :mod:`sinks.delta.refresh`); None: none
+    refreshed_at: int | None = None
 
 
 def check(spec: SinkSpec, df: Any) -> Checked:
@@ -123,6 +126,9 @@ def check(spec: SinkSpec, df: Any) -> Checked:
     is_truncate = _is_truncate(names)
     if is_truncate is not None:  # counted in the same job as the rest
         aggs.append(F.max(F.when(is_truncate, F.col(quote(spec.sequence_by)))).alias("truncated_at"))
+    is_refresh = F.coalesce(F.col(OP) == F.lit(Op.REFRESH.value), F.lit(False)) if OP in names else None
+    if is_refresh is not None:
+        aggs.append(F.max(F.when(is_refresh, F.col(quote(spec.sequence_by)))).alias("refreshed_at"))
     ignored = spec.null_ignored([c for c in spec.value_columns(names) if c not in spec.excluded(names)])
     if ignored:
         some_null = functools.reduce(lambda a, b: a | b, [F.col(quote(c)).isNull() for c in ignored])
@@ -148,6 +154,9 @@ def check(spec: SinkSpec, df: Any) -> Checked:
     if summary["null_seq"]:
         check_nulls(spec.keys, spec.sequence_by, spec.sequence_columns, df.where(null_seq).limit(1).toArrow(),
                     int(summary["null_seq"]))
+    if is_refresh is not None and summary["refreshed_at"] is not None:  # the rest, checked again (rare)
+        at = refresh_sequence(spec, pa.array([summary["refreshed_at"]]))
+        return replace(check(spec, df.where(~is_refresh)), refreshed_at=at)
     truncated_at = summary["truncated_at"] if is_truncate is not None else None
     if truncated_at is not None:  # the changes after the last truncate, checked again (a rare, second job)
         later = df.where((F.col(quote(spec.sequence_by)) > _literal(truncated_at, seq_type)) & ~is_truncate)
@@ -495,7 +504,9 @@ def write_frame(spec: SinkSpec, target: Target, df: Any, batch_id: int, app_id: 
                 checked = complete_key_changes_in_spark(spec, target, checked)
         if checked.truncated_at is not None:
             _truncate(target, checked.truncated_at, batch_id)
-        return _write_checked(spec, target, checked, batch_id, app_id, now) or checked.truncated_at is not None
+        apply_refresh(spec, target.main, checked.refreshed_at, target.main_done, batch_id, target.main.path)
+        return (_write_checked(spec, target, checked, batch_id, app_id, now) or checked.truncated_at is not None
+                or checked.refreshed_at is not None)
     finally:
         df.unpersist()
 

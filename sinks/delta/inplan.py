@@ -83,7 +83,7 @@ def guarded(spec: SinkSpec, df: Any, original: list[str]) -> Any:
     bad.append(null_leaf(F.col(quote(spec.sequence_by)), df.schema[spec.sequence_by].dataType))
     if OP in original:
         op = F.col(OP)
-        bad.append(F.coalesce(op == F.lit(Op.TRUNCATE.value), F.lit(False)))
+        bad.append(F.coalesce(op.isin(Op.TRUNCATE.value, Op.REFRESH.value), F.lit(False)))
         if IS_DELETE not in original and spec.apply_as_deletes.strip() == DEFAULT_DELETE_CONDITION:
             bad.append(~F.coalesce(op.isin(*ACCEPTED_OPS), F.lit(False)))
     wrong = functools.reduce(lambda a, b: a | b, bad)

@@ -34,6 +34,7 @@ from sinks.delta.layout import (
 )
 from sinks.delta.merge import merge_plan, state_plan
 from sinks.delta.migration import run_migration
+from sinks.delta.refresh import apply_refresh, without_refreshes
 from sinks.delta.scd1 import merge_naming_ties, purge_predicate, stage_scd1
 from sinks.delta.scd2 import current_rows, key_heads, main_source, stage_scd2, table_heads
 from sinks.delta.schema import new_columns, state_schema, table_schema
@@ -491,8 +492,7 @@ class DeltaUpsertSink:
         """:meth:`write` of the batches ``first`` to ``batch_id`` together (their change records concatenated):
         one commit per table, recorded as batch ``batch_id``, which marks the earlier ones done too."""
         main, state = self.engine(), self.state_engine()
-        mode = self._resolve(claim)
-        ordered = mode == ORDERED
+        ordered = (mode := self._resolve(claim)) == ORDERED
         main_done = main.committed_version(app)
         state_done = batch_id if ordered else state.committed_version(app)  # ordered: no state table
         if main_done is not None and main_done >= batch_id and state_done is not None and state_done >= batch_id:
@@ -502,9 +502,11 @@ class DeltaUpsertSink:
         spec = self.spec
         changes = with_sequence(spec.sequence_columns, changes)
         check_ops(spec, changes)  # before the truncate: a batch that fails changes nothing
+        changes, refreshed = without_refreshes(spec, changes)
         changes, truncated = after_last_truncate(changes, spec.sequence_by)
         if truncated is not None:
             self._truncate(batch_id, truncated, main_done, state_done)
+        apply_refresh(spec, main, refreshed, main_done is not None and main_done >= batch_id, batch_id, self.path)
         if main_done is None or main_done < batch_id:  # (the state's commit alone needs no values)
             changes = complete_key_changes(
                 spec, changes, lambda keys: key_change_source(spec, main, state, keys), self.path)
@@ -513,7 +515,7 @@ class DeltaUpsertSink:
             # (A batch that ends with a truncate records no transaction: replaying it empties the tables again,
             # which is what it did; a later batch's commit makes it "already committed".)
             log.debug("batch %d has no changes%s", batch_id, " after its truncate" if truncated is not None else "")
-            return truncated is not None
+            return truncated is not None or refreshed is not None
         schema = main.schema()
         if schema is None:
             main.create(table_schema(spec, prepared.schema), {MODE_PROPERTY: mode})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,30 @@ def test_concurrent_runs_of_a_read_all_yield_the_same_rows(tmp_path: Path) -> No
 def test_state_round_trips(value: dict[str, Any]) -> None:
     state = SnapshotState.from_json({"cut": {"pos": 3, "seq": 2}, "tables": {"t": value}})
     assert SnapshotState.from_json(state.to_json()) == state
+
+
+def test_a_resnapshot_holds_nothing_back_but_late_keys_and_ends_its_last_chunk_with_a_refresh() -> None:
+    """A re-snapshot of a streaming table (``refresh``: the first cut's ``_seq``): no key region is held (the
+    consumer has every row); a late entry holds its keys' changes but not their deletes; the last chunk's window
+    asks for the refresh record, and an empty table at its cut gets a range that holds the refresh alone."""
+    cursor = TableCursor(k(10), after=k(8), chunks=(Chunk(k(4), k(8)),), refresh=99)
+    state = SnapshotState({"t": cursor}, Cut(200, 199))
+    assert SnapshotState.from_json(state.to_json()) == state and state.to_json()["tables"]["t"]["refresh"] == 99
+    assert hold_window(state) is None
+    done = advance(state.settled(), Cut(300, 299), lambda t, c, n: [k(10)], 2)
+    assert [(r.start, r.end, r.window) for r in chunk_ranges(done)] == [
+        (["8"], ["10"], {"cut": {"pos": 300, "seq": 299}, "refresh": 99})]
+    assert chunk_ranges(state)[0].window == {"cut": {"pos": 200, "seq": 199}}  # not its last chunk
+    empty = SnapshotState({"t": TableCursor(None, done=True, refresh=299)}, Cut(300, 299))
+    assert [(r.start, r.end, r.window) for r in chunk_ranges(empty)] == [
+        (None, [], {"cut": {"pos": 300, "seq": 299}, "refresh": 299})]
+    late = SnapshotState({"t": replace(cursor, late=(Late(Cut(150, 149), k(0), k(5)),))}, Cut(200, 199))
+    window = hold_window(late)
+    assert window is not None and window["hold"] == {"t": {"late": [Late(Cut(150, 149), k(0), k(5)).to_json()],
+                                                          "deletes": True}}
+    hold = HoldBack(window["hold"], IntKeys(), classify)  # type: ignore[arg-type]
+    rows = [("update", 100, 3, None, None), ("delete", 120, 3, None, None), ("update", 100, 7, None, None)]
+    assert survivors(hold, rows) == [("delete", 3, None), ("update", 7, None)]
+    later = SnapshotState({"t": TableCursor(None, done=True, late=(Late(Cut(150, 149), k(0), k(5)),), refresh=299)},
+                          Cut(400, 399))
+    assert chunk_ranges(later) == [], "the refresh of an empty table comes once, at its own cut"

@@ -33,6 +33,11 @@ asks for Trigger.AvailableNow's target before the initial offset.
 **Tables.** Each table must have a primary key (else :class:`~.errors.NoPrimaryKeyError` naming it). One
 table: typed columns; several: ``_table``, ``_key``, ``_row`` JSON columns (:mod:`.records`). Unchanged
 TOASTed columns of an update become ``_unchanged`` entries, never nulls; TRUNCATE is logged, not delivered.
+
+**Signals.** Planning also reads the slot's logical decoding messages of prefix ``cdc-tunnel`` (:mod:`.signals`,
+written by ``cdc postgres resnapshot``): a range that holds a re-snapshot signal for a table of the query is planned
+again, the table chunked anew from the batch's cut (:meth:`resnapshots`; the planner, as for an added table, but
+nothing held back) and ended by a ``refresh`` record.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from cdc.backends.postgres.options import PostgresOptions
 from cdc.backends.postgres.positions import CHANGES, boundary_after, lsn_of, pack
 from cdc.backends.postgres.reader import PostgresRangeReader
 from cdc.backends.postgres.records import Layout
+from cdc.backends.postgres.signals import tables_of as resnapshot_tables
 from cdc.backends.postgres.snapshot import ChunkedReads, PostgresChunkedSnapshot
 from cdc.errors import DataLossError, OptionError, PositionError
 from cdc.options import BackendOptions
@@ -87,6 +93,8 @@ class PostgresBackend(Backend):
         """The tables a read delivers; ``None``: all of the layout's (see :meth:`resume`)."""
         self._chunks: dict[str, int] = {}
         self._chunked: PostgresChunkedSnapshot | None = None
+        self._resnapshots: list[str] = []
+        """Tables whose re-snapshot a signal in a change range planned since :meth:`resnapshots` last asked."""
         if options.snapshot_mode == "exported":
             manifest = self._manifest()
             if manifest is not None:
@@ -124,6 +132,8 @@ class PostgresBackend(Backend):
         """Take up the query's slot and publication as recorded (their default names derive from the tables, which
         may have changed since), and tell the tables added and removed since ``recorded``. A batch planned before
         the change (a replay: ``planning`` false) reads only the tables both sets name."""
+        if planning:
+            self._resnapshots = []  # signals seen by other planning: only those of the batch planned now count
         if recorded is None:  # an offset of an earlier release names no tables: those not published yet are new
             published = connection.published_tables(self.conn, self.publication)
             added = tuple(t.name for t in self.layout.tables if t.name not in published) if published else ()
@@ -250,14 +260,35 @@ class PostgresBackend(Backend):
             bound = min(bound, lsn_of(int(until)))
         end, taken = begin, 0
         if max_records != 0:
-            for commit_lsn, n, _ in connection.transaction_sizes(conn, self.slot, self.publication, begin, bound):
+            for commit_lsn, n, _, signals in connection.transaction_sizes(conn, self.slot, self.publication, begin,
+                                                                          bound):
                 if max_records is not None and taken > 0 and taken + n > max_records:
                     break
                 taken += n
                 end = boundary_after(commit_lsn)
+                self.signalled(commit_lsn, signals)
                 if max_records is not None and taken >= max_records:
                     break
         return PlannedRange(end, taken, False)
+
+    def signalled(self, commit_lsn: int, signals: Sequence[bytes]) -> None:
+        """Take the signals of a transaction a planned change range includes (:mod:`.signals`)."""
+        if signals:
+            for table in resnapshot_tables(signals, commit_lsn, [t.name for t in self.layout.tables], self.slot):
+                if table not in self._resnapshots:
+                    self._resnapshots.append(table)
+
+    def resnapshots(self) -> tuple[str, ...]:
+        """The tables whose re-snapshot the signals in the change ranges planned since the last call ask for (see
+        :meth:`cdc.backend.Backend.resnapshots`). A query that cannot snapshot in chunks logs them and gets none."""
+        tables, self._resnapshots = tuple(self._resnapshots), []
+        if tables and (self.options.snapshot_mode != "chunked" or not self.options.snapshot_path):
+            log.warning(
+                "ignoring the re-snapshot signal for %s: a re-snapshot is read in chunks, which needs options "
+                "snapshot.mode=chunked (the default) and snapshot.path (a directory every executor can write and "
+                "read); restart the query with them and signal again", list(tables))
+            return ()
+        return tables
 
     def snapshot(self) -> SnapshotInfo:
         if not self.options.snapshot_path:

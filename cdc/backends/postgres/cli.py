@@ -1,4 +1,5 @@
-"""``cdc postgres``: tools of the PostgreSQL backend (list and drop a query's replication slot).
+"""``cdc postgres``: tools of the PostgreSQL backend (list and drop a query's replication slot, ask running queries
+for a table's re-snapshot).
 
 A replication slot keeps every WAL segment from its position on until it is advanced or dropped: a query
 that is gone for good must have its slot dropped, else the server's disk fills up.
@@ -74,3 +75,43 @@ def drop_slot(slot: str, dsn: str | None, publication: bool, snapshot_path: str 
             click.echo(f"dropped publication {slot}")
     if snapshot_path:
         shutil.rmtree(Path(snapshot_path) / slot, ignore_errors=True)
+
+
+@cli.command("resnapshot")
+@click.option("--dsn", envvar="CDC_POSTGRES_DSN", show_envvar=True, help=_DSN_HELP)
+@click.option("--table", "table", required=True,
+              help="The table to snapshot again: `schema.table`, or `table` for schema public.")
+@click.option("--slot", default=None,
+              help="Only the query of this replication slot (`cdc postgres slots` lists them); default: every query "
+                   "that reads the table.")
+def resnapshot(dsn: str | None, table: str, slot: str | None) -> None:
+    """Ask the running queries that read TABLE to snapshot it again in chunks while their other tables keep
+    streaming; once its last chunk is delivered, the rows the source no longer has are deleted from the sink.
+
+    Writes a logical decoding message into the WAL (pg_logical_emit_message): the queries act on it when they
+    reach it, in order with the changes around it. A query stopped now acts on it when it runs again."""
+    with requires_extra("postgres", "cdc postgres"):
+        import psycopg
+
+        from cdc.backends.postgres import signals
+        from cdc.backends.postgres.catalog import describe
+        from cdc.backends.postgres.errors import NoPrimaryKeyError
+        from cdc.backends.postgres.positions import format_lsn
+        from cdc.errors import OptionError
+
+    name = table if "." in table else f"public.{table}"
+    with psycopg.connect(_dsn(dsn), autocommit=True) as conn:
+        try:
+            info = describe(conn, name)
+        except (OptionError, NoPrimaryKeyError) as exc:
+            raise click.BadParameter(str(exc).removeprefix("option 'tables': "), param_hint="'--table'") from None
+        if slot is not None and not conn.execute(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND database = current_database()",
+                (slot,)).fetchone():
+            raise click.BadParameter(f"no replication slot {slot!r} in this database (cdc postgres slots lists them)",
+                                     param_hint="'--slot'")
+        try:
+            lsn = signals.emit_resnapshot(conn, info.name, slot)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise click.ClickException(f"{str(exc).strip()}: {signals.PRIVILEGE}") from None
+    click.echo(json.dumps({"resnapshot": info.name, "slot": slot, "lsn": format_lsn(lsn)}))

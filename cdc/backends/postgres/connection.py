@@ -217,38 +217,49 @@ def peek(conn: psycopg.Connection[Any], slot: str, publication: str, end_lsn: in
 
 
 _SIZES = """
-SELECT commit_lsn, records, rekeys FROM (
+SELECT commit_lsn, records, rekeys, signals FROM (
     SELECT max(CASE WHEN get_byte(data, 0) = 66
                     THEN ('x' || encode(substring(data FROM 2 FOR 8), 'hex'))::bit(64)::bigint END) AS commit_lsn,
            sum(CASE get_byte(data, 0) WHEN 73 THEN 1 WHEN 68 THEN 1
                     WHEN 85 THEN CASE WHEN get_byte(data, 5) = 75 THEN 2 ELSE 1 END ELSE 0 END) AS records,
            coalesce(bool_or(get_byte(data, 0) = 85 AND get_byte(data, 5) = 75
-                            AND substring(data FROM 2 FOR 4) = ANY(%s::bytea[])), false) AS rekeys
-    FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s)
+                            AND substring(data FROM 2 FOR 4) = ANY(%s::bytea[])), false) AS rekeys,
+           array_agg(substring(data FROM 11 + length(%s::bytea))) FILTER (
+               WHERE get_byte(data, 0) = 77 AND substring(data FROM 11 FOR length(%s::bytea)) = %s::bytea) AS signals
+    FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s,
+                                             'messages', 'true')
     GROUP BY xid
 ) t
-WHERE records > 0 AND commit_lsn >= %s AND commit_lsn < %s
+WHERE (records > 0 OR signals IS NOT NULL) AND commit_lsn >= %s AND commit_lsn < %s
 ORDER BY commit_lsn
 """
+SIGNAL_PREFIX = "cdc-tunnel"
+"""The prefix of the logical decoding messages that signal a query (:mod:`.signals`); pgoutput sends a message
+(``'M'``: flags, its LSN, the prefix as a C string, the content's length, the content) only when asked with
+``'messages', 'true'``, which only planning asks: reads never see them."""
+_PREFIX = SIGNAL_PREFIX.encode() + b"\x00"
 
 
 def transaction_sizes(
     conn: psycopg.Connection[Any], slot: str, publication: str, start: int, end_lsn: int,
     rekeys_of: Sequence[int] = (),
-) -> Iterator[tuple[int, int, bool]]:
-    """(commit LSN, records, re-keys) of the transactions a read decodes (:mod:`.changes`), counted by PostgreSQL
-    from each message's first bytes (:func:`.pgoutput.records_of`), so planning sends one row per transaction to
-    Python and decodes no row. An update under ``REPLICA IDENTITY FULL`` that changes the key counts as one
-    record here and reads as two (a delete and an insert): the count only sizes batches, whose budget is soft.
-    ``re-keys``: the transaction changes the key of a row of a relation among ``rekeys_of`` (their OIDs; an
-    update that carries the old key, ``K``)."""
+) -> Iterator[tuple[int, int, bool, tuple[bytes, ...]]]:
+    """(commit LSN, records, re-keys, signals) of the transactions a read decodes (:mod:`.changes`), counted by
+    PostgreSQL from each message's first bytes (:func:`.pgoutput.records_of`), so planning sends one row per
+    transaction to Python and decodes no row. An update under ``REPLICA IDENTITY FULL`` that changes the key
+    counts as one record here and reads as two (a delete and an insert): the count only sizes batches, whose
+    budget is soft. ``re-keys``: the transaction changes the key of a row of a relation among ``rekeys_of``
+    (their OIDs; an update that carries the old key, ``K``). ``signals``: the transactional logical decoding
+    messages with the prefix :data:`SIGNAL_PREFIX` the transaction carries, each as its content's length (4
+    bytes) and content (:func:`.signals.parse`); a transaction of signals only counts 0 records."""
     first = lsn_of(start)
     if end_lsn <= first:
         return
     skip = start - pack(first)  # a start inside a transaction: its earlier changes are not in the range
     relids = [oid.to_bytes(4, "big") for oid in rekeys_of]
-    rows = conn.execute(_SIZES, (relids, slot, format_lsn(end_lsn), publication, first, end_lsn))
-    for commit_lsn, records, rekeys in rows:
+    rows = conn.execute(_SIZES, (relids, _PREFIX, _PREFIX, _PREFIX, slot, format_lsn(end_lsn), publication, first,
+                                 end_lsn))
+    for commit_lsn, records, rekeys, signals in rows:
         n = int(records) - (skip if commit_lsn == first else 0)
-        if n > 0:
-            yield int(commit_lsn), n, bool(rekeys)
+        if n > 0 or (signals and (commit_lsn != first or skip == 0)):  # a signal before start: seen already
+            yield int(commit_lsn), max(n, 0), bool(rekeys), tuple(bytes(s) for s in signals or ())

@@ -64,7 +64,10 @@ class PostgresRangeReader(RangeReader):
             if all(t.name != table for t in self.layout.tables):
                 return  # a replayed batch's chunk of a table removed from the query since
             after = None if start is None else tuple(start)
-            yield from self.chunked.read_chunk(table, after, tuple(end), window).to_batches()
+            if end:
+                yield from self.chunked.read_chunk(table, after, tuple(end), window).to_batches()
+            if isinstance(window, dict) and window.get("refresh") is not None:
+                yield self.chunked.refresh_record(table, int(window["refresh"]))
             return
         yield from self.chunked.read_changes(self.slot, self.publication, int(start), int(end), window)
 

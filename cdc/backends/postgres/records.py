@@ -175,7 +175,7 @@ class Layout:
                     row[col.name] = value
             tables.append(r.relation.qualified)
             keys.append(json.dumps(key, default=_json_default, separators=(",", ":")))
-            rows.append(None if r.op is Op.DELETE else json.dumps(row, default=_json_default, separators=(",", ":")))
+            rows.append(None if r.op in (Op.DELETE, Op.REFRESH) else json.dumps(row, default=_json_default, separators=(",", ":")))
             unchanged.append(gone or None)
         cols.update({JSON_TABLE: tables, JSON_KEY: keys, JSON_ROW: rows})
         cols["_unchanged"] = unchanged

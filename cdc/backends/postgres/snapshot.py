@@ -47,17 +47,18 @@ from cdc.backend import PlannedRange
 from cdc.backends.postgres import connection, keys
 from cdc.backends.postgres.catalog import TableInfo
 from cdc.backends.postgres.changes import decode_changes
-from cdc.backends.postgres.chunks import at_snapshot, fetch_rows, now, read_arrow, reads_arrow
+from cdc.backends.postgres.chunks import at_snapshot, fetch_rows, now, read_arrow, reads_arrow, relation
 from cdc.backends.postgres.errors import CutLostError
 from cdc.backends.postgres.keys import KeyColumn
 from cdc.backends.postgres.positions import CHANGES, boundary_after, lsn_of, pack
-from cdc.backends.postgres.records import Layout
+from cdc.backends.postgres.records import Layout, Record
 from cdc.channels import ChannelRange, Position
 from cdc.errors import OptionError
+from cdc.model import Op
 from cdc.options import SecretStr
 from cdc.snapshots.holdback import HoldBack, LayoutKeys, rekeyed_to_json
 from cdc.snapshots.planning import CHUNK_PREFIX, SnapshotStart
-from cdc.snapshots.rows import with_meta
+from cdc.snapshots.rows import refresh_batch, with_meta
 from cdc.snapshots.state import Cut, Key, Late, SnapshotState
 from cdc.snapshots.store import ChunkStore, entry_name, load_start, recorded, save_start
 
@@ -135,6 +136,16 @@ class ChunkedReads:
                 raise
             raise CutLostError(f"the cut of chunk {channel} is gone: {exc}") from exc  # the exported snapshot
         return store.put_once(int(planned.pos), name, rows, {"cut": json.dumps(cut.to_json())})[0]
+
+    def refresh_record(self, table: str, seq: int) -> pa.RecordBatch:
+        """The ``refresh`` record that ends a re-snapshot of ``table`` started at ``_seq`` ``seq``
+        (:class:`cdc.model.Op`): every row of the table with a smaller sequence is gone at the source."""
+        info = self.table(table)
+        channel = CHUNK_PREFIX + table
+        if self.layout.typed:
+            return refresh_batch(self.layout.arrow_schema(), info.keys, channel, seq, now())
+        values = tuple(None for _ in info.columns)
+        return self.layout.batch([Record(Op.REFRESH, 0, now(), relation(info), values)], channel, seq=seq)
 
     def read_changes(self, slot: str, publication: str, start: int, end: int,
                      window: Mapping[str, Any]) -> Iterator[pa.RecordBatch]:
@@ -283,7 +294,7 @@ class PostgresChunkedSnapshot:
         if (self._live is not None and self._live[0] == planned) or pos in self._replays:
             return
         names = [entry_name(r.channel[len(CHUNK_PREFIX):], None if r.start is None else tuple(r.start), tuple(r.end))
-                 for r in ranges if r.channel.startswith(CHUNK_PREFIX)]
+                 for r in ranges if r.channel.startswith(CHUNK_PREFIX) and r.end]  # (no end: a refresh alone)
         if any(r.channel == CHANGES for r in ranges):
             names.append(REKEYED)
         missing = [n for n in names if self.store.meta(pos, n) is None]
@@ -333,8 +344,8 @@ class PostgresChunkedSnapshot:
             bound = min(bound, lsn_of(int(until)))
         relids = [oid for oid, name in self.backend.relation_ids().items() if name in state.tables]
         end, taken = begin, 0
-        for commit_lsn, n, rekeys in connection.transaction_sizes(conn, self.slot, self.backend.publication, begin,
-                                                                  bound, rekeys_of=relids):
+        for commit_lsn, n, rekeys, signals in connection.transaction_sizes(
+                conn, self.slot, self.backend.publication, begin, bound, rekeys_of=relids):
             if rekeys:
                 log.info("changes stop before the key change committed at %d until a cut is taken", commit_lsn)
                 break
@@ -342,6 +353,7 @@ class PostgresChunkedSnapshot:
                 break
             taken += n
             end = boundary_after(commit_lsn)
+            self.backend.signalled(commit_lsn, signals)
             if max_records is not None and taken >= max_records:
                 break
         return PlannedRange(end, taken, False)

@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from cdc.backends.local import LocalLog
-from cdc.errors import MalformedRecordError
+from cdc.errors import MalformedRecordError, OptionError
 from sinks.delta import DeltaUpsertSink, read
 from sinks.delta.layout import DELETED_AT, MODE_PROPERTY, STATE_DIR
 
@@ -247,3 +247,37 @@ def test_auto_cdc_options_on_both_engines(spark: Any, tmp_path: Path, ordered: b
         assert table_rows(tmp_path / "delta-spark") == table_rows(tmp_path / "delta-rs")
         if not ordered:
             assert table_rows(tmp_path / "delta-spark" / STATE_DIR) == table_rows(tmp_path / "delta-rs" / STATE_DIR)
+
+
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_refresh_deletes_the_rows_below_its_sequence_before_its_batch_merges(
+    spark: Any, tmp_path: Path, engine: str, ordered: bool
+) -> None:
+    """A re-snapshot's end (``_op`` ``refresh`` at the sequence it began at): the rows it did not deliver, whose
+    sequence is below it, are deleted, its batch's rows (its last chunk, changes) merged; a replay changes
+    nothing. SCD type 2 and a table without its sequence column refuse it, naming the option."""
+    path = tmp_path / "t"
+    s = sink(path, engine, 1, ordered=ordered)
+
+    def write(batch: pa.Table, batch_id: int, on: DeltaUpsertSink = s) -> bool:
+        batch = batch.drop_columns(["_unchanged"])
+        return on.write_frame(spark.createDataFrame(batch), batch_id) if engine == "delta-spark" else on.write(batch, batch_id)
+
+    write(changes([("insert", k, k, f"v{k}", k, None) for k in range(1, 6)]), 0)
+    # Chunk rows of 1 and 2 at sequence 10, a change of 4 after it began, then the end: 3 and 5 are gone.
+    end = changes([("snapshot", 1, 10, "v1", 1, None), ("snapshot", 2, 10, "again", 2, None),
+                   ("update", 4, 11, "v4b", 4, None), ("refresh", 0, 10, None, None, None)])
+    assert write(end, 1)
+    assert {r["id"]: r["a"] for r in table_rows(path)} == {1: "v1", 2: "again", 4: "v4b"}
+    assert not write(end, 1), "a replay of the committed batch"
+    assert {r["id"] for r in table_rows(path)} == {1, 2, 4}
+    assert write(changes([("refresh", 0, 12, None, None, None)]), 2)  # a refresh alone: an empty table at its cut
+    assert table_rows(path) == []
+    hidden = sink(tmp_path / "h", engine, 1, ordered=ordered, bookkeeping_columns=["commit_ts"])
+    write(changes([("insert", 1, 1, "x", 1, None)]), 0, hidden)
+    with pytest.raises(OptionError, match="bookkeeping_columns"):
+        write(changes([("refresh", 0, 5, None, None, None)]), 1, hidden)
+    history = sink(tmp_path / "s", engine, 2, ordered=ordered)
+    with pytest.raises(OptionError, match="scd_type"):
+        write(changes([("refresh", 0, 5, None, None, None)]), 0, history)
