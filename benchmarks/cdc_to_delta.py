@@ -145,9 +145,9 @@ def standalone(path: str, initial: pa.Table, warmup: pa.Table, batches: list[pa.
     return time.perf_counter() - start
 
 
-def spark_session(cluster: Any = None) -> object:
+def spark_session(cluster: Any = None, conf: dict[str, str] | None = None) -> object:
     """One session (Delta configured, as in the tests) for every streaming variant of the run: local[2], or a
-    driver here on ``cluster`` (a started :class:`cdc.servers.spark.cluster.SparkCluster`)."""
+    driver here on ``cluster`` (a started :class:`cdc.servers.spark.cluster.SparkCluster`); ``conf`` added."""
     import cdc
     from tests.conftest import spark_builder
 
@@ -160,6 +160,8 @@ def spark_session(cluster: Any = None) -> object:
         builder = configure_delta(cluster.session_builder("cdc-to-delta-bench", {"spark.executor.memory": "900m"}),
                                   local=False).config("spark.databricks.delta.snapshotPartitions", "2")
     builder = builder.config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     cdc.register(spark)
