@@ -5,14 +5,16 @@
     changes.writeStream.foreachBatch(sink).option("checkpointLocation", ck).start()
     read(spark, "/lake/orders").show()
 
-Modules: :mod:`~sinks.delta.sink` (the foreachBatch sink) runs, per batch, the engine-independent steps
-:mod:`~sinks.delta.batch` (validate, reduce per key), :mod:`~sinks.delta.schema` (create, evolve),
-:mod:`~sinks.delta.scd1` or :mod:`~sinks.delta.scd2` (stage the MERGE source) and :mod:`~sinks.delta.merge`
-(the MERGE statement), configured by :mod:`~sinks.delta.spec` (options, rules) over the table described in
-:mod:`~sinks.delta.layout`; an engine runs the statements: :mod:`~sinks.delta.rs` (delta-rs, the default) or
-:mod:`~sinks.delta.spark` (delta-spark, which from ``foreachBatch`` prepares and stages the batch inside Spark
-with :mod:`~sinks.delta.frame`; :mod:`~sinks.delta.session` finds its jars and configures a session).
-:mod:`~sinks.delta.staging` keeps pipelined mode's staged batches;
+Modules: :mod:`~sinks.delta.sink` (the foreachBatch sink) commits each batch with :mod:`~sinks.delta.commit`
+(the steps, once for both forms of a batch), whose preparer is :mod:`~sinks.delta.arrow_batch` (an Arrow
+batch: :mod:`~sinks.delta.batch` validates and reduces it per key, :mod:`~sinks.delta.scd1` or
+:mod:`~sinks.delta.scd2` stage the MERGE source) or :mod:`~sinks.delta.frame` (a DataFrame, prepared and
+staged inside Spark for delta-spark); :mod:`~sinks.delta.schema` (create, evolve) and :mod:`~sinks.delta.merge`
+(the MERGE statement) serve both, configured by :mod:`~sinks.delta.spec` (options, rules) over the table
+described in :mod:`~sinks.delta.layout`; an engine runs the statements: :mod:`~sinks.delta.rs` (delta-rs, the
+default) or :mod:`~sinks.delta.spark` (delta-spark; :mod:`~sinks.delta.session` finds its jars and configures a
+session). :mod:`~sinks.delta.pipelining` merges pipelined mode's batches in the background (staged by
+:mod:`~sinks.delta.staging`); :mod:`~sinks.delta.maintenance` purges tombstones and compacts;
 :mod:`~sinks.delta.reader` reads a table into Spark.
 """
 

@@ -7,7 +7,7 @@ heads and commits.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -17,6 +17,9 @@ from sinks.delta.merge import MergePlan
 
 class Engine(Protocol):
     """A Delta Lake engine: delta-rs (:class:`sinks.delta.rs.DeltaRsEngine`) or delta-spark."""
+
+    #: The table's location.
+    path: str
 
     name: str
     #: True when the engine itself skips a commit already made under ``(app_id, version)``.
@@ -51,3 +54,32 @@ class Engine(Protocol):
 
     def compact(self) -> None:
         """Rewrite small files into larger ones (one commit; readers keep their snapshot)."""
+
+
+@runtime_checkable
+class FrameEngine(Engine, Protocol):
+    """An engine that also merges a Spark DataFrame where it is (delta-spark,
+    :class:`sinks.delta.spark.DeltaSparkEngine`): what :mod:`sinks.delta.frame` needs, so that a batch of
+    ``foreachBatch`` never reaches the driver."""
+
+    def rows(self, rows: Rows) -> Any:
+        """The table's ``rows`` as a DataFrame (the key range bound as typed literals)."""
+
+    def merge_frame(self, source_df: Any, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
+        """Run ``plan`` with the DataFrame ``source_df`` as one commit carrying ``(app_id, version)``."""
+
+
+def open_engine(name: str, path: str, spark: Any = None, storage_options: dict[str, str] | None = None) -> Engine:
+    """The engine ``name`` (``delta-rs`` or ``delta-spark``) on the table at ``path``; delta-spark runs in
+    ``spark`` (default: the active session)."""
+    if name == "delta-rs":
+        from sinks.delta.rs import DeltaRsEngine
+
+        return DeltaRsEngine(path, storage_options)
+    from sinks.delta.spark import DeltaSparkEngine
+
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+    return DeltaSparkEngine(spark, path)

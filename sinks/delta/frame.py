@@ -21,6 +21,9 @@ the two commits the replay merges the state alone from the same heads.
 
 Only one row reaches the driver per batch: the checks and the key columns' range (a single aggregation),
 which prunes the reads and the MERGEs (bound as typed literals, see :mod:`sinks.delta.keyrange`).
+
+The commit steps themselves (truncate, create, schema evolution, the two MERGEs) are
+:func:`sinks.delta.commit.apply`'s, the same as for an Arrow batch; :class:`FrameBatch` is their preparer.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from sinks.delta.batch import (
     prepare,
     unknown_ops_error,
 )
+from sinks.delta.commit import Outcome, Tables, apply
+from sinks.delta.engine import FrameEngine
 from sinks.delta.frame_ties import find_tie, hashable, no_tie, tie_error, tie_message
 from sinks.delta.frame_ties import keys as _keys
 from sinks.delta.inplan import eligible, guarded, needs_checks, null_leaf, prologue
@@ -57,26 +62,21 @@ from sinks.delta.layout import (
     IS_CURRENT,
     IS_DELETE,
     IS_TRUNCATE,
-    MODE_PROPERTY,
     NOW,
-    ORDERED,
-    SAFE,
     SET_PREFIX,
     TIE,
     TIMESTAMP,
     TO,
     VALID_FROM,
     VALID_TO,
-    LegacyLayoutError,
     quote,
 )
-from sinks.delta.merge import merge_plan, state_plan
-from sinks.delta.refresh import apply_refresh, refresh_sequence
+from sinks.delta.merge import MergePlan
+from sinks.delta.refresh import refresh_sequence
 from sinks.delta.scd1 import is_tie_failure, stage_scd1
 from sinks.delta.scd2 import main_source, stage_scd2
-from sinks.delta.schema import new_columns, normalise_type, state_schema, table_schema
+from sinks.delta.schema import normalise_type
 from sinks.delta.sequence import check_nulls
-from sinks.delta.spark import DeltaSparkEngine
 from sinks.delta.spec import SinkSpec
 from sinks.delta.state import HEAD_SEQ, HELD, guard, key_change_source
 
@@ -207,7 +207,7 @@ def _completes(names: list[str]) -> Any:
     return (F.col(OP) == F.lit(Op.INSERT.value)) & (F.coalesce(F.size(UNCHANGED), F.lit(0)) > 0) & ~F.col(IS_DELETE)
 
 
-def complete_key_changes_in_spark(spec: SinkSpec, target: Target, checked: Checked) -> Checked:
+def complete_key_changes_in_spark(spec: SinkSpec, tables: Tables[FrameEngine], checked: Checked) -> Checked:
     """:func:`sinks.delta.batch.complete_key_changes` for a batch in Spark: the inserts it completes and the
     changes of their old keys (few: key changes are) are collected, completed on the driver by the same
     function as the delta-rs engine's, and put back in place of the inserts."""
@@ -220,13 +220,13 @@ def complete_key_changes_in_spark(spec: SinkSpec, target: Target, checked: Check
     flagged = df.join(olds.withColumn("__cdc_old", F.lit(True)), keys, "left")
     subset = flagged.where(F.col("__cdc_old").isNotNull() | needs).drop("__cdc_old").toArrow()
     completed = complete_key_changes(
-        spec, subset, lambda k: key_change_source(spec, target.main, target.state, k), target.main.path)
+        spec, subset, lambda k: key_change_source(spec, tables.main, tables.state, k), tables.path)
     marks = pc.and_(pc.equal(subset.column(OP), Op.INSERT.value),
                     pc.greater(pc.fill_null(pc.list_value_length(subset.column(UNCHANGED)), 0), 0))
     replaced = df.sparkSession.createDataFrame(completed.filter(marks).select(df.columns))
     replaced = replaced.select(*[F.col(quote(f.name)).cast(f.dataType).alias(f.name) for f in df.schema.fields])
     whole = df.where(~needs).unionByName(replaced).drop(OP, OLD_KEY)
-    return Checked(whole, checked.rows, checked.partial, checked.key_range, truncated_at=checked.truncated_at)
+    return replace(checked, df=whole)
 
 
 def _values(spec: SinkSpec, columns: list[str]) -> list[str]:
@@ -377,7 +377,7 @@ def _stage_in_buckets(spec: SinkSpec, checked: Checked, now: datetime, heads: An
 VERSION = "__cdc_version"
 
 
-def _history(spec: SinkSpec, main: DeltaSparkEngine, checked: Checked, heads: Any) -> Any:
+def _history(spec: SinkSpec, main: FrameEngine, checked: Checked, heads: Any) -> Any:
     """The stored versions of the batch's keys with a change not newer than their head
     (:func:`sinks.delta.backfill.late_keys` in Spark): only those keys read their history."""
     from pyspark.sql import functions as F
@@ -390,7 +390,7 @@ def _history(spec: SinkSpec, main: DeltaSparkEngine, checked: Checked, heads: An
     return main.rows(Rows(checked.key_range)).join(late, keys, "left_semi")
 
 
-def _heads(spec: SinkSpec, state: DeltaSparkEngine, main_schema: pa.Schema, main: DeltaSparkEngine,
+def _heads(spec: SinkSpec, state: FrameEngine, main_schema: pa.Schema, main: FrameEngine,
            checked: Checked) -> Any:
     """The heads of the batch's keys: the state table's rows in the batch's key range, semi-joined with the
     batch's keys; SCD type 2 with the values of the keys' current versions (:func:`scd2.key_heads`)."""
@@ -410,7 +410,7 @@ def _heads(spec: SinkSpec, state: DeltaSparkEngine, main_schema: pa.Schema, main
     return heads.join(current.select(*_keys(spec), *[F.col(quote(c)) for c in values]), keys, "left")
 
 
-def _table_heads(spec: SinkSpec, main: DeltaSparkEngine, main_schema: pa.Schema, checked: Checked,
+def _table_heads(spec: SinkSpec, main: FrameEngine, main_schema: pa.Schema, checked: Checked,
                  now: datetime) -> Any:
     """Ordered mode, SCD type 2: :func:`_heads` from the main table alone (:func:`scd2.table_heads` in Spark):
     a live key's current version (its sequence: ``sequence_by``, or ``_valid_from`` where hidden), a key of
@@ -464,29 +464,108 @@ def prepared_schema(checked: Checked) -> pa.Schema:
     return pa.schema([*fields, pa.field(NOW, TIMESTAMP)])
 
 
-@dataclass(frozen=True)
-class Target:
-    """The two tables of a sink (:mod:`sinks.delta.layout`) and which of them already hold the batch."""
+class FrameBatch:
+    """A batch of change records as a DataFrame for :func:`sinks.delta.commit.apply`: checked in one Spark job
+    (:func:`check`; ``fast``: not at all, the checks run in the MERGE's own plan, see :mod:`sinks.delta.inplan`),
+    staged in Spark, merged by :meth:`~sinks.delta.engine.FrameEngine.merge_frame`."""
 
-    main: DeltaSparkEngine
-    state: DeltaSparkEngine
-    main_done: bool
-    state_done: bool
-    mode: str = SAFE  # ordered: one MERGE into the main table, no state table (see DeltaUpsertSink's ``ordered``)
+    def __init__(self, spec: SinkSpec, tables: Tables[FrameEngine], df: Any, now: datetime, fast: bool = False) -> None:
+        self.spec, self.tables, self.df, self.now, self.fast = spec, tables, df, now, fast
+        self.checked: Checked | None = None
+        self._staged: tuple[Any] | None = None  # SCD type 1 without partial changes: the one change per key
+
+    def check(self) -> Any:
+        spec, tables, df = self.spec, self.tables, self.df
+        if self.fast:
+            names = df.columns
+            drop = [c for c in names if c in DROPPED_METADATA] + spec.excluded(names)
+            self.checked = Checked(guarded(spec, prologue(spec, df), names).drop(*drop), -1, False, KeyRange())
+            return None
+        checked = check(spec, df)
+        if checked.key_changes:
+            if tables.main_done:  # the state's commit alone needs no values
+                checked = replace(checked, df=checked.df.drop(OP, OLD_KEY))
+            else:
+                checked = complete_key_changes_in_spark(spec, tables, checked)
+        self.checked = checked
+        return checked.truncated_at
+
+    def refreshed(self) -> int | None:
+        return self._checked().refreshed_at
+
+    def _checked(self) -> Checked:
+        assert self.checked is not None, "check() comes first"
+        return self.checked
+
+    def reduce(self) -> int:
+        return self._checked().rows
+
+    def schema(self) -> pa.Schema:
+        return prepared_schema(self._checked())
+
+    def heads(self, table: pa.Schema) -> Any:
+        spec, tables, checked = self.spec, self.tables, self._checked()
+        if tables.ordered and spec.scd_type == 2:  # no state table: the heads are the table's current versions
+            return _table_heads(spec, tables.main, table, checked, self.now)
+        if tables.ordered:  # no state table: the MERGE itself compares sequences
+            return _no_heads(spec, checked.df)
+        return _heads(spec, tables.state, table, tables.main, checked)
+
+    def _latest(self, heads: Any) -> Any:
+        """SCD type 1 without partial changes: the latest change per key, guarded (None: the other cases)."""
+        if self._staged is None:
+            checked, ordered = self._checked(), self.tables.ordered
+            latest = self.spec.scd_type == 1 and not checked.partial
+            self._staged = (_stage_latest(self.spec, checked.df, self.now, None if ordered else heads) if latest
+                            else None,)
+        return self._staged[0]
+
+    def main_source(self, heads: Any, table: pa.Schema) -> Any:
+        spec, tables, checked = self.spec, self.tables, self._checked()
+        staged = self._latest(heads)
+        if staged is not None:
+            return staged
+        history = _history(spec, tables.main, checked, heads) if spec.scd_type == 2 and not tables.ordered else None
+        return _stage_in_buckets(spec, checked, self.now, heads, history, table, tables.ordered)
+
+    def state_source(self, heads: Any) -> Any:
+        return _state_source(self.spec, self._checked(), self._latest(heads), heads, self.now)
+
+    def columns(self, source: Any) -> list[str]:
+        return list(source.columns)
+
+    def key_range(self, source: Any) -> KeyRange:
+        return self._checked().key_range
+
+    def sequence_type(self, source: Any) -> pa.DataType:
+        return self.schema().field(self.spec.sequence_by).type
+
+    def size(self, source: Any) -> Any:
+        rows = self._checked().rows
+        return rows if rows >= 0 else "its"
+
+    def merge_main(self, source: Any, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
+        return self.tables.main.merge_frame(source, plan, app_id, version)
+
+    def merge_state(self, source: Any, plan: MergePlan, app_id: str, version: int) -> None:
+        self.tables.state.merge_frame(source, plan, app_id, version)
+
+    def tie(self, e: Exception, plan: MergePlan, source: Any) -> MalformedRecordError | None:
+        found = tie_error(e)
+        if found is None and is_tie_failure(e):
+            found = find_tie(self.spec, plan, source, self.tables.main, self.tables.ordered)
+        return found
 
 
-def write_frame(spec: SinkSpec, target: Target, df: Any, batch_id: int, app_id: str, now: datetime) -> bool:
-    """Prepare, stage and merge one batch inside Spark: the main table, then the state table, each one commit
-    carrying ``(app_id, batch_id)``, skipping a table that already holds it. Return False when the batch holds
-    no changes."""
+def write_frame(spec: SinkSpec, tables: Tables[FrameEngine], df: Any, batch_id: int, app_id: str,
+                now: datetime) -> Outcome:
+    """Prepare, stage and merge one batch inside Spark (:func:`sinks.delta.commit.apply`). Ordered mode tries
+    the batch with its checks in the MERGE's own plan first (:mod:`sinks.delta.inplan`)."""
     from pyspark import StorageLevel
 
-    names = df.columns
-    if eligible(spec, target.mode, names):  # ordered: the checks run in the MERGE's own plan (sinks.delta.inplan)
-        drop = [c for c in names if c in DROPPED_METADATA] + spec.excluded(names)
-        fast = Checked(guarded(spec, prologue(spec, df), names).drop(*drop), -1, False, KeyRange())
+    if eligible(spec, tables.mode, df.columns):  # ordered: the checks run in the MERGE's own plan
         try:
-            return _write_checked(spec, target, fast, batch_id, app_id, now)
+            return apply(spec, tables, FrameBatch(spec, tables, df, now, fast=True), batch_id, app_id)
         except Exception as e:
             if not needs_checks(e):
                 raise
@@ -495,78 +574,6 @@ def write_frame(spec: SinkSpec, target: Target, df: Any, batch_id: int, app_id: 
     # source, a log read) runs once.
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        checked = check(spec, df)
-        if checked.key_changes:
-            if target.main_done:  # the state's commit alone needs no values
-                checked = Checked(checked.df.drop(OP, OLD_KEY), checked.rows, checked.partial, checked.key_range,
-                                  truncated_at=checked.truncated_at)
-            else:
-                checked = complete_key_changes_in_spark(spec, target, checked)
-        if checked.truncated_at is not None:
-            _truncate(target, checked.truncated_at, batch_id)
-        apply_refresh(spec, target.main, checked.refreshed_at, target.main_done, batch_id, target.main.path)
-        return (_write_checked(spec, target, checked, batch_id, app_id, now) or checked.truncated_at is not None
-                or checked.refreshed_at is not None)
+        return apply(spec, tables, FrameBatch(spec, tables, df, now), batch_id, app_id)
     finally:
         df.unpersist()
-
-
-def _truncate(target: Target, at: Any, batch_id: int) -> None:
-    """Empty the tables the batch has not yet committed to (one commit each), for a truncate at ``at``: a
-    replay after a crash between the batch's commits never removes the rows the batch itself merged."""
-    for engine, done in ((target.main, target.main_done), (target.state, target.state_done)):
-        if not done and engine.schema() is not None:
-            engine.delete("true")
-    log.info("batch %d: a truncate (sequence %s) emptied %s", batch_id, at, target.main.path)
-
-
-def _write_checked(spec: SinkSpec, target: Target, checked: Checked, batch_id: int, app_id: str, now: datetime) -> bool:
-    if checked.rows == 0:
-        log.debug("batch %d has no changes", batch_id)
-        return False
-    main, state = target.main, target.state
-    ordered = target.mode == ORDERED
-    prepared = prepared_schema(checked)
-    schema = main.schema()
-    if schema is None:
-        main.create(table_schema(spec, prepared), {MODE_PROPERTY: target.mode})
-        schema = main.schema()
-        assert schema is not None
-    elif DELETED_AT in schema.names:
-        raise LegacyLayoutError(
-            f"{main.path} was written by the previous layout of DeltaUpsertSink (tombstones in the table, column "
-            f"{DELETED_AT}); nothing was written. Run sink.migrate() once with this sink's options, then restart"
-        )
-    added = new_columns(spec, schema, prepared)  # a type change fails here, before anything is written
-    if ordered and spec.scd_type == 2:  # no state table: the heads are the table's current versions
-        heads = _table_heads(spec, main, schema, checked, now)
-    elif ordered:  # no state table: the MERGE itself compares sequences
-        heads = _no_heads(spec, checked.df)
-    else:
-        if state.schema() is None:
-            state.create(state_schema(spec, prepared))
-        heads = _heads(spec, state, schema, main, checked)
-    latest = spec.scd_type == 1 and not checked.partial
-    staged = _stage_latest(spec, checked.df, now, None if ordered else heads) if latest else None
-    if not target.main_done:
-        if added:
-            log.info("adding columns %s to %s", [f.name for f in added], main.path)
-            main.add_columns(added)
-            schema = pa.schema([*schema, *added])
-        history = _history(spec, main, checked, heads) if spec.scd_type == 2 and not ordered else None
-        source = staged if staged is not None else _stage_in_buckets(spec, checked, now, heads, history, schema, ordered)
-        plan = merge_plan(spec, source.columns, schema, checked.key_range, ordered=ordered, tie_fail=main.tie_fail,
-                          sequence_type=prepared.field(spec.sequence_by).type)
-        try:
-            main.merge_frame(source, plan, app_id, batch_id)
-        except Exception as e:
-            tie = tie_error(e) or (find_tie(spec, plan, source, main, ordered) if is_tie_failure(e) else None)
-            if tie is None:
-                raise
-            raise tie from e
-        log.info("batch %d: merged %s change records into %s in Spark", batch_id,
-                 checked.rows if checked.rows >= 0 else "its", main.path)
-    if not target.state_done:
-        source = _state_source(spec, checked, staged, heads, now)
-        state.merge_frame(source, state_plan(spec, checked.key_range), app_id, batch_id)
-    return True

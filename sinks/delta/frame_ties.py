@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from cdc.errors import MalformedRecordError
+from sinks.delta.engine import FrameEngine
 from sinks.delta.keyrange import Rows
 from sinks.delta.layout import SOURCE_ALIAS, TARGET_ALIAS, quote
 from sinks.delta.scd1 import tie_conflict
-from sinks.delta.spark import DeltaSparkEngine
 from sinks.delta.spec import SinkSpec
 
 
@@ -72,7 +72,7 @@ def tie_error(e: Exception) -> MalformedRecordError | None:
     return MalformedRecordError(text[start: end + len("are fine")] if end > 0 else text[start:].splitlines()[0])
 
 
-def find_tie(spec: SinkSpec, plan: Any, source: Any, main: DeltaSparkEngine, ordered: bool) -> Any:
+def find_tie(spec: SinkSpec, plan: Any, source: Any, main: FrameEngine, ordered: bool) -> Any:
     """After the MERGE of ``source`` failed on a tie: the error naming the first conflict, found by a join of
     the tied changes with the table in Spark (only the first conflict's two rows reach the driver)."""
     from pyspark.sql import functions as F

@@ -81,14 +81,3 @@ def find_tie(spec: SinkSpec, plan: MergePlan, source: Any, main: Engine, ordered
             return error
     return None
 
-
-def merge_naming_ties(spec: SinkSpec, main: Engine, source: Any, plan: MergePlan, app_id: str, version: int,
-                      ordered: bool) -> dict[str, Any]:
-    """``main.merge`` of the Arrow ``source``; a MERGE that failed on a tie fails naming the conflict."""
-    try:
-        return main.merge(source, plan, app_id, version)
-    except Exception as e:
-        tie = find_tie(spec, plan, source, main, ordered) if plan.ties is not None and is_tie_failure(e) else None
-        if tie is None:
-            raise
-        raise tie from e

@@ -215,3 +215,15 @@ def class_loadable(spark: Any, name: str) -> bool:
 def delta_jars_available(spark: Any) -> bool:
     """True when the io.delta Spark classes are on the classpath."""
     return class_loadable(spark, DELTA_CLASS)
+
+
+def query_app_id(spark: Any) -> str:
+    """The Delta application-transaction id of the streaming query running in ``spark``:
+    ``cdc-tunnel-<query id>``, the same across restarts of the query from its checkpoint."""
+    qid = connect_query_id(spark) if is_connect(spark) else spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+    if not qid:
+        raise OptionError(
+            "option 'app_id' is required outside a streaming query (no streaming query id to derive it from)",
+            "app_id",
+        )
+    return f"cdc-tunnel-{qid}"

@@ -6,9 +6,7 @@ import logging
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -16,33 +14,24 @@ import pyarrow as pa
 
 from cdc.errors import OptionError
 from cdc.model import CHANNEL, POSITION
-from sinks.delta.backfill import late_keys
-from sinks.delta.batch import after_last_truncate, check_ops, complete_key_changes, prepare
-from sinks.delta.engine import Engine
-from sinks.delta.keyrange import KeyRange, Rows
+from sinks.delta import maintenance
+from sinks.delta.arrow_batch import ArrowBatch
+from sinks.delta.commit import Outcome, Tables, apply, committed, open_tables, resolve_mode
+from sinks.delta.engine import Engine, FrameEngine, open_engine
 from sinks.delta.layout import (
     DEFAULT_DELETE_CONDITION,
-    DELETED_AT,
     IS_DELETE,
     IS_TRUNCATE,
     MODE_PROPERTY,
     ORDERED,
     SAFE,
-    LegacyLayoutError,
-    ModeMismatchError,
     state_path,
 )
-from sinks.delta.merge import merge_plan, state_plan
 from sinks.delta.migration import run_migration
-from sinks.delta.refresh import apply_refresh, without_refreshes
-from sinks.delta.scd1 import merge_naming_ties, purge_predicate, stage_scd1
-from sinks.delta.scd2 import current_rows, key_heads, main_source, stage_scd2, table_heads
-from sinks.delta.schema import new_columns, state_schema, table_schema
-from sinks.delta.sequence import with_sequence, with_sequence_frame
-from sinks.delta.session import collect_arrow, connect_query_id, is_connect
-from sinks.delta.spec import SinkSpec
-from sinks.delta.staging import StagingLog
-from sinks.delta.state import conform, guard, heads_rows, key_change_source, of_keys, state_source
+from sinks.delta.pipelining import Pipelining
+from sinks.delta.sequence import with_sequence_frame
+from sinks.delta.session import collect_arrow, query_app_id
+from sinks.delta.spec import sink_spec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -52,7 +41,7 @@ log = logging.getLogger(__name__)
 ENGINES = ("auto", "delta-rs", "delta-spark")
 
 
-class DeltaUpsertSink:
+class DeltaUpsertSink(Pipelining):
     """Apply a stream of change records to a Delta table, in the spirit of Databricks AUTO CDC.
 
     Use it as a ``foreachBatch`` function::
@@ -162,46 +151,19 @@ class DeltaUpsertSink:
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.path = str(path)
-        if except_columns is not None:
-            if except_column_list is not None:
-                raise OptionError("options 'except_columns' and 'except_column_list' were both given; give "
-                                  "'except_column_list' (the former's new name)", "except_columns")
-            warnings.warn("option 'except_columns' is deprecated; use 'except_column_list' (the same meaning)",
-                          DeprecationWarning, stacklevel=2)
-            except_column_list = except_columns
-        if track_history_columns is not None:
-            if track_history_column_list is not None:
-                raise OptionError("options 'track_history_columns' and 'track_history_column_list' were both "
-                                  "given; give 'track_history_column_list' (the former's new name)",
-                                  "track_history_columns")
-            warnings.warn("option 'track_history_columns' is deprecated; use 'track_history_column_list' (the same "
-                          "meaning)", DeprecationWarning, stacklevel=2)
-            track_history_column_list = track_history_columns
         #: apply_as_truncates as given (text or a Column), evaluated by Spark in the foreachBatch wrapper
         self.truncate_condition = apply_as_truncates
-        try:
-            self.spec = SinkSpec(
-                keys=tuple([keys] if isinstance(keys, str) else keys),
-                sequence_by=sequence_by,  # type: ignore[arg-type]  # (a list: normalised by SinkSpec)
-                apply_as_deletes=apply_as_deletes,
-                scd_type=scd_type,
-                track_history_columns=track_history_column_list,  # type: ignore[arg-type]
-                track_history_except_column_list=track_history_except_column_list,  # type: ignore[arg-type]
-                except_column_list=() if except_column_list is None else except_column_list,  # type: ignore[arg-type]
-                column_list=None if column_list is None else column_list,  # type: ignore[arg-type]
-                ignore_null_updates=ignore_null_updates,
-                ignore_null_updates_column_list=ignore_null_updates_column_list,  # type: ignore[arg-type]
-                ignore_null_updates_except_column_list=ignore_null_updates_except_column_list,  # type: ignore[arg-type]
-                apply_as_truncates=_condition_text(apply_as_truncates),
-                tombstone_retention=tombstone_retention,
-                prune_by_key_range=prune_by_key_range,
-                bookkeeping_columns=None if bookkeeping_columns is None else tuple(bookkeeping_columns),
-            )
-        except OptionError as e:  # named as the user gave it
-            if except_columns is None or e.option != "except_column_list":
-                raise
-            raise OptionError(str(e).replace("'except_column_list'", "'except_columns' (now 'except_column_list')"),
-                              "except_columns") from None
+        self.spec = sink_spec(
+            keys, sequence_by, apply_as_deletes=apply_as_deletes, scd_type=scd_type,
+            track_history_column_list=track_history_column_list,
+            track_history_except_column_list=track_history_except_column_list,
+            track_history_columns=track_history_columns, apply_as_truncates=apply_as_truncates,
+            ignore_null_updates=ignore_null_updates, ignore_null_updates_column_list=ignore_null_updates_column_list,
+            ignore_null_updates_except_column_list=ignore_null_updates_except_column_list, column_list=column_list,
+            except_column_list=except_column_list, except_columns=except_columns,
+            tombstone_retention=tombstone_retention, prune_by_key_range=prune_by_key_range,
+            bookkeeping_columns=bookkeeping_columns,
+        )
         if compact_every is not None and compact_every < 1:
             raise OptionError("option 'compact_every' must be a positive number of batches, or None", "compact_every")
         if engine not in ENGINES:
@@ -227,13 +189,7 @@ class DeltaUpsertSink:
                 "with nothing to overlap on the driver); accepted with delta-spark: pipelined=False", "pipelined"
             )
         self.staging_dir = staging_dir or os.path.join(self.path, "_cdc_staging")
-        self._executor: ThreadPoolExecutor | None = None
-        self._inflight: Future[None] | None = None
-        self._lock = threading.Lock()
-        self._waiting: list[tuple[int, pa.Table]] = []  # staged, not yet merged (pipelined mode)
-        self._draining = False  # a background merge is running and will take what _waiting holds
-        self._submitted = -1
-        self._recovered: set[str] = set()
+        self._init_pipelining()
 
     def __repr__(self) -> str:  # storage_options may hold credentials: never shown
         return f"DeltaUpsertSink({self.path!r}, keys={list(self.spec.keys)}, scd_type={self.spec.scd_type}, engine={self.engine_name!r})"
@@ -266,25 +222,7 @@ class DeltaUpsertSink:
             from sinks.delta.session import default_engine
 
             self.engine_name = default_engine(spark, pipelined=self.pipelined)
-        if self.engine_name == "delta-rs":
-            from sinks.delta.rs import DeltaRsEngine
-
-            return DeltaRsEngine(path, self.storage_options)
-        from sinks.delta.spark import DeltaSparkEngine
-
-        if spark is None:
-            from pyspark.sql import SparkSession
-
-            spark = SparkSession.getActiveSession()
-        return DeltaSparkEngine(spark, path)
-
-    def _committed(self, app_id: str) -> int | None:
-        """The last batch committed to both tables under ``app_id`` (None: none, or unknown)."""
-        main = self.engine().committed_version(app_id)
-        if self.table_mode() == ORDERED:
-            return main
-        state = self.state_engine().committed_version(app_id)
-        return None if main is None or state is None else min(main, state)
+        return open_engine(self.engine_name, path, spark, self.storage_options)
 
     # ------------------------------------------------------------------ modes
     def table_mode(self) -> str | None:
@@ -309,22 +247,13 @@ class DeltaUpsertSink:
 
     def _resolve(self, claim: str | None) -> str:
         """The mode a batch runs in: the table's, which must be the claimed one; a new table's is the claim."""
-        mode = self.table_mode()
-        if mode is None:
-            return claim or SAFE
-        if claim is not None and claim != mode:
-            raise ModeMismatchError(
-                f"{self.path} was created in {mode} mode (table property {MODE_PROPERTY}={mode}) and this query "
-                f"asks for {claim} mode; nothing was written. Set ordered={mode == ORDERED} on the sink to keep the "
-                f"table's mode, or write to a new table (switching modes silently would let a stale change through)"
-            )
-        return mode
+        return resolve_mode(self.path, self.table_mode(), claim)
 
     # ------------------------------------------------------------------ foreachBatch
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         """The ``foreachBatch`` entry point: evaluate the delete condition, collect the batch as Arrow, apply."""
         spark = batch_df.sparkSession
-        app_id = self.app_id or self._query_app_id(spark)
+        app_id = self.app_id or query_app_id(spark)
         self.engine(spark)
         self.state_engine(spark)
         if self.pipelined:
@@ -334,7 +263,10 @@ class DeltaUpsertSink:
                 return
         # (With a merge in flight the table is not read here: Spark replays batches only after a restart,
         # and a restart starts with nothing in flight.)
-        done = None if self._inflight is not None else self._committed(app_id)
+        if self._inflight is not None:
+            done = None
+        else:
+            done = committed(self.engine(), self.state_engine(), self.table_mode(), app_id)
         if done is not None and done >= batch_id:
             log.info("batch %d already committed to %s by %s (up to %d); skipping the replay", batch_id, self.path, app_id, done)
             return
@@ -378,96 +310,6 @@ class DeltaUpsertSink:
             batch_id, changes.num_rows, collected - started, time.perf_counter() - collected,
         )
 
-    # ------------------------------------------------------------------ pipelined mode
-    def _recover(self, app_id: str) -> None:
-        """Once per process and app id: merge batches a crash left staged but not committed, in order."""
-        if app_id in self._recovered:
-            return
-        staging = StagingLog(self.staging_dir, app_id)
-        for batch_id in staging.pending():
-            log.warning("merging batch %d of %s left staged by an earlier run", batch_id, app_id)
-            # (Staged by __call__: checked, excluded columns dropped, apply_as_truncates evaluated.)
-            self._apply(staging.get(batch_id), batch_id, batch_id, app_id, self.claim())
-            staging.remove(batch_id)
-            self._submitted = max(self._submitted, batch_id)
-        self._recovered.add(app_id)
-
-    def _stage_and_submit(self, changes: pa.Table, batch_id: int, app_id: str) -> None:
-        """Stage the batch durably, then hand it to the background merge.
-
-        When a merge is still running, the batch waits and the running merge takes every waiting batch in one
-        MERGE after its own: a MERGE's cost is mostly the target files it rewrites, which does not grow with
-        the number of changes, so when the merges fall behind, merging the waiting batches together catches
-        up instead of queueing (measured on the benchmark's 1M-row table: ~0.6x the time per change for two
-        batches, ~0.45x for three). Commits stay in batch order, at most one merge runs at a time, and at
-        most ``MAX_COALESCED`` batches wait (then ``foreachBatch`` waits for the merge)."""
-        if self._inflight is not None and self._inflight.done():
-            self.flush()  # surfaces the previous merge's failure before this batch is accepted
-        check_ops(self.spec, changes)  # refused before it is staged (a staged batch is merged on every restart)
-        staging = StagingLog(self.staging_dir, app_id)
-        staging.put(batch_id, changes)  # durable before Spark may record the batch as done
-        with self._lock:
-            self._waiting.append((batch_id, changes))
-            start, self._draining = not self._draining, True
-            full = len(self._waiting) >= MAX_COALESCED
-        self._submitted = batch_id
-        if start:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delta-sink-merge")
-            self._inflight = self._executor.submit(self._drain, staging, app_id)
-        elif full:
-            self.flush()
-
-    def _drain(self, staging: StagingLog, app_id: str) -> None:
-        """The background merge: merge what waits, in batch order, until nothing does."""
-        try:
-            while True:
-                with self._lock:
-                    group, self._waiting = self._waiting, []
-                    if not group:
-                        self._draining = False
-                        return
-                for run in _same_schema_runs(group):
-                    tables = [t for _, t in run]
-                    changes = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-                    if len(run) > 1:
-                        log.info("batches %d-%d merged together (%d change records): the merges fell behind",
-                                 run[0][0], run[-1][0], changes.num_rows)
-                    self._apply(changes, run[0][0], run[-1][0], app_id, self._claimed)
-                    for batch_id, _ in run:
-                        staging.remove(batch_id)
-        except BaseException:
-            # What waited stays staged, and recovery merges it before the next batch. _draining stays set, so
-            # no later batch starts a merge (and commits past the failed one) before flush() reports this.
-            with self._lock:
-                self._waiting = []
-            raise
-
-    def flush(self) -> None:
-        """Wait for the background merge (pipelined mode) of every staged batch; re-raise its failure."""
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
-            try:
-                inflight.result()
-            except BaseException:
-                # The failed batches stay staged: recover them (and any later one) before the next batch.
-                with self._lock:
-                    self._waiting, self._draining = [], False
-                self._recovered.clear()
-                self._submitted = -1
-                raise
-
-    @staticmethod
-    def _query_app_id(spark: Any) -> str:
-        qid = connect_query_id(spark) if is_connect(spark) else spark.sparkContext.getLocalProperty(
-            "sql.streaming.queryId")
-        if not qid:
-            raise OptionError(
-                "option 'app_id' is required outside a streaming query (no streaming query id to derive it from)",
-                "app_id",
-            )
-        return f"cdc-tunnel-{qid}"
-
     # ------------------------------------------------------------------ the core (Arrow in, one commit out)
     def write(self, changes: pa.Table, batch_id: int, app_id: str | None = None) -> bool:
         """Apply one batch of change records; return False when the batch was already committed (a replay).
@@ -491,90 +333,41 @@ class DeltaUpsertSink:
     def _apply(self, changes: pa.Table, first: int, batch_id: int, app: str, claim: str | None = None) -> bool:
         """:meth:`write` of the batches ``first`` to ``batch_id`` together (their change records concatenated):
         one commit per table, recorded as batch ``batch_id``, which marks the earlier ones done too."""
-        main, state = self.engine(), self.state_engine()
-        ordered = (mode := self._resolve(claim)) == ORDERED
-        main_done = main.committed_version(app)
-        state_done = batch_id if ordered else state.committed_version(app)  # ordered: no state table
-        if main_done is not None and main_done >= batch_id and state_done is not None and state_done >= batch_id:
-            log.info("batch %d already committed to %s by %s; skipping the replay", batch_id, self.path, app)
+        tables = open_tables(self.path, self.engine(), self.state_engine(), self._resolve(claim), app, batch_id)
+        if tables is None:
             return False
         now = self.clock()
-        spec = self.spec
-        changes = with_sequence(spec.sequence_columns, changes)
-        check_ops(spec, changes)  # before the truncate: a batch that fails changes nothing
-        changes, refreshed = without_refreshes(spec, changes)
-        changes, truncated = after_last_truncate(changes, spec.sequence_by)
-        if truncated is not None:
-            self._truncate(batch_id, truncated, main_done, state_done)
-        apply_refresh(spec, main, refreshed, main_done is not None and main_done >= batch_id, batch_id, self.path)
-        if main_done is None or main_done < batch_id:  # (the state's commit alone needs no values)
-            changes = complete_key_changes(
-                spec, changes, lambda keys: key_change_source(spec, main, state, keys), self.path)
-        prepared = prepare(spec, changes, now)
-        if prepared.num_rows == 0:
-            # (A batch that ends with a truncate records no transaction: replaying it empties the tables again,
-            # which is what it did; a later batch's commit makes it "already committed".)
-            log.debug("batch %d has no changes%s", batch_id, " after its truncate" if truncated is not None else "")
-            return truncated is not None or refreshed is not None
-        schema = main.schema()
-        if schema is None:
-            main.create(table_schema(spec, prepared.schema), {MODE_PROPERTY: mode})
-            self._mode = mode
-            schema = main.schema()
-            assert schema is not None
-        elif DELETED_AT in schema.names:
-            raise LegacyLayoutError(
-                f"{self.path} was written by the previous layout of DeltaUpsertSink (tombstones in the table, "
-                f"column {DELETED_AT}); nothing was written. Run sink.migrate() once with this sink's options (it "
-                "moves the tombstones and sequences to the state table and rewrites the table without them, one "
-                "commit each), then restart the query"
-            )
-        added = new_columns(spec, schema, prepared.schema)  # a type change fails here, before any read or write
-        if ordered:
-            heads = prepared.select([*spec.keys, spec.sequence_by]).slice(0, 0)  # no heads: the MERGE compares
-        else:
-            if state.schema() is None:
-                state.create(state_schema(spec, prepared.schema))
-            heads = conform(state.read(heads_rows(spec, prepared)), prepared.schema)
-        fresh: pa.Table | None = None  # the guarded changes, computed once (stage_scd1 is the guard itself)
-        if main_done is None or main_done < batch_id:
-            # The main table first, computed from the state before the batch: a crash before the state's
-            # commit leaves that state as it was, so the replay recomputes the state's commit alone.
-            if added:
-                log.info("adding columns %s to %s", [f.name for f in added], self.path)
-                main.add_columns(added)
-                schema = pa.schema([*schema, *added])
-            if spec.scd_type == 1:
-                source = fresh = stage_scd1(spec, prepared, heads, ordered=ordered)
-            else:
-                current = conform(main.read(current_rows(spec, prepared)), prepared.schema)
-                if ordered:  # the heads are the table's; a change not newer than its head is stale: no back-fill
-                    heads = table_heads(spec, main, prepared, current)
-                    prepared = guard(spec, prepared, heads)
-                late = late_keys(spec, prepared, heads)  # only keys with a late change read their history
-                history = of_keys(main, Rows(KeyRange.of(spec.keys, late)), late) if late.num_rows else None
-                source = main_source(stage_scd2(spec, prepared, key_heads(spec, heads, current), history))
-            plan = merge_plan(spec, source.column_names, schema, KeyRange.of(spec.keys, source), ordered=ordered,
-                              tie_fail=main.tie_fail, sequence_type=source.schema.field(spec.sequence_by).type)
-            metrics = merge_naming_ties(spec, main, source, plan, app, batch_id, ordered)
-            log.info("batch %d: merged %d changes into %s: %s", batch_id, source.num_rows, self.path, metrics)
-        if state_done is None or state_done < batch_id:
-            heads_after = state_source(spec, guard(spec, prepared, heads) if fresh is None else fresh)
-            state.merge(heads_after, state_plan(spec, KeyRange.of(spec.keys, heads_after)), app, batch_id)
-        if self.compact_every and (batch_id + 1) // self.compact_every > first // self.compact_every:
-            self.maintain(now)  # one of the batches first..batch_id is a multiple of compact_every
-        return True
+        return self._done(apply(self.spec, tables, ArrowBatch(self.spec, tables, changes, now), batch_id, app),
+                          tables, first, batch_id, now)
 
-    def _truncate(self, batch_id: int, at: Any, main_done: int | None, state_done: int | None) -> None:
-        """Empty the table and the state table (one commit each) for a truncate in batch ``batch_id``.
+    def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None, *, claim: str | None = None) -> bool:
+        """:meth:`write` for a DataFrame with ``engine='delta-spark'``: prepared, staged and merged inside Spark
+        (:mod:`sinks.delta.frame`), never collected to the driver."""
+        from sinks.delta.frame import write_frame
 
-        Only a table the batch has not yet committed to is emptied, so a replay after a crash between the
-        batch's commits never removes the rows the batch itself merged."""
-        main, state = self.engine(), self.state_engine()
-        for engine, done in ((main, main_done), (state, state_done)):
-            if engine.schema() is not None and (done is None or done < batch_id):
-                engine.delete("true")
-        log.info("batch %d: a truncate (%s %s) emptied %s", batch_id, self.spec.sequence_by, at, self.path)
+        app = app_id or self.app_id
+        if not app:
+            raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
+        main, state = self.engine(batch_df.sparkSession), self.state_engine(batch_df.sparkSession)
+        if not isinstance(main, FrameEngine) or not isinstance(state, FrameEngine):
+            raise OptionError(f"a DataFrame batch is merged by engine='delta-spark'; this sink's engine is "
+                              f"{self.engine_name!r}: give engine='delta-spark', or write() an Arrow table", "engine")
+        if self.spec.sequence_columns:
+            batch_df = with_sequence_frame(self.spec.sequence_columns, batch_df)
+        mode = self._resolve(claim if claim is not None else self.claim(batch_df))
+        tables = open_tables(self.path, main, state, mode, app, batch_id)
+        if tables is None:
+            return False
+        now = self.clock()
+        return self._done(write_frame(self.spec, tables, batch_df, batch_id, app, now), tables, batch_id, batch_id, now)
+
+    def _done(self, outcome: Outcome, tables: Tables[Engine], first: int, batch_id: int, now: datetime) -> bool:
+        """After the batches ``first`` to ``batch_id``: the new table's mode kept, maintenance when due."""
+        if outcome.created:
+            self._mode = tables.mode
+        if outcome.merged and maintenance.due(self.compact_every, first, batch_id):
+            self.maintain(now)
+        return outcome.applied
 
     def migrate(self, mode: str | None = None) -> bool:
         """With the query stopped: ``mode=None`` converts a table of the previous layout; ``"ordered"`` or ``"safe"``
@@ -582,70 +375,7 @@ class DeltaUpsertSink:
         self._mode, self._engine, self._state_engine = None, None, None  # (read the table again afterwards)
         return run_migration(self.path, self.spec, mode, self.storage_options, self.clock())
 
-    def write_frame(self, batch_df: Any, batch_id: int, app_id: str | None = None, *, claim: str | None = None) -> bool:
-        """:meth:`write` for a DataFrame with ``engine='delta-spark'``: prepared, staged and merged inside Spark
-        (:mod:`sinks.delta.frame`), never collected to the driver."""
-        from sinks.delta.frame import Target, write_frame
-        from sinks.delta.spark import DeltaSparkEngine
-
-        app = app_id or self.app_id
-        if not app:
-            raise OptionError("option 'app_id' is required to write a batch outside a streaming query", "app_id")
-        main, state = self.engine(batch_df.sparkSession), self.state_engine(batch_df.sparkSession)
-        assert isinstance(main, DeltaSparkEngine) and isinstance(state, DeltaSparkEngine)
-        if self.spec.sequence_columns:
-            batch_df = with_sequence_frame(self.spec.sequence_columns, batch_df)
-        mode = self._resolve(claim if claim is not None else self.claim(batch_df))
-        main_done = main.committed_version(app)
-        state_done = batch_id if mode == ORDERED else state.committed_version(app)
-        target = Target(main, state, main_done is not None and main_done >= batch_id,
-                        state_done is not None and state_done >= batch_id, mode)
-        if target.main_done and target.state_done:
-            log.info("batch %d already committed to %s by %s; skipping the replay", batch_id, self.path, app)
-            return False
-        now = self.clock()
-        if not write_frame(self.spec, target, batch_df, batch_id, app, now):
-            return False
-        self._mode = mode
-        if self.compact_every and (batch_id + 1) % self.compact_every == 0:
-            self.maintain(now)
-        return True
-
     def maintain(self, now: datetime | None = None) -> None:
         """Purge expired tombstones and compact small files (each one commit; readers are never blocked)."""
-        main, state = self.engine(), self.state_engine()
-        if state.schema() is not None:
-            purge = purge_predicate(self.spec, now or self.clock())
-            if purge is not None:
-                state.delete(purge)
-            state.compact()
-        if main.schema() is not None:
-            main.compact()
+        maintenance.maintain(self.spec, self.engine(), self.state_engine(), now or self.clock())
 
-
-def _condition_text(condition: Any) -> str | None:
-    """A condition option (SQL text or a pyspark ``Column``) as text: the text itself, or the Column's."""
-    if condition is None or isinstance(condition, str):
-        return condition
-    from pyspark.sql import Column
-
-    if isinstance(condition, Column):
-        return str(condition)
-    raise OptionError(f"option 'apply_as_truncates': {condition!r} is neither a SQL condition nor a Column",
-                      "apply_as_truncates")
-
-
-#: Pipelined mode: at most this many staged batches wait for the background merge (then merged as one).
-MAX_COALESCED = 4
-
-
-def _same_schema_runs(group: list[tuple[int, pa.Table]]) -> list[list[tuple[int, pa.Table]]]:
-    """Consecutive batches of ``group`` with the same schema (a schema change starts a new MERGE, so that
-    schema evolution and its errors see each batch's own columns)."""
-    runs: list[list[tuple[int, pa.Table]]] = []
-    for item in group:
-        if runs and runs[-1][-1][1].schema.equals(item[1].schema):
-            runs[-1].append(item)
-        else:
-            runs.append([item])
-    return runs

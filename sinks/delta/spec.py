@@ -2,7 +2,7 @@
 
 Everything that decides *what* a batch does to the table is engine-independent, as Arrow computations and
 as SQL text; an engine (:mod:`sinks.delta.rs`, :mod:`sinks.delta.spark`) only runs the statements it is
-given. The steps, in the order :meth:`sinks.delta.DeltaUpsertSink.write` runs them: :mod:`sinks.delta.batch`
+given. The steps, in the order :func:`sinks.delta.commit.apply` runs them: :mod:`sinks.delta.batch`
 (validate a batch, reduce or fold it per key), :mod:`sinks.delta.schema` (create or evolve the table),
 :mod:`sinks.delta.scd1` or :mod:`sinks.delta.scd2` (stage the MERGE source), :mod:`sinks.delta.merge` (the
 MERGE statement). The table they write is described in :mod:`sinks.delta.layout`.
@@ -41,8 +41,11 @@ Rules
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from cdc.errors import OptionError
 from cdc.model import COMMIT_TS, UNCHANGED
@@ -230,3 +233,79 @@ class SinkSpec:
                 raise OptionError(
                     f"option {name!r} names column(s) {unknown} that the changes do not have; columns: {names}", name
                 )
+
+
+def sink_spec(
+    keys: str | Sequence[str],
+    sequence_by: str | Sequence[str],
+    *,
+    apply_as_deletes: str,
+    scd_type: int,
+    track_history_column_list: Sequence[str] | None,
+    track_history_except_column_list: Sequence[str] | None,
+    track_history_columns: Sequence[str] | None,
+    apply_as_truncates: Any,
+    ignore_null_updates: bool,
+    ignore_null_updates_column_list: Sequence[str] | None,
+    ignore_null_updates_except_column_list: Sequence[str] | None,
+    column_list: Sequence[str] | None,
+    except_column_list: Sequence[str] | None,
+    except_columns: Sequence[str] | None,
+    tombstone_retention: timedelta,
+    prune_by_key_range: bool | None,
+    bookkeeping_columns: Sequence[str] | None,
+) -> SinkSpec:
+    """The :class:`SinkSpec` of :class:`sinks.delta.sink.DeltaUpsertSink`'s options as the user gives them: the
+    deprecated names (``except_columns``, ``track_history_columns``) taken with a warning, an error naming the
+    option as given."""
+    if except_columns is not None:
+        if except_column_list is not None:
+            raise OptionError("options 'except_columns' and 'except_column_list' were both given; give "
+                              "'except_column_list' (the former's new name)", "except_columns")
+        warnings.warn("option 'except_columns' is deprecated; use 'except_column_list' (the same meaning)",
+                      DeprecationWarning, stacklevel=3)
+        except_column_list = except_columns
+    if track_history_columns is not None:
+        if track_history_column_list is not None:
+            raise OptionError("options 'track_history_columns' and 'track_history_column_list' were both "
+                              "given; give 'track_history_column_list' (the former's new name)",
+                              "track_history_columns")
+        warnings.warn("option 'track_history_columns' is deprecated; use 'track_history_column_list' (the same "
+                      "meaning)", DeprecationWarning, stacklevel=3)
+        track_history_column_list = track_history_columns
+    try:
+        spec = SinkSpec(
+            keys=tuple([keys] if isinstance(keys, str) else keys),
+            sequence_by=sequence_by,  # type: ignore[arg-type]  # (a list: normalised by SinkSpec)
+            apply_as_deletes=apply_as_deletes,
+            scd_type=scd_type,
+            track_history_columns=track_history_column_list,  # type: ignore[arg-type]
+            track_history_except_column_list=track_history_except_column_list,  # type: ignore[arg-type]
+            except_column_list=() if except_column_list is None else except_column_list,  # type: ignore[arg-type]
+            column_list=None if column_list is None else column_list,  # type: ignore[arg-type]
+            ignore_null_updates=ignore_null_updates,
+            ignore_null_updates_column_list=ignore_null_updates_column_list,  # type: ignore[arg-type]
+            ignore_null_updates_except_column_list=ignore_null_updates_except_column_list,  # type: ignore[arg-type]
+            apply_as_truncates=condition_text(apply_as_truncates),
+            tombstone_retention=tombstone_retention,
+            prune_by_key_range=prune_by_key_range,
+            bookkeeping_columns=None if bookkeeping_columns is None else tuple(bookkeeping_columns),
+        )
+    except OptionError as e:  # named as the user gave it
+        if except_columns is None or e.option != "except_column_list":
+            raise
+        raise OptionError(str(e).replace("'except_column_list'", "'except_columns' (now 'except_column_list')"),
+                          "except_columns") from None
+    return spec
+
+
+def condition_text(condition: Any) -> str | None:
+    """A condition option (SQL text or a pyspark ``Column``) as text: the text itself, or the Column's."""
+    if condition is None or isinstance(condition, str):
+        return condition
+    from pyspark.sql import Column
+
+    if isinstance(condition, Column):
+        return str(condition)
+    raise OptionError(f"option 'apply_as_truncates': {condition!r} is neither a SQL condition nor a Column",
+                      "apply_as_truncates")
