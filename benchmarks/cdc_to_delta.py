@@ -111,19 +111,22 @@ def make_batches(table_rows: int, batch: int, batches: int, seed: int) -> list[p
     return out
 
 
-def peak_rss_mb(pid: int | str = "self") -> float:
+def status_mb(field: str, pid: int | str = "self") -> float:
+    """A memory figure of a process's ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``: its peak) in MB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
 
-def reset_peak_rss() -> None:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
+def peak_rss_mb(pid: int | str = "self") -> float:
+    return status_mb("VmHWM", pid)
+
+
+def reset_peak_rss(pid: int | str = "self") -> None:
+    """Reset a process's peak RSS (``VmHWM``) to its current RSS (Linux >= 4.0)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 def standalone(path: str, initial: pa.Table, warmup: pa.Table, batches: list[pa.Table]) -> float:

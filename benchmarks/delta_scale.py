@@ -48,8 +48,10 @@ from cdc_to_delta import (  # noqa: E402  (the shared data and helpers of the De
     initial_table,
     make_batches,
     peak_rss_mb,
+    reset_peak_rss,
     rows,
     spark_session,
+    status_mb,
 )
 
 VARIANTS = ("ordered-spark", "safe-spark", "ordered-rs", "safe-rs", "hand")
@@ -60,18 +62,6 @@ LABELS = {
     "safe-rs": "safe delta-rs",
     "hand": "hand-written delta-spark MERGE",
 }
-
-
-def rss_mb(pid: int | str = "self") -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def reset_peak(pid: int | str = "self") -> None:
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
 
 
 def prepare(work: Path, table_rows: int, batch: int, batches: int) -> None:
@@ -137,9 +127,9 @@ def run_variant(work: Path, variant: str, batch: int, cluster: bool, driver_memo
 
         run()  # the warm-up batch: the query's start and the table's first commit by this sink
         subprocess.run([sys.executable, __file__, "--append", str(log_path), "--work", str(work)], check=True)
-        base_py, base_jvm = rss_mb(), rss_mb(jvm)
-        reset_peak()
-        reset_peak(jvm)
+        base_py, base_jvm = status_mb("VmRSS"), status_mb("VmRSS", jvm)
+        reset_peak_rss()
+        reset_peak_rss(jvm)
         start = time.perf_counter()
         run()
         elapsed = time.perf_counter() - start
@@ -149,7 +139,6 @@ def run_variant(work: Path, variant: str, batch: int, cluster: bool, driver_memo
         if spark_cluster is not None:
             spark_cluster.stop()
         shutil.rmtree(table, ignore_errors=True)
-        shutil.rmtree(work / f"table-{variant}" / "_state", ignore_errors=True)
     return {"variant": variant, "seconds": elapsed, "base_py": base_py, "base_jvm": base_jvm,
             "peak_py": peak_py, "peak_jvm": peak_jvm}
 
