@@ -289,7 +289,7 @@ class ApachePulsar(ServerProcess):
         TopicNotFound for seconds on a fresh data directory."""
         if self.running:
             return self
-        check_disk(self.data_dir)
+        check_disk(self.data_dir, float(self.conf.get("diskUsageThreshold", BOOKIE_DISK_THRESHOLD)))
         command = self._command(pulsar_lib(), self._write_config())
         started = time.monotonic()
         with open(self.data_dir / "stdout.log", "ab") as out:
@@ -378,20 +378,26 @@ class ApachePulsar(ServerProcess):
         )
 
 
-BOOKIE_DISK_THRESHOLD = 0.95
-"""BookKeeper's ``diskUsageThreshold``: above it the standalone's bookie turns read-only, and every producer's
-creation then times out (``Pulsar error: TimeOut``) while the broker itself answers."""
+BOOKIE_DISK_THRESHOLD = 0.999
+"""BookKeeper's ``diskUsageThreshold`` as our ``standalone.conf`` sets it (BookKeeper's default is 0.95): above it
+the standalone's bookie turns read-only, and every producer's creation then times out (``Pulsar error:
+TimeOut``) while the broker itself answers."""
+
+MIN_FREE_BYTES = 1 << 30
+"""The free space the broker start asks for: a test broker's ledgers and logs stay well below it."""
 
 
-def check_disk(path: Path) -> None:
-    """Refuse to start on a disk the bookie would take as full (BrokerError naming the use and the fix)."""
+def check_disk(path: Path, threshold: float = BOOKIE_DISK_THRESHOLD) -> None:
+    """Refuse to start on a disk the bookie would take as full, or with less than 1 GiB free (BrokerError naming
+    the use and the fix)."""
     usage = shutil.disk_usage(path)
     used = 1 - usage.free / usage.total if usage.total else 0.0
-    if used >= BOOKIE_DISK_THRESHOLD:
+    if used >= threshold or usage.free < MIN_FREE_BYTES:
         raise BrokerError(
             f"the disk of {path} is {used:.1%} full ({usage.free / 2**30:.1f} GiB free): Apache Pulsar's "
-            f"storage (BookKeeper) turns read-only above {BOOKIE_DISK_THRESHOLD:.0%} of a disk, and producers "
-            "then time out; free space there, or give the broker a data directory on another disk"
+            f"storage (BookKeeper) turns read-only above {threshold:.1%} of a disk (diskUsageThreshold), and the "
+            f"broker needs {MIN_FREE_BYTES / 2**30:.0f} GiB free; free space there, or give the broker a data "
+            "directory on another disk"
         )
 
 

@@ -55,22 +55,46 @@ def test_a_broker_that_dies_at_start_up_fails_with_its_output(tmp_path: Path, mo
     assert not broker.running
 
 
+@pytest.mark.parametrize(
+    ("total_gib", "free_gib", "refusal"),
+    [
+        (2000, 1.5, r"99\.9% full \(1\.5 GiB free\).*read-only above 99\.9% of a disk \(diskUsageThreshold\)"),
+        (100, 0.5, r"99\.5% full \(0\.5 GiB free\).*needs 1 GiB free"),
+    ],
+)
 def test_a_disk_the_bookie_takes_as_full_is_named_before_the_broker_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, total_gib: int, free_gib: float, refusal: str
+) -> None:
+    """A full disk is not made here: the disk's figures are replaced."""
+    from types import SimpleNamespace
+
+    from cdc.servers.pulsar import standalone
+
+    gib = 2**30
+    monkeypatch.setattr(standalone.shutil, "disk_usage", lambda path: SimpleNamespace(
+        total=total_gib * gib, used=int((total_gib - free_gib) * gib), free=int(free_gib * gib)))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))  # started, it would fail otherwise
+    broker = ApachePulsar(tmp_path / "data")
+    with pytest.raises(BrokerError, match=r"the disk of .*data is " + refusal):
+        broker.start(timeout=30)
+    assert not broker.running
+
+
+def test_a_large_shared_disk_with_gigabytes_free_is_not_taken_as_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A full disk is not made here: the disk's figures are replaced (96% used: the bookie's limit is 95%)."""
+    """252 GiB with 12 GiB free is 95.2% used: BookKeeper's default threshold (95%) would turn the bookie
+    read-only there, so our configuration raises it, and the start's check agrees with the bookie."""
     from types import SimpleNamespace
 
     from cdc.servers.pulsar import standalone
 
     gib = 2**30
     monkeypatch.setattr(standalone.shutil, "disk_usage",
-                        lambda path: SimpleNamespace(total=100 * gib, used=96 * gib, free=4 * gib))
-    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))  # started, it would fail otherwise
-    broker = ApachePulsar(tmp_path / "data")
-    with pytest.raises(BrokerError, match=r"the disk of .*data is 96\.0% full \(4\.0 GiB free\).*read-only above 95%"):
-        broker.start(timeout=30)
-    assert not broker.running
+                        lambda path: SimpleNamespace(total=252 * gib, used=240 * gib, free=12 * gib))
+    standalone.check_disk(tmp_path)
+    config = ApachePulsar(tmp_path / "data")._write_config().read_text()
+    assert f"diskUsageThreshold={standalone.BOOKIE_DISK_THRESHOLD}" in config.splitlines()
 
 
 def _admin_get(p: ApachePulsar, path: str) -> object:
