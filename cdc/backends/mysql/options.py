@@ -15,6 +15,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import field_validator, model_validator
 
 from cdc.options import BackendOptions, Field, SecretStr
+from cdc.snapshots.planning import DEFAULT_CHUNK_ROWS, DEFAULT_CHUNKS_PER_BATCH
 
 DEFAULT_PORT = 3306
 
@@ -104,11 +105,12 @@ class MySQLOptions(BackendOptions):
         "batches' worth, removed as batches commit), so that a replayed batch yields the same rows.",
     )
     snapshot_chunk_rows: int = Field(
-        100_000, ge=1, le=10_000_000, alias="snapshot.chunkRows",
-        description="Rows per snapshot chunk, 1 to 10,000,000 (one Spark partition each).",
+        DEFAULT_CHUNK_ROWS, ge=1, le=10_000_000, alias="snapshot.chunkRows",
+        description="Rows per snapshot chunk, 1 to 10,000,000 (one Spark partition each, read whole into the "
+        "task's Python worker: lower it for wide rows).",
     )
     snapshot_chunks_per_batch: int = Field(
-        8, ge=1, le=10_000, alias="snapshot.chunksPerBatch",
+        DEFAULT_CHUNKS_PER_BATCH, ge=1, le=10_000, alias="snapshot.chunksPerBatch",
         description="Chunks one batch reads at most (fewer under `maxRecordsPerTrigger`); the batch's cut (a "
         "consistent-snapshot transaction) is held while they are read. A batch read reads as many per cut.",
     )

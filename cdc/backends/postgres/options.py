@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import PositiveInt, field_validator
 
 from cdc.options import BackendOptions, Field, SecretStr
+from cdc.snapshots.planning import DEFAULT_CHUNK_ROWS, DEFAULT_CHUNKS_PER_BATCH
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -66,12 +67,13 @@ class PostgresOptions(BackendOptions):
         "yields the same rows; `exported`: the whole materialised snapshot.",
     )
     snapshot_chunk_rows: int = Field(
-        100_000, ge=1, le=10_000_000, alias="snapshot.chunkRows",
+        DEFAULT_CHUNK_ROWS, ge=1, le=10_000_000, alias="snapshot.chunkRows",
         description="Rows per snapshot chunk, 1 to 10,000,000 (`chunked`: one Spark partition each, at most "
-        "twice as many rows; `exported`: a channel each).",
+        "twice as many rows, read whole into the task's Python worker: lower it for wide rows; `exported`: a "
+        "channel each).",
     )
     snapshot_chunks_per_batch: int = Field(
-        8, ge=1, le=10_000, alias="snapshot.chunksPerBatch",
+        DEFAULT_CHUNKS_PER_BATCH, ge=1, le=10_000, alias="snapshot.chunksPerBatch",
         description="`chunked`: chunks one batch reads at most (fewer under `maxRecordsPerTrigger`); the cut is "
         "held while they are read, so a batch should be about one wave of the executors' cores.",
     )
