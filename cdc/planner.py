@@ -612,8 +612,12 @@ class Planner:
             channels[cid] = replace(channels[cid], from_=entry.pos)
         snapshot = state if state.tables or state.cut is not None else None
         end = Offset(channels, turn=(begin.turn or 0) + 1 if max_records is not None else None, snapshot=snapshot)
-        if end_pos == pos and cut is None and snapshot == settled and not begin.initial:
-            return start  # nothing to read, nothing learned
+        ended = settled is not None and not settled.tables
+        if end_pos == pos and cut is None and snapshot == (None if ended else settled) and not begin.initial:
+            # Nothing to read, nothing learned. A snapshot that has just ended (its last chunks read, nothing
+            # held back) counts as nothing learned too: its state leaves the offset with the next batch that
+            # reads something, rather than in an empty batch of its own.
+            return start
         return end.to_json()
 
     # ------------------------------------------------------------------ ranges
