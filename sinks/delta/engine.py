@@ -43,8 +43,9 @@ class Engine(Protocol):
     def add_columns(self, fields: list[pa.Field]) -> None:
         """Add nullable columns to the table."""
 
-    def read(self, rows: Rows) -> pa.Table:
-        """The table's ``rows`` (pruned by their key range where the table's statistics allow)."""
+    def read(self, rows: Rows, keys: pa.Table | None = None) -> pa.Table:
+        """The table's ``rows`` (pruned by their key range where the table's statistics allow); ``keys``: only
+        the rows of those keys are wanted, which an engine may use to return fewer (the caller matches them)."""
 
     def merge(self, source: pa.Table, plan: MergePlan, app_id: str, version: int) -> dict[str, Any]:
         """Run ``plan`` with ``source`` as one commit carrying the application transaction."""

@@ -72,7 +72,7 @@ class DeltaRsEngine:
         assert dt is not None
         dt.alter.add_columns([Field.from_arrow(f) for f in fields])
 
-    def read(self, rows: Rows) -> pa.Table:
+    def read(self, rows: Rows, keys: pa.Table | None = None) -> pa.Table:
         dt = self._dt()
         assert dt is not None
         dataset = dt.to_pyarrow_dataset()

@@ -95,8 +95,11 @@ class DeltaSparkEngine:
         cols = ", ".join(f"{quote(f.name)} {from_arrow_type(f.type).simpleString()}" for f in fields)
         self.spark.sql(f"ALTER TABLE delta.{quote(self.path)} ADD COLUMNS ({cols})")
 
-    def read(self, rows: Rows) -> pa.Table:
-        return self.rows(rows).toArrow()
+    def read(self, rows: Rows, keys: pa.Table | None = None) -> pa.Table:
+        read = self.rows(rows)
+        if keys is not None:  # matched in Spark: only the keys' rows reach the driver
+            read = read.join(self.spark.createDataFrame(keys), list(keys.column_names), "left_semi")
+        return read.toArrow()
 
     def rows(self, rows: Rows) -> Any:
         """The table's ``rows`` as a DataFrame (the key range bound as typed literals)."""

@@ -64,14 +64,7 @@ _EARLIEST = -(1 << 63)
 
 def of_keys(engine: Engine, wanted: Rows, keys: pa.Table) -> pa.Table:
     """The table's rows of exactly ``keys`` (read by their key range, then matched)."""
-    from sinks.delta.spark import DeltaSparkEngine
-
-    if isinstance(engine, DeltaSparkEngine):  # matched in Spark: only the keys' rows reach the driver
-        read = engine.rows(wanted).join(engine.spark.createDataFrame(keys), list(keys.column_names), "left_semi")
-        table = read.toArrow()
-    else:
-        table = engine.read(wanted)
-    table = conform(table, keys.schema)
+    table = conform(engine.read(wanted, keys), keys.schema)
     # Only the keys and a row number go through Acero's join (it carries no struct or list column).
     tagged = table.select(list(keys.column_names)).append_column(
         "__cdc_row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
