@@ -135,9 +135,12 @@ class PulsarHistory(RuleBasedStateMachine):
         self.backend = self._open()
         self.pending = (start, end, table)
 
-    @precondition(lambda self: isinstance(self.broker, EmbeddedBroker) or len(RESTART_SECONDS) < APACHE_RESTARTS)
     @rule()
     def kill_broker(self) -> None:
+        # The cap is a step that does nothing, not a precondition: a precondition reading state shared by all
+        # examples enables different rules when hypothesis replays a history, which it reports as flaky.
+        if not isinstance(self.broker, EmbeddedBroker) and len(RESTART_SECONDS) >= APACHE_RESTARTS:
+            return
         self.broker.kill()
         self.broker.start()
         if isinstance(self.broker, ApachePulsar):
