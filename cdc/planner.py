@@ -263,6 +263,14 @@ def end_offset(
     return Offset(entries, turn=(start.turn or 0) + 1 if limited else None)
 
 
+def _settled(begin: Offset) -> SnapshotState | None:
+    """The snapshot state a batch after ``begin`` starts from; None when there is none. A snapshot that has just
+    ended (its last chunks read, nothing held back) settles to None: its state leaves the offset with the next
+    batch that reads something, not in an empty batch of its own."""
+    settled = None if begin.snapshot is None else begin.snapshot.settled()
+    return settled if settled is not None and settled.tables else None
+
+
 def batch_ranges(start: Offset, end: Offset) -> list[ChannelRange]:
     """The channel ranges of the batch ``(start, end]``; empty ranges are left out. During a chunked snapshot
     the chunks the batch reads are ranges too (``chunk:<table>``), and the change ranges carry the window of
@@ -505,8 +513,7 @@ class Planner:
         if source is None or (end is start and (source == begin.source or begin.initial)):
             return end
         if end is start:  # nothing to read, but the set-up changed: a restart must see it recorded
-            settled = None if begin.snapshot is None else begin.snapshot.settled()
-            return Offset(begin.without_from(), turn=begin.turn, snapshot=settled if settled and settled.tables else None,
+            return Offset(begin.without_from(), turn=begin.turn, snapshot=_settled(begin),
                           source=source).to_json()
         return {**end, "source": source}
 
@@ -569,7 +576,7 @@ class Planner:
         chunked.close_cut()  # the previous batch has run: its cut is no longer read
         cid = chunked.channel
         pos = begin.channels[cid].pos
-        settled = None if begin.snapshot is None else begin.snapshot.settled()
+        settled = _settled(begin)
         state = SnapshotState()
         if begin.snapshot is not None:
             state = expire(with_late(begin.snapshot, chunked.recorded(begin.snapshot)).settled(), int(pos))
@@ -612,12 +619,8 @@ class Planner:
             channels[cid] = replace(channels[cid], from_=entry.pos)
         snapshot = state if state.tables or state.cut is not None else None
         end = Offset(channels, turn=(begin.turn or 0) + 1 if max_records is not None else None, snapshot=snapshot)
-        ended = settled is not None and not settled.tables
-        if end_pos == pos and cut is None and snapshot == (None if ended else settled) and not begin.initial:
-            # Nothing to read, nothing learned. A snapshot that has just ended (its last chunks read, nothing
-            # held back) counts as nothing learned too: its state leaves the offset with the next batch that
-            # reads something, rather than in an empty batch of its own.
-            return start
+        if end_pos == pos and cut is None and snapshot == settled and not begin.initial:
+            return start  # nothing to read, nothing learned
         return end.to_json()
 
     # ------------------------------------------------------------------ ranges
