@@ -241,25 +241,30 @@ def _no_heads(spec: SinkSpec, df: Any) -> Any:
     return heads.withColumn(DELETED_AT, F.lit(None).cast("timestamp"))
 
 
-def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any | None) -> Any:
+def _stage_latest(spec: SinkSpec, df: Any, now: datetime, heads: Any | None, ties: bool = True) -> Any:
     """SCD type 1: the latest change per key (exact duplicates tie on everything: any one), deletes with null
     values, kept only where newer than the key's head. The result's columns are those
-    :func:`scd1.stage_scd1` gives after :func:`batch.prepare`."""
+    :func:`scd1.stage_scd1` gives after :func:`batch.prepare`. ``ties=False``: the batch's sequences are
+    distinct per key (the cdc source's marked ``_seq``), so two changes of one key with one sequence and
+    different values are not looked for."""
     from pyspark.sql import functions as F
 
     seq = spec.sequence_by
     columns = df.columns
     rest = [c for c in columns if c not in spec.keys and c != seq]
     # max over a struct compares its fields in order: the sequence first.
-    # The hash of the rest of a change, largest and smallest among the key's changes of the latest sequence:
-    # two that differ are two changes of that sequence with different values (see _no_tie).
-    digest = F.xxhash64(*[x for c in rest for x in hashable(df, c)]) if rest else F.lit(0)
-    latest = df.groupBy(*_keys(spec)).agg(
-        F.max(F.struct(*[F.col(quote(c)).alias(c) for c in (seq, *rest)])).alias("__cdc_latest"),
-        F.max(F.struct(F.col(quote(seq)).alias("s"), digest.alias("h"))).alias("__cdc_tie_hi"),
-        F.max(F.struct(F.col(quote(seq)).alias("s"), F.bitwise_not(digest).alias("h"))).alias("__cdc_tie_lo"),
-    )
-    latest = latest.where(no_tie(spec, df, rest)) if len(rest) else latest
+    latest_change = F.max(F.struct(*[F.col(quote(c)).alias(c) for c in (seq, *rest)])).alias("__cdc_latest")
+    if ties and rest:
+        # The hash of the rest of a change, largest and smallest among the key's changes of the latest
+        # sequence: two that differ are two changes of that sequence with different values (see _no_tie).
+        digest = F.xxhash64(*[x for c in rest for x in hashable(df, c)])
+        latest = df.groupBy(*_keys(spec)).agg(
+            latest_change,
+            F.max(F.struct(F.col(quote(seq)).alias("s"), digest.alias("h"))).alias("__cdc_tie_hi"),
+            F.max(F.struct(F.col(quote(seq)).alias("s"), F.bitwise_not(digest).alias("h"))).alias("__cdc_tie_lo"),
+        ).where(no_tie(spec, df, rest))
+    else:
+        latest = df.groupBy(*_keys(spec)).agg(latest_change)
     latest = latest.select(*_keys(spec), *[F.col("__cdc_latest")[c].alias(c) for c in (seq, *rest)])
     is_delete = F.col(IS_DELETE)
     staged = [
@@ -469,8 +474,10 @@ class FrameBatch:
     (:func:`check`; ``fast``: not at all, the checks run in the MERGE's own plan, see :mod:`sinks.delta.inplan`),
     staged in Spark, merged by :meth:`~sinks.delta.engine.FrameEngine.merge_frame`."""
 
-    def __init__(self, spec: SinkSpec, tables: Tables[FrameEngine], df: Any, now: datetime, fast: bool = False) -> None:
+    def __init__(self, spec: SinkSpec, tables: Tables[FrameEngine], df: Any, now: datetime, fast: bool = False,
+                 distinct_sequences: bool = False) -> None:
         self.spec, self.tables, self.df, self.now, self.fast = spec, tables, df, now, fast
+        self.distinct_sequences = distinct_sequences  # see write_frame
         self.checked: Checked | None = None
         self._staged: tuple[Any] | None = None  # SCD type 1 without partial changes: the one change per key
 
@@ -516,8 +523,8 @@ class FrameBatch:
         if self._staged is None:
             checked, ordered = self._checked(), self.tables.ordered
             latest = self.spec.scd_type == 1 and not checked.partial
-            self._staged = (_stage_latest(self.spec, checked.df, self.now, None if ordered else heads) if latest
-                            else None,)
+            self._staged = (_stage_latest(self.spec, checked.df, self.now, None if ordered else heads,
+                                          ties=not self.distinct_sequences) if latest else None,)
         return self._staged[0]
 
     def main_source(self, heads: Any, table: pa.Schema) -> Any:
@@ -558,14 +565,18 @@ class FrameBatch:
 
 
 def write_frame(spec: SinkSpec, tables: Tables[FrameEngine], df: Any, batch_id: int, app_id: str,
-                now: datetime) -> Outcome:
+                now: datetime, distinct_sequences: bool = False) -> Outcome:
     """Prepare, stage and merge one batch inside Spark (:func:`sinks.delta.commit.apply`). Ordered mode tries
-    the batch with its checks in the MERGE's own plan first (:mod:`sinks.delta.inplan`)."""
+    the batch with its checks in the MERGE's own plan first (:mod:`sinks.delta.inplan`).
+    ``distinct_sequences``: no two changes of one key in the batch share a sequence (the batch is one cdc
+    source's output, whose backend orders every key's changes by a ``_seq`` that orders each channel totally:
+    :data:`cdc.model.KEY_ORDER_MARK`), so the reduction to each key's latest change does not look for ties."""
     from pyspark import StorageLevel
 
     if eligible(spec, tables.mode, df.columns):  # ordered: the checks run in the MERGE's own plan
         try:
-            return apply(spec, tables, FrameBatch(spec, tables, df, now, fast=True), batch_id, app_id)
+            return apply(spec, tables, FrameBatch(spec, tables, df, now, fast=True,
+                                                  distinct_sequences=distinct_sequences), batch_id, app_id)
         except Exception as e:
             if not needs_checks(e):
                 raise
@@ -574,6 +585,7 @@ def write_frame(spec: SinkSpec, tables: Tables[FrameEngine], df: Any, batch_id: 
     # source, a log read) runs once.
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        return apply(spec, tables, FrameBatch(spec, tables, df, now), batch_id, app_id)
+        return apply(spec, tables, FrameBatch(spec, tables, df, now, distinct_sequences=distinct_sequences),
+                     batch_id, app_id)
     finally:
         df.unpersist()

@@ -354,12 +354,17 @@ class DeltaUpsertSink(Pipelining):
                               f"{self.engine_name!r}: give engine='delta-spark', or write() an Arrow table", "engine")
         if self.spec.sequence_columns:
             batch_df = with_sequence_frame(self.spec.sequence_columns, batch_df)
-        mode = self._resolve(claim if claim is not None else self.claim(batch_df))
+        claim = claim if claim is not None else self.claim(batch_df)
+        mode = self._resolve(claim)
         tables = open_tables(self.path, main, state, mode, app, batch_id)
         if tables is None:
             return False
         now = self.clock()
-        return self._done(write_frame(self.spec, tables, batch_df, batch_id, app, now), tables, batch_id, batch_id, now)
+        # The claim came from the source's mark (no ordered option, SCD type 1): the batch is one cdc source's
+        # output ordered by its own _seq, which no two changes of one key share.
+        marked = self.ordered is None and self.spec.scd_type == 1 and claim == ORDERED
+        return self._done(write_frame(self.spec, tables, batch_df, batch_id, app, now, distinct_sequences=marked),
+                          tables, batch_id, batch_id, now)
 
     def _done(self, outcome: Outcome, tables: Tables[Engine], first: int, batch_id: int, now: datetime) -> bool:
         """After the batches ``first`` to ``batch_id``: the new table's mode kept, maintenance when due."""

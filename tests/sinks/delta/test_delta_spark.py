@@ -81,7 +81,9 @@ def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytes
     """From foreachBatch, engine='delta-spark' merges without bringing the batch to the driver: every way
     to collect a DataFrame fails, except single-row results (the batch's checks and key range). Both modes:
     one cdc source over an ordered log runs ordered mode (the source's mark; one MERGE, no state table);
-    a union of two such sources is not ordered and runs safe mode (the state table's MERGE too)."""
+    a union of two such sources is not ordered and runs safe mode (the state table's MERGE too). The marked
+    batch's reduction to each key's latest change does not look for ties (its sequences are distinct per key);
+    the union's does."""
     import sinks.delta.sink as sink_module
 
     schema = [("id", pa.int64()), ("a", pa.string())]
@@ -111,6 +113,16 @@ def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytes
         if hasattr(DataFrame, name):
             monkeypatch.setattr(DataFrame, name, refuse)
     monkeypatch.setattr(sink_module, "collect_arrow", refuse)
+    import sinks.delta.frame as frame
+
+    ties: list[bool] = []
+    real_stage = frame._stage_latest
+
+    def stage(*args: Any, **kwargs: Any) -> Any:
+        ties.append(kwargs.get("ties", True))
+        return real_stage(*args, **kwargs)
+
+    monkeypatch.setattr(frame, "_stage_latest", stage)
     target = DeltaUpsertSink(str(tmp_path / "t"), keys=["id"], engine="delta-spark")
 
     def stream(name: str) -> Any:
@@ -124,6 +136,8 @@ def test_batch_is_never_collected(spark: Any, tmp_path: Path, monkeypatch: pytes
     q.awaitTermination()
     assert q.exception() is None
     assert not big, f"collected {big} rows"
+    # One marked source: its _seq is distinct per key, so the reduction looks for no ties; a union is not.
+    assert ties and set(ties) == {shape == "union"}
     monkeypatch.undo()
     got = {r["id"]: r["a"] for r in read(spark, str(tmp_path / "t")).collect()}
     assert got == {i: ("w" if i == 1 else f"v{i}") for i in range(50) if i % 5}
