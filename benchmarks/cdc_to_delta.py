@@ -204,43 +204,27 @@ SINK_COLUMNS = ("_seq", "_commit_ts")
 reference that writes them too measures the MERGE alone, without the cost of the wider table."""
 
 
-def hand_written(path: str, extra: tuple[str, ...] = ()) -> Callable[[object, int], None]:
+def hand_written(path: str, extra: tuple[str, ...] = (), latest: bool = False) -> Callable[[object, int], None]:
     """The foreachBatch upsert users write by hand from Delta's docs ("Upsert from streaming queries using
     foreachBatch"): a MERGE of the micro-batch, no sequence guard, no tombstones, no exactly-once; ``extra``:
-    change-record columns it writes besides the table's keys and values."""
-    from delta.tables import DeltaTable
-
-    names = [n for n, _ in SCHEMA] + list(extra)
-    assignments = {n: f"s.{n}" for n in names}
-
-    def upsert(batch_df: object, batch_id: int) -> None:
-        target = DeltaTable.forPath(batch_df.sparkSession, path)  # type: ignore[attr-defined]
-        (target.alias("t").merge(batch_df.alias("s"), "s.id = t.id")  # type: ignore[attr-defined]
-         .whenMatchedDelete(condition="s._op = 'delete'")
-         .whenMatchedUpdate(set=assignments)
-         .whenNotMatchedInsert(condition="s._op != 'delete'", values=assignments)
-         .execute())
-
-    return upsert
-
-
-def hand_written_changes(path: str) -> Callable[[object, int], None]:
-    """The change-data MERGE of Delta's docs ("Write change data into a Delta table"), by hand in foreachBatch:
-    each key's latest change (``max`` of a struct whose first field is the sequence), then a MERGE that deletes,
-    updates or inserts; no sequence guard against the table, no tombstones, no exactly-once."""
+    change-record columns it writes besides the table's keys and values. ``latest``: the change-data MERGE of
+    Delta's docs ("Write change data into a Delta table") instead, the same MERGE of each key's latest change
+    (``max`` of a struct whose first field is the sequence)."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    names = [n for n, _ in SCHEMA]
+    names = [n for n, _ in SCHEMA] + list(extra)
     rest = [n for n in names if n != "id"]
     assignments = {n: f"s.{n}" for n in names}
 
     def upsert(batch_df: object, batch_id: int) -> None:
-        latest = (batch_df.groupBy("id")  # type: ignore[attr-defined]
-                  .agg(F.max(F.struct("_seq", "_op", *rest)).alias("latest"))
-                  .select("id", "latest._op", *[f"latest.{c}" for c in rest]))
+        source = batch_df
+        if latest:
+            source = (batch_df.groupBy("id")  # type: ignore[attr-defined]
+                      .agg(F.max(F.struct("_seq", "_op", *rest)).alias("latest"))
+                      .select("id", "latest._op", *[f"latest.{c}" for c in rest]))
         target = DeltaTable.forPath(batch_df.sparkSession, path)  # type: ignore[attr-defined]
-        (target.alias("t").merge(latest.alias("s"), "s.id = t.id")
+        (target.alias("t").merge(source.alias("s"), "s.id = t.id")  # type: ignore[attr-defined]
          .whenMatchedDelete(condition="s._op = 'delete'")
          .whenMatchedUpdate(set=assignments)
          .whenNotMatchedInsert(condition="s._op != 'delete'", values=assignments)
@@ -447,12 +431,10 @@ def main(engine: str, quick: bool, verbose: bool, sync: bool, batches: int | Non
                 template = {"hand": "plain", "hand-same": "plain-same", "hand-cdc": "plain",
                             "safe-spark": "safe"}.get(v, "ordered")
                 shutil.copytree(templates[template], table)
-                if v == "hand-cdc":
-                    apply: Callable[[object, int], None] = hand_written_changes(table)
+                if v in ("hand", "hand-same", "hand-cdc"):
+                    apply: Callable[[object, int], None] = hand_written(
+                        table, SINK_COLUMNS if v == "hand-same" else (), latest=v == "hand-cdc")
                     flush: Callable[[], None] = lambda: None  # noqa: E731
-                elif v in ("hand", "hand-same"):
-                    apply = hand_written(table, SINK_COLUMNS if v == "hand-same" else ())
-                    flush = lambda: None  # noqa: E731
                 elif v == "ordered-rs":
                     rs_sink = DeltaUpsertSink(table, keys=["id"], compact_every=None, engine="delta-rs", pipelined=not sync)
                     apply, flush = rs_sink, rs_sink.flush

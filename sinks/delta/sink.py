@@ -360,9 +360,9 @@ class DeltaUpsertSink(Pipelining):
         if tables is None:
             return False
         now = self.clock()
-        # The claim came from the source's mark (no ordered option, SCD type 1): the batch is one cdc source's
+        # With no ordered option an ordered claim is the source's mark (see claim()): the batch is one cdc source's
         # output ordered by its own _seq, which no two changes of one key share.
-        marked = self.ordered is None and self.spec.scd_type == 1 and claim == ORDERED
+        marked = self.ordered is None and claim == ORDERED
         return self._done(write_frame(self.spec, tables, batch_df, batch_id, app, now, distinct_sequences=marked),
                           tables, batch_id, batch_id, now)
 
